@@ -1,0 +1,14 @@
+# Third-party libraries, all from Debian 12 packages (tools/setup installs them).
+# See ../shared/DEPENDENCIES.md for why each line looks the way it does.
+find_package(Threads REQUIRED)
+find_package(absl CONFIG REQUIRED)
+find_package(nlohmann_json 3.11 CONFIG REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+find_package(dnnl CONFIG REQUIRED)
+find_package(OpenMP REQUIRED)
+find_package(Python3 COMPONENTS Interpreter REQUIRED)
+if(KVMESH_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+  find_package(benchmark CONFIG REQUIRED)
+endif()

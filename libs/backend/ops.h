@@ -1,0 +1,96 @@
+// The backend interface: every numeric operation the engine runs, implemented
+// by reference/ (scalar oracle), cpu/ (AVX-512/AVX2 + OpenMP) and later cuda/.
+//
+// Conventions for all ops:
+//  - Activations are f32, contiguous, row-major, on the backend's device.
+//  - Weights arrive as TensorViews over the model's storage (f32, bf16 or f16),
+//    in Hugging Face layout; a backend may repack them once (PackLinear).
+//  - Shapes are given outermost first; T = tokens in the batch, H = query heads,
+//    Hkv = KV heads, D = head_dim, S = cached positions.
+//  - Ops do not fail on well-formed arguments; shape errors are programmer
+//    errors and are checked by the engine before it calls in.
+//
+// The engine never includes a backend's own headers: it holds a Backend&.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "core/tensor_view.h"
+
+namespace kvmesh::backend {
+
+// A linear layer's weight in whatever layout the backend computes fastest with.
+// Owned by the caller of PackLinear; the source TensorViews need not outlive it.
+class PackedLinear {
+ public:
+  virtual ~PackedLinear() = default;
+  virtual int64_t out_features() const = 0;
+  virtual int64_t in_features() const = 0;
+  // Storage type of the packed weight (bf16 stays bf16; f16 may be widened).
+  virtual DType dtype() const = 0;
+  // Bytes one full pass over the weight (and bias) reads: the roofline's numerator.
+  virtual int64_t num_bytes() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // Packs one linear layer from `parts` concatenated along the output dimension
+  // (e.g. q/k/v or gate/up fused into one GEMM). parts[i]: [N_i, K], all the same
+  // K and dtype (f32, bf16 or f16). `biases` is empty or holds one [N_i] view per
+  // part (any float dtype). InvalidArgument on mismatched shapes or dtypes.
+  virtual absl::StatusOr<std::unique_ptr<PackedLinear>> PackLinear(
+      std::span<const TensorView> parts, std::span<const TensorView> biases) = 0;
+
+  // out[t, n] = sum_k x[t, k] * W[n, k] (+ bias[n]), accumulated in f32.
+  // x: [T, K] f32; out: [T, N] f32.
+  virtual void Linear(const TensorView& x, const PackedLinear& w, const TensorView& out) = 0;
+
+  // out[t, :] = table[ids[t], :] widened to f32. table: [V, E]; out: [T, E]. ids in [0, V).
+  virtual void Embedding(std::span<const int32_t> ids, const TensorView& table, const TensorView& out) = 0;
+
+  // out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight. x, out: [T, E] f32
+  // (may alias); weight: [E] any float dtype.
+  virtual void RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) = 0;
+
+  // residual += x; out = RmsNorm(residual). residual, x, out: [T, E] f32.
+  virtual void AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
+                          const TensorView& out) = 0;
+
+  // Rotates q: [T, H, D] and k: [T, Hkv, D] in place, Hugging Face "rotate_half"
+  // style: pairs (i, i + D/2) rotated by angle positions[t] * inv_freq[i].
+  // inv_freq: [D/2] (any RoPE scaling already applied); the angle and its cos/sin
+  // are computed in f32 as transformers does.
+  virtual void ApplyRope(const TensorView& q, const TensorView& k, std::span<const int32_t> positions,
+                         std::span<const float> inv_freq) = 0;
+
+  // out[t, i] = silu(gate_up[t, i]) * gate_up[t, I + i]. gate_up: [T, 2I]; out: [T, I].
+  virtual void SiluAndMul(const TensorView& gate_up, const TensorView& out) = 0;
+
+  // Causal grouped-query attention over one sequence's dense KV cache.
+  // q: [T, H, D]; k_cache, v_cache: [S, Hkv, D] f32 holding positions 0..S-1;
+  // token t attends to cache positions 0..positions[t] (positions[t] < S);
+  // query head h reads KV head h / (H / Hkv). out: [T, H, D].
+  virtual void DenseAttention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                              std::span<const int32_t> positions, float scale, const TensorView& out) = 0;
+};
+
+// The scalar oracle: plain loops, f32 (f64 where it is cheap) and no tricks. Slow.
+std::unique_ptr<Backend> CreateReferenceBackend();
+
+struct CpuBackendOptions {
+  // Threads for the kernels; <= 0 means one per core.
+  int num_threads = 0;
+  // "auto" picks AVX-512 when the CPU has it, else AVX2; "avx2" forces the fallback.
+  std::string_view isa = "auto";
+};
+// FailedPrecondition if the CPU lacks AVX2+FMA (or the ISA asked for).
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options);
+
+}  // namespace kvmesh::backend
