@@ -20,6 +20,7 @@ struct LayerWeights {
   TensorView q_proj, k_proj, v_proj;    // [H*D, hidden], [Hkv*D, hidden], [Hkv*D, hidden]
   std::optional<TensorView> q_bias, k_bias, v_bias;  // [H*D], [Hkv*D] when attention_bias
   TensorView o_proj;                    // [hidden, H*D]
+  std::optional<TensorView> o_bias;     // [hidden]; Llama with attention_bias only (Qwen2 has none)
   TensorView post_attention_layernorm;  // [hidden]
   TensorView gate_proj, up_proj;        // [intermediate, hidden]
   TensorView down_proj;                 // [hidden, intermediate]

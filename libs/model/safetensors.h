@@ -42,6 +42,7 @@ class SafetensorsFile {
   const std::vector<SafetensorInfo>& tensors() const { return tensors_; }
   // NotFound naming the file if absent.
   absl::StatusOr<TensorView> Get(const std::string& name) const;
+  bool Contains(const std::string& name) const { return index_.contains(name); }
   int64_t file_size_bytes() const { return static_cast<int64_t>(size_); }
 
  private:
@@ -67,6 +68,8 @@ class SafetensorsStore {
   std::string FileOf(const std::string& name) const;
   std::vector<std::string> TensorNames() const;
   int64_t total_bytes() const;
+  // The directory Open() was given (for error messages).
+  const std::string& dir() const { return dir_; }
 
  private:
   std::string dir_;

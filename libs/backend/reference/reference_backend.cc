@@ -1,1 +1,234 @@
-// Being written (issue #2).
+// The scalar oracle: every op of ops.h as plain loops. Values are widened to
+// f32 exactly; sums are accumulated in f64 and rounded to f32 once at the end,
+// so this backend is (nearly) the correctly rounded result the fast backends
+// are compared against. Slow by design; never used to serve.
+//
+// Thread-safety: the backend holds no mutable state; calls may run concurrently
+// on distinct outputs.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "backend/internal/linear_parts.h"
+#include "backend/ops.h"
+#include "core/dtype.h"
+#include "core/tensor_view.h"
+
+namespace kvmesh::backend {
+namespace {
+
+// Element `i` (in elements, contiguous) of `p` widened to f32.
+float LoadF32(const void* p, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(p)[i]);
+    default: return 0.0f;
+  }
+}
+
+// The weight widened to f32, row-major [N, K], and the bias ([N] f32, or empty).
+class ReferencePackedLinear final : public PackedLinear {
+ public:
+  ReferencePackedLinear(int64_t n, int64_t k, DType dtype, int64_t num_bytes, std::vector<float> weight,
+                        std::vector<float> bias)
+      : n_(n), k_(k), dtype_(dtype), num_bytes_(num_bytes), weight_(std::move(weight)), bias_(std::move(bias)) {}
+
+  int64_t out_features() const override { return n_; }
+  int64_t in_features() const override { return k_; }
+  DType dtype() const override { return dtype_; }
+  int64_t num_bytes() const override { return num_bytes_; }
+
+  const float* weight() const { return weight_.data(); }
+  const std::vector<float>& bias() const { return bias_; }
+
+ private:
+  const int64_t n_;
+  const int64_t k_;
+  const DType dtype_;
+  const int64_t num_bytes_;
+  const std::vector<float> weight_;  // [N, K]
+  const std::vector<float> bias_;    // [N] or empty
+};
+
+class ReferenceBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "reference"; }
+
+  absl::StatusOr<std::unique_ptr<PackedLinear>> PackLinear(std::span<const TensorView> parts,
+                                                           std::span<const TensorView> biases) override {
+    absl::StatusOr<internal::LinearPartsInfo> info = internal::ValidateLinearParts(parts, biases);
+    if (!info.ok()) return info.status();
+    const int64_t n = info->out_features;
+    const int64_t k = info->in_features;
+    std::vector<float> weight(static_cast<size_t>(n * k));
+    std::vector<float> bias(biases.empty() ? 0 : static_cast<size_t>(n));
+    int64_t row0 = 0;
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const TensorView& w = parts[p];
+      for (int64_t r = 0; r < w.shape[0]; ++r) {
+        for (int64_t c = 0; c < k; ++c) {
+          weight[(row0 + r) * k + c] = LoadF32(w.data, w.dtype, r * w.strides[0] + c * w.strides[1]);
+        }
+        if (!biases.empty()) {
+          const TensorView& b = biases[p];
+          bias[row0 + r] = LoadF32(b.data, b.dtype, r);
+        }
+      }
+      row0 += w.shape[0];
+    }
+    return std::unique_ptr<PackedLinear>(
+        new ReferencePackedLinear(n, k, info->dtype, info->num_bytes, std::move(weight), std::move(bias)));
+  }
+
+  void Linear(const TensorView& x, const PackedLinear& packed, const TensorView& out) override {
+    const auto& w = static_cast<const ReferencePackedLinear&>(packed);
+    const int64_t t_count = x.shape[0];
+    const int64_t k = w.in_features();
+    const int64_t n = w.out_features();
+    const float* xs = x.data_as<const float>();
+    float* o = out.data_as<float>();
+    for (int64_t t = 0; t < t_count; ++t) {
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0.0;
+        const float* wr = w.weight() + j * k;
+        for (int64_t c = 0; c < k; ++c) acc += static_cast<double>(xs[t * k + c]) * wr[c];
+        if (!w.bias().empty()) acc += w.bias()[j];
+        o[t * n + j] = static_cast<float>(acc);
+      }
+    }
+  }
+
+  void Embedding(std::span<const int32_t> ids, const TensorView& table, const TensorView& out) override {
+    const int64_t e = table.shape[1];
+    float* o = out.data_as<float>();
+    for (size_t t = 0; t < ids.size(); ++t) {
+      for (int64_t c = 0; c < e; ++c) {
+        o[static_cast<int64_t>(t) * e + c] = LoadF32(table.data, table.dtype, ids[t] * table.strides[0] + c);
+      }
+    }
+  }
+
+  void RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override {
+    const int64_t t_count = x.shape[0];
+    const int64_t e = x.shape[1];
+    const float* xs = x.data_as<const float>();
+    float* o = out.data_as<float>();
+    for (int64_t t = 0; t < t_count; ++t) {
+      double ss = 0.0;
+      for (int64_t c = 0; c < e; ++c) ss += static_cast<double>(xs[t * e + c]) * xs[t * e + c];
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(e) + eps);
+      for (int64_t c = 0; c < e; ++c) {
+        o[t * e + c] = static_cast<float>(xs[t * e + c] * inv * LoadF32(weight.data, weight.dtype, c));
+      }
+    }
+  }
+
+  void AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
+                  const TensorView& out) override {
+    float* r = residual.data_as<float>();
+    const float* xs = x.data_as<const float>();
+    const int64_t count = residual.num_elements();
+    for (int64_t i = 0; i < count; ++i) r[i] += xs[i];
+    RmsNorm(residual, weight, eps, out);
+  }
+
+  void ApplyRope(const TensorView& q, const TensorView& k, std::span<const int32_t> positions,
+                 std::span<const float> inv_freq) override {
+    const int64_t d = q.shape[2];
+    const int64_t half = d / 2;
+    std::vector<float> cos_v(static_cast<size_t>(half));
+    std::vector<float> sin_v(static_cast<size_t>(half));
+    for (size_t t = 0; t < positions.size(); ++t) {
+      for (int64_t i = 0; i < half; ++i) {
+        // NOTE: the angle is rounded to f32 first, as transformers computes it;
+        // cos/sin of that f32 angle are then correctly rounded.
+        const float angle = static_cast<float>(positions[t]) * inv_freq[i];
+        cos_v[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+        sin_v[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      }
+      for (const TensorView* tv : {&q, &k}) {
+        const int64_t heads = tv->shape[1];
+        float* base = tv->data_as<float>() + static_cast<int64_t>(t) * heads * d;
+        for (int64_t h = 0; h < heads; ++h) {
+          float* v = base + h * d;
+          for (int64_t i = 0; i < half; ++i) {
+            const float x1 = v[i];
+            const float x2 = v[i + half];
+            v[i] = x1 * cos_v[i] - x2 * sin_v[i];
+            v[i + half] = x2 * cos_v[i] + x1 * sin_v[i];
+          }
+        }
+      }
+    }
+  }
+
+  void SiluAndMul(const TensorView& gate_up, const TensorView& out) override {
+    const int64_t t_count = gate_up.shape[0];
+    const int64_t inter = out.shape[1];
+    const float* g = gate_up.data_as<const float>();
+    float* o = out.data_as<float>();
+    for (int64_t t = 0; t < t_count; ++t) {
+      for (int64_t i = 0; i < inter; ++i) {
+        const double a = g[t * 2 * inter + i];
+        const double b = g[t * 2 * inter + inter + i];
+        o[t * inter + i] = static_cast<float>(a / (1.0 + std::exp(-a)) * b);
+      }
+    }
+  }
+
+  void DenseAttention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                      std::span<const int32_t> positions, float scale, const TensorView& out) override {
+    const int64_t t_count = q.shape[0];
+    const int64_t heads = q.shape[1];
+    const int64_t d = q.shape[2];
+    const int64_t kv_heads = k_cache.shape[1];
+    const int64_t group = heads / kv_heads;
+    const float* qs = q.data_as<const float>();
+    const float* ks = k_cache.data_as<const float>();
+    const float* vs = v_cache.data_as<const float>();
+    float* o = out.data_as<float>();
+    std::vector<double> scores;
+    std::vector<double> acc(static_cast<size_t>(d));
+    for (int64_t t = 0; t < t_count; ++t) {
+      const int64_t len = static_cast<int64_t>(positions[t]) + 1;
+      scores.assign(static_cast<size_t>(len), 0.0);
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t kvh = h / group;
+        const float* qv = qs + (t * heads + h) * d;
+        double max_score = -INFINITY;
+        for (int64_t s = 0; s < len; ++s) {
+          const float* kv = ks + (s * kv_heads + kvh) * d;
+          double dot = 0.0;
+          for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(qv[c]) * kv[c];
+          scores[s] = dot * scale;
+          if (scores[s] > max_score) max_score = scores[s];
+        }
+        double denom = 0.0;
+        for (int64_t s = 0; s < len; ++s) {
+          scores[s] = std::exp(scores[s] - max_score);
+          denom += scores[s];
+        }
+        for (int64_t c = 0; c < d; ++c) acc[c] = 0.0;
+        for (int64_t s = 0; s < len; ++s) {
+          const float* vv = vs + (s * kv_heads + kvh) * d;
+          for (int64_t c = 0; c < d; ++c) acc[c] += scores[s] * vv[c];
+        }
+        for (int64_t c = 0; c < d; ++c) o[(t * heads + h) * d + c] = static_cast<float>(acc[c] / denom);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> CreateReferenceBackend() { return std::make_unique<ReferenceBackend>(); }
+
+}  // namespace kvmesh::backend

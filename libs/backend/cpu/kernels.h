@@ -1,0 +1,60 @@
+// The ISA-neutral face of the CPU kernels: plain structs and one table of
+// function pointers per instruction set. cpu_backend.cc picks a table at run
+// time (cpuid); the tables are defined by sources compiled once per ISA.
+//
+// This header includes nothing but <cstdint> so that ISA-specific translation
+// units can include it without instantiating shared inline code.
+#pragma once
+
+#include <cstdint>
+
+namespace kvmesh::backend::cpu {
+
+// Output columns per weight panel. Both ISAs read the same packed layout.
+inline constexpr int kPanelCols = 32;
+
+enum class ElemType : uint8_t { kF32, kBF16, kF16 };
+
+// A linear layer packed into panels of kPanelCols output columns.
+// Panel p, reduction index k holds the weights of columns p*32 .. p*32+31:
+//  - kF32: 32 floats in column order;
+//  - kBF16: 16 dwords, dword j = (column j in its low half, column 16+j in its
+//    high half), so that `w << 16` and `w & 0xffff0000` widen to f32 without a
+//    shuffle (see vec.h Bf16Low/Bf16High).
+// Columns past `n` in the last panel are zero. Panels are 64-byte aligned.
+struct PackedPanels {
+  const void* data = nullptr;  // [num_panels, k, 32]
+  ElemType type = ElemType::kF32;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t num_panels = 0;
+  const float* bias = nullptr;  // [num_panels * 32] (zero past n), or nullptr
+};
+
+struct KernelTable {
+  const char* isa;
+  // out[m, :] = x[m, :] . W^T (+ bias). x: [m, k] f32; out: [m, n] f32. Every
+  // output element is one FMA chain over k = 0..K-1 in order, then + bias, so a
+  // row's result does not depend on m or on its position in the batch.
+  void (*linear)(const float* x, int64_t m, const PackedPanels& w, float* out, int num_threads);
+  // out[t, :] = table[ids[t], :] widened. table row stride in elements.
+  void (*embedding)(const int32_t* ids, int64_t t, const void* table, ElemType type, int64_t row_stride,
+                    int64_t e, float* out, int num_threads);
+  // residual may be nullptr (plain RmsNorm); else residual += x first, then normalised.
+  void (*rms_norm)(float* residual, const float* x, int64_t t, int64_t e, const void* weight, ElemType weight_type,
+                   float eps, float* out, int num_threads);
+  // q: [t, h, d], k: [t, hkv, d], rotated in place.
+  void (*rope)(float* q, float* k, int64_t t, int64_t h, int64_t hkv, int64_t d, const int32_t* positions,
+               const float* inv_freq, int num_threads);
+  // gate_up: [t, 2i]; out: [t, i].
+  void (*silu_and_mul)(const float* gate_up, int64_t t, int64_t i, float* out, int num_threads);
+  // q: [t, h, d]; k, v: [s, hkv, d]; out: [t, h, d].
+  void (*dense_attention)(const float* q, const float* k, const float* v, int64_t t, int64_t h, int64_t hkv,
+                          int64_t d, const int32_t* positions, float scale, float* out, int num_threads);
+};
+
+// Defined by the per-ISA builds. Call only when the CPU supports that ISA.
+const KernelTable& Avx512Kernels();
+const KernelTable& Avx2Kernels();
+
+}  // namespace kvmesh::backend::cpu

@@ -1,0 +1,175 @@
+// vec.h: the one SIMD abstraction the CPU kernels are written against.
+//
+// The kernel sources are compiled twice, once with KVMESH_CPU_AVX512 and the
+// AVX-512 flags, once with KVMESH_CPU_AVX2 and the AVX2+FMA flags. Everything
+// here lives in namespace kvmesh::backend::cpu::KVMESH_CPU_ISA (avx512 or avx2),
+// so the two builds never share a symbol and no AVX-512 instruction can reach
+// code that runs on an AVX2-only CPU.
+//
+// NOTE: files including this header must not instantiate inline functions or
+// templates shared with ISA-neutral code (std::vector, std::min, Abseil ...):
+// the linker may keep the AVX-512 copy for everyone. Use the helpers below.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#if defined(KVMESH_CPU_AVX512)
+#define KVMESH_CPU_ISA avx512
+#elif defined(KVMESH_CPU_AVX2)
+#define KVMESH_CPU_ISA avx2
+#else
+#error "vec.h needs KVMESH_CPU_AVX512 or KVMESH_CPU_AVX2"
+#endif
+
+namespace kvmesh::backend::cpu::KVMESH_CPU_ISA {
+
+#define KVMESH_VEC_INLINE inline __attribute__((always_inline))
+
+template <typename T>
+KVMESH_VEC_INLINE T Min(T a, T b) {
+  return b < a ? b : a;
+}
+template <typename T>
+KVMESH_VEC_INLINE T Max(T a, T b) {
+  return a < b ? b : a;
+}
+
+#if defined(KVMESH_CPU_AVX512)
+
+inline constexpr int kLanes = 16;
+struct V {
+  __m512 v;
+};
+struct VI {
+  __m512i v;
+};
+
+KVMESH_VEC_INLINE V Zero() { return {_mm512_setzero_ps()}; }
+KVMESH_VEC_INLINE V Set1(float x) { return {_mm512_set1_ps(x)}; }
+KVMESH_VEC_INLINE V Load(const float* p) { return {_mm512_loadu_ps(p)}; }
+KVMESH_VEC_INLINE void Store(float* p, V a) { _mm512_storeu_ps(p, a.v); }
+KVMESH_VEC_INLINE __mmask16 TailMask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+// Loads/stores the first n (0 < n <= kLanes) lanes; the others read as 0.
+KVMESH_VEC_INLINE V LoadPartial(const float* p, int n) { return {_mm512_maskz_loadu_ps(TailMask(n), p)}; }
+KVMESH_VEC_INLINE void StorePartial(float* p, V a, int n) { _mm512_mask_storeu_ps(p, TailMask(n), a.v); }
+KVMESH_VEC_INLINE V Fma(V a, V b, V c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+KVMESH_VEC_INLINE V Add(V a, V b) { return {_mm512_add_ps(a.v, b.v)}; }
+KVMESH_VEC_INLINE V Sub(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
+KVMESH_VEC_INLINE V Mul(V a, V b) { return {_mm512_mul_ps(a.v, b.v)}; }
+KVMESH_VEC_INLINE V Div(V a, V b) { return {_mm512_div_ps(a.v, b.v)}; }
+KVMESH_VEC_INLINE V Max(V a, V b) { return {_mm512_max_ps(a.v, b.v)}; }
+KVMESH_VEC_INLINE V Min(V a, V b) { return {_mm512_min_ps(a.v, b.v)}; }
+KVMESH_VEC_INLINE float ReduceAdd(V a) { return _mm512_reduce_add_ps(a.v); }
+KVMESH_VEC_INLINE float ReduceMax(V a) { return _mm512_reduce_max_ps(a.v); }
+// Lanes where a < b (as all-ones) selects `y`, else `x`.
+KVMESH_VEC_INLINE V SelectLess(V a, V b, V x, V y) {
+  return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ), x.v, y.v)};
+}
+KVMESH_VEC_INLINE V RoundNearest(V a) {
+  return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}
+KVMESH_VEC_INLINE V Pow2Int(V n) {  // 2^n for integral n in [-126, 127]
+  const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
+}
+// kLanes contiguous bf16 / f16 values widened to f32.
+KVMESH_VEC_INLINE V LoadBf16(const uint16_t* p) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+}
+KVMESH_VEC_INLINE V LoadF16(const uint16_t* p) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+// kLanes dwords (2 * kLanes bf16): the low halves widened, and the high halves.
+KVMESH_VEC_INLINE VI LoadI(const uint16_t* p) { return {_mm512_load_si512(p)}; }
+KVMESH_VEC_INLINE V Bf16Low(VI w) { return {_mm512_castsi512_ps(_mm512_slli_epi32(w.v, 16))}; }
+KVMESH_VEC_INLINE V Bf16High(VI w) {
+  return {_mm512_castsi512_ps(_mm512_and_si512(w.v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))))};
+}
+
+#else  // AVX2
+
+inline constexpr int kLanes = 8;
+struct V {
+  __m256 v;
+};
+struct VI {
+  __m256i v;
+};
+
+KVMESH_VEC_INLINE V Zero() { return {_mm256_setzero_ps()}; }
+KVMESH_VEC_INLINE V Set1(float x) { return {_mm256_set1_ps(x)}; }
+KVMESH_VEC_INLINE V Load(const float* p) { return {_mm256_loadu_ps(p)}; }
+KVMESH_VEC_INLINE void Store(float* p, V a) { _mm256_storeu_ps(p, a.v); }
+KVMESH_VEC_INLINE __m256i TailMask(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+KVMESH_VEC_INLINE V LoadPartial(const float* p, int n) { return {_mm256_maskload_ps(p, TailMask(n))}; }
+KVMESH_VEC_INLINE void StorePartial(float* p, V a, int n) { _mm256_maskstore_ps(p, TailMask(n), a.v); }
+KVMESH_VEC_INLINE V Fma(V a, V b, V c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+KVMESH_VEC_INLINE V Add(V a, V b) { return {_mm256_add_ps(a.v, b.v)}; }
+KVMESH_VEC_INLINE V Sub(V a, V b) { return {_mm256_sub_ps(a.v, b.v)}; }
+KVMESH_VEC_INLINE V Mul(V a, V b) { return {_mm256_mul_ps(a.v, b.v)}; }
+KVMESH_VEC_INLINE V Div(V a, V b) { return {_mm256_div_ps(a.v, b.v)}; }
+KVMESH_VEC_INLINE V Max(V a, V b) { return {_mm256_max_ps(a.v, b.v)}; }
+KVMESH_VEC_INLINE V Min(V a, V b) { return {_mm256_min_ps(a.v, b.v)}; }
+KVMESH_VEC_INLINE float ReduceAdd(V a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+KVMESH_VEC_INLINE float ReduceMax(V a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+KVMESH_VEC_INLINE V SelectLess(V a, V b, V x, V y) {
+  return {_mm256_blendv_ps(x.v, y.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))};
+}
+KVMESH_VEC_INLINE V RoundNearest(V a) { return {_mm256_round_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+KVMESH_VEC_INLINE V Pow2Int(V n) {
+  const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n.v), _mm256_set1_epi32(127));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(e, 23))};
+}
+KVMESH_VEC_INLINE V LoadBf16(const uint16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))};
+}
+KVMESH_VEC_INLINE V LoadF16(const uint16_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+}
+KVMESH_VEC_INLINE VI LoadI(const uint16_t* p) { return {_mm256_load_si256(reinterpret_cast<const __m256i*>(p))}; }
+KVMESH_VEC_INLINE V Bf16Low(VI w) { return {_mm256_castsi256_ps(_mm256_slli_epi32(w.v, 16))}; }
+KVMESH_VEC_INLINE V Bf16High(VI w) {
+  return {_mm256_castsi256_ps(_mm256_and_si256(w.v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))))};
+}
+
+#endif
+
+// e^x, |relative error| < 2 ulp on [-87, 88]; 0 below -87.3, +inf-free (clamped) above 88.7.
+KVMESH_VEC_INLINE V Exp(V x) {
+  const V lo = Set1(-87.33654f);
+  const V xc = Min(Max(x, lo), Set1(88.72283f));
+  const V n = RoundNearest(Mul(xc, Set1(1.44269504088896341f)));
+  // r = x - n * ln2 in two steps (Cody-Waite).
+  V r = Fma(n, Set1(-0.693359375f), xc);
+  r = Fma(n, Set1(2.12194440e-4f), r);
+  V p = Set1(1.9875691500e-4f);
+  p = Fma(p, r, Set1(1.3981999507e-3f));
+  p = Fma(p, r, Set1(8.3334519073e-3f));
+  p = Fma(p, r, Set1(4.1665795894e-2f));
+  p = Fma(p, r, Set1(1.6666665459e-1f));
+  p = Fma(p, r, Set1(5.0000001201e-1f));
+  p = Fma(p, Mul(r, r), Add(r, Set1(1.0f)));
+  // 2^n: n in [-126, 128]; split n = 128 as 2 * 2^127 is not needed after clamping
+  // (88.72 * log2e rounds to 128), so scale in two halves.
+  const V half_n = RoundNearest(Mul(n, Set1(0.5f)));
+  const V res = Mul(Mul(p, Pow2Int(half_n)), Pow2Int(Sub(n, half_n)));
+  return SelectLess(x, lo, res, Zero());
+}
+
+}  // namespace kvmesh::backend::cpu::KVMESH_CPU_ISA

@@ -1,0 +1,94 @@
+// LlamaModel: a loaded Llama-family decoder (Llama 2/3, Mistral, Qwen2) and its
+// forward pass through the backend ops.
+//
+// Loading maps the safetensors (no copy), checks every tensor against the
+// config, and asks the backend to pack the linear layers once (q/k/v fused into
+// one GEMM, gate/up into another). Forward() runs a chunk of one sequence's
+// tokens against its dense KV cache; the paged, batched runner reuses the same
+// layer code in a later issue.
+//
+// Thread-safety: Forward() is not reentrant (it reuses scratch buffers); the
+// engine thread owns the model. The backend must outlive the model.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "backend/ops.h"
+#include "engine/dense_kv_cache.h"
+#include "model/model_config.h"
+#include "model/model_weights.h"
+#include "model/safetensors.h"
+
+namespace kvmesh::engine {
+
+struct LoadProgress {
+  std::string stage;  // "config", "weights", "pack"
+  int64_t done = 0;
+  int64_t total = 0;
+};
+
+struct LlamaModelOptions {
+  // Called as loading advances (for a progress display); may be empty.
+  std::function<void(const LoadProgress&)> on_progress;
+};
+
+class LlamaModel {
+ public:
+  // Errors name the file and the key or tensor at fault (see model/).
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir,
+                                                          backend::Backend& backend,
+                                                          const LlamaModelOptions& options = {});
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  const model::ModelConfig& config() const { return config_; }
+  const std::string& model_dir() const { return model_dir_; }
+
+  // A cache sized for `capacity_tokens` positions of this model.
+  absl::StatusOr<DenseKvCache> NewKvCache(int64_t capacity_tokens) const;
+
+  // Runs `tokens` at positions cache.num_tokens() .. + tokens.size() - 1, writes
+  // their K/V into the cache and advances it. For each index i in `logit_rows`
+  // (indices into `tokens`), appends vocab_size logits to *logits (f32).
+  // InvalidArgument: empty chunk, a token id outside the vocabulary, a row out of
+  // range. ResourceExhausted: the cache has no room for the chunk.
+  absl::Status Forward(std::span<const int32_t> tokens, DenseKvCache& cache, std::span<const int32_t> logit_rows,
+                       std::vector<float>* logits);
+
+  // Bytes of weights one decode step reads (packed linears + norms + one
+  // embedding row): the numerator of the decode roofline.
+  int64_t weight_bytes_per_token() const;
+
+ private:
+  struct Layer {
+    std::unique_ptr<backend::PackedLinear> qkv;
+    std::unique_ptr<backend::PackedLinear> o;
+    std::unique_ptr<backend::PackedLinear> gate_up;
+    std::unique_ptr<backend::PackedLinear> down;
+  };
+  LlamaModel(backend::Backend& backend) : backend_(backend) {}
+  absl::Status Pack(const LlamaModelOptions& options);
+  void EnsureScratch(int64_t num_tokens);
+
+  backend::Backend& backend_;
+  std::string model_dir_;
+  model::ModelConfig config_;
+  std::unique_ptr<model::SafetensorsStore> store_;
+  model::ModelWeights weights_;
+  std::vector<Layer> layers_;
+  std::unique_ptr<backend::PackedLinear> lm_head_;
+  std::vector<float> inv_freq_;
+
+  // Scratch, sized for the largest chunk seen so far.
+  int64_t scratch_tokens_ = 0;
+  std::vector<float> residual_, hidden_, qkv_, q_, attn_, proj_, gate_up_, act_, head_in_;
+  std::vector<int32_t> positions_;
+};
+
+}  // namespace kvmesh::engine

@@ -1,0 +1,135 @@
+#include "cli_common.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "core/status_macros.h"
+
+ABSL_FLAG(std::string, model, KVMESH_DEFAULT_MODEL_DIR,
+          "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). "
+          "Default: the embedded tiny model.");
+ABSL_FLAG(std::string, backend, "cpu", "Backend for the model ops: cpu or reference (the slow scalar oracle).");
+ABSL_FLAG(int, threads, 0, "Kernel threads; 0 means one per core.");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
+
+namespace kvmesh::cli {
+namespace {
+
+std::vector<std::string>& HelpFiles() {
+  static std::vector<std::string> files;
+  return files;
+}
+
+bool IsSubcommandFile(absl::string_view file) {
+  if (absl::StrContains(file, "cli_common")) return true;
+  for (const std::string& f : HelpFiles()) {
+    if (absl::StrContains(file, f)) return true;
+  }
+  return false;
+}
+
+// `--max-tokens=3` -> `--max_tokens=3`: Abseil flag names have no dashes.
+std::string NormalizeFlagName(const char* arg) {
+  std::string s(arg);
+  if (s.size() < 3 || s[0] != '-' || s[1] != '-') return s;
+  const size_t end = std::min(s.find('='), s.size());
+  for (size_t i = 2; i < end; ++i) {
+    if (s[i] == '-') s[i] = '_';
+  }
+  return s;
+}
+
+// KVMESH_<NAME> sets the default of flag <name> defined by the CLI.
+void ApplyEnvironmentDefaults() {
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (!IsSubcommandFile(flag->Filename()) && !absl::StrContains(flag->Filename(), "services/kvmesh")) continue;
+    const std::string env = absl::StrCat("KVMESH_", absl::AsciiStrToUpper(name));
+    const char* value = std::getenv(env.c_str());
+    if (value == nullptr) continue;
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      std::fprintf(stderr, "kvmesh: bad value in %s: %s\n", env.c_str(), error.c_str());
+      std::exit(2);
+    }
+  }
+}
+
+}  // namespace
+
+std::string ModelDirFlag() { return absl::GetFlag(FLAGS_model); }
+
+std::vector<std::string> ParseSubcommandFlags(int argc, char** argv, const std::string& usage,
+                                              const std::vector<std::string>& help_files) {
+  HelpFiles() = help_files;
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) { return IsSubcommandFile(file); };
+  config.contains_helpshort_flags = config.contains_help_flags;
+  config.normalize_filename = [](absl::string_view file) { return std::string(file); };
+  absl::SetFlagsUsageConfig(config);
+  absl::SetProgramUsageMessage(usage);
+  ApplyEnvironmentDefaults();
+  std::vector<std::string> normalized;
+  normalized.reserve(argc);
+  for (int i = 0; i < argc; ++i) normalized.push_back(i == 0 ? std::string(argv[0]) : NormalizeFlagName(argv[i]));
+  std::vector<char*> args;
+  for (std::string& s : normalized) args.push_back(s.data());
+  std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  LogLevel level;
+  if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
+    std::fprintf(stderr, "kvmesh: --log_level must be debug, info, warning or error\n");
+    std::exit(2);
+  }
+  SetLogLevel(level);
+  return std::vector<std::string>(positional.begin() + 1, positional.end());
+}
+
+absl::StatusOr<LoadedModel> LoadModelFromFlags(bool quiet) {
+  const auto start = std::chrono::steady_clock::now();
+  LoadedModel loaded;
+  const std::string backend_name = absl::GetFlag(FLAGS_backend);
+  if (backend_name == "cpu") {
+    KVMESH_ASSIGN_OR_RETURN(loaded.backend, backend::CreateCpuBackend({.num_threads = absl::GetFlag(FLAGS_threads)}));
+  } else if (backend_name == "reference") {
+    loaded.backend = backend::CreateReferenceBackend();
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend must be cpu or reference, not \"", backend_name, "\""));
+  }
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  const bool tty = isatty(STDERR_FILENO);
+  engine::LlamaModelOptions options;
+  if (!quiet) {
+    options.on_progress = [tty, &dir](const engine::LoadProgress& p) {
+      if (!tty && p.done != p.total) return;
+      std::fprintf(stderr, "%sloading %s: %s %lld/%lld", tty ? "\r\033[K" : "", dir.c_str(), p.stage.c_str(),
+                   static_cast<long long>(p.done), static_cast<long long>(p.total));
+      if (!tty) std::fputc('\n', stderr);
+      std::fflush(stderr);
+    };
+  }
+  KVMESH_ASSIGN_OR_RETURN(loaded.model, engine::LlamaModel::Load(dir, *loaded.backend, options));
+  KVMESH_ASSIGN_OR_RETURN(loaded.tokenizer, model::Tokenizer::FromDirectory(dir));
+  loaded.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!quiet) {
+    const auto& c = loaded.model->config();
+    std::fprintf(stderr, "%sloaded %s (%s, %lld layers, hidden %lld, vocab %lld) on %s in %.2f s\n",
+                 tty ? "\r\033[K" : "", dir.c_str(), c.model_type.c_str(), static_cast<long long>(c.num_hidden_layers),
+                 static_cast<long long>(c.hidden_size), static_cast<long long>(c.vocab_size),
+                 std::string(loaded.backend->name()).c_str(), loaded.load_seconds);
+  }
+  return loaded;
+}
+
+}  // namespace kvmesh::cli

@@ -1,0 +1,38 @@
+// What every kvmesh subcommand shares: the model/backend flags, environment
+// variable equivalents, and loading a model with a progress display.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "backend/ops.h"
+#include "engine/llama_model.h"
+#include "model/tokenizer.h"
+
+namespace kvmesh::cli {
+
+// A loaded model and what it runs on. The backend outlives the model.
+struct LoadedModel {
+  std::unique_ptr<backend::Backend> backend;
+  std::unique_ptr<engine::LlamaModel> model;
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  double load_seconds = 0;
+};
+
+// --model (default: the embedded tiny model), --backend, --threads.
+std::string ModelDirFlag();
+// Loads config, weights and tokenizer from --model onto --backend, printing
+// progress and the time taken to stderr unless `quiet`.
+absl::StatusOr<LoadedModel> LoadModelFromFlags(bool quiet);
+
+// Parses `argv` (after the subcommand) with Abseil flags: `--max-tokens` is
+// accepted for `--max_tokens`; KVMESH_<FLAG> environment variables set defaults
+// (e.g. KVMESH_MODEL=/models/x); `--help` lists the flags of `help_files` (file
+// name fragments of the subcommand's sources) and of cli_common.cc. Returns the
+// positional arguments.
+std::vector<std::string> ParseSubcommandFlags(int argc, char** argv, const std::string& usage,
+                                              const std::vector<std::string>& help_files);
+
+}  // namespace kvmesh::cli

@@ -1,0 +1,11 @@
+// The kvmesh subcommands. Each parses its own flags from argv (argv[0] is the
+// subcommand's name) and returns the process exit code.
+#pragma once
+
+namespace kvmesh::cli {
+
+int RunGenerate(int argc, char** argv);
+int RunTokenize(int argc, char** argv);
+int RunBench(int argc, char** argv);
+
+}  // namespace kvmesh::cli
