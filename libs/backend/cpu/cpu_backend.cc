@@ -1,11 +1,268 @@
-// Temporary stub while the AVX-512/AVX2 backend is written (issue #2).
+// The CPU backend: picks the AVX-512 or AVX2 kernel table at creation (cpuid),
+// packs linear weights into the panel layout of cpu/kernels.h and forwards
+// each op to the table. This file is compiled without ISA flags: it must run
+// (and fail cleanly) on any x86-64.
+//
+// Thread-safety: the backend holds no mutable state after creation; calls may
+// run concurrently on distinct outputs (each call opens its own OpenMP team).
+#include <omp.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "backend/cpu/kernels.h"
+#include "backend/internal/linear_parts.h"
 #include "backend/ops.h"
+#include "core/dtype.h"
+#include "core/tensor_view.h"
 
 namespace kvmesh::backend {
+namespace {
+
+// Programmer errors (shapes the engine must have checked): abort with a message.
+#define KVMESH_BACKEND_CHECK(cond)                                                          \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      std::fprintf(stderr, "%s:%d: backend check failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                         \
+    }                                                                                       \
+  } while (0)
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<void, FreeDeleter>;
+
+AlignedBuffer AllocateAligned(int64_t bytes) {
+  const size_t rounded = static_cast<size_t>((bytes + 63) / 64 * 64);
+  return AlignedBuffer(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
+}
+
+cpu::ElemType ToElemType(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return cpu::ElemType::kBF16;
+    case DType::kF16: return cpu::ElemType::kF16;
+    default: return cpu::ElemType::kF32;
+  }
+}
+
+float LoadF32(const void* p, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+class CpuPackedLinear final : public PackedLinear {
+ public:
+  CpuPackedLinear(cpu::PackedPanels panels, DType dtype, int64_t num_bytes, AlignedBuffer data, AlignedBuffer bias)
+      : panels_(panels), dtype_(dtype), num_bytes_(num_bytes), data_(std::move(data)), bias_(std::move(bias)) {}
+
+  int64_t out_features() const override { return panels_.n; }
+  int64_t in_features() const override { return panels_.k; }
+  DType dtype() const override { return dtype_; }
+  int64_t num_bytes() const override { return num_bytes_; }
+  const cpu::PackedPanels& panels() const { return panels_; }
+
+ private:
+  const cpu::PackedPanels panels_;  // points into data_ and bias_
+  const DType dtype_;
+  const int64_t num_bytes_;
+  const AlignedBuffer data_;
+  const AlignedBuffer bias_;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const cpu::KernelTable& kernels, int num_threads)
+      : kernels_(kernels), num_threads_(num_threads), name_(std::string("cpu-") + kernels.isa) {}
+
+  std::string_view name() const override { return name_; }
+
+  absl::StatusOr<std::unique_ptr<PackedLinear>> PackLinear(std::span<const TensorView> parts,
+                                                           std::span<const TensorView> biases) override {
+    absl::StatusOr<internal::LinearPartsInfo> info = internal::ValidateLinearParts(parts, biases);
+    if (!info.ok()) return info.status();
+    const int64_t n = info->out_features;
+    const int64_t k = info->in_features;
+    const bool bf16 = info->dtype == DType::kBF16;
+    const int64_t num_panels = (n + cpu::kPanelCols - 1) / cpu::kPanelCols;
+    const int64_t elem_bytes = bf16 ? 2 : 4;
+    const int64_t panel_elems = k * cpu::kPanelCols;
+    AlignedBuffer data = AllocateAligned(num_panels * panel_elems * elem_bytes);
+    if (data == nullptr) return absl::ResourceExhaustedError("PackLinear: out of memory");
+
+    // Row r of the fused weight -> (part, row within part).
+    std::vector<std::pair<const TensorView*, int64_t>> rows(static_cast<size_t>(n));
+    {
+      int64_t r = 0;
+      for (const TensorView& w : parts) {
+        for (int64_t i = 0; i < w.shape[0]; ++i) rows[r++] = {&w, i};
+      }
+    }
+#pragma omp parallel for num_threads(num_threads_)
+    for (int64_t p = 0; p < num_panels; ++p) {
+      for (int col = 0; col < cpu::kPanelCols; ++col) {
+        const int64_t row = p * cpu::kPanelCols + col;
+        const TensorView* w = row < n ? rows[row].first : nullptr;
+        const int64_t src_row = row < n ? rows[row].second : 0;
+        if (bf16) {
+          // dword j of a k-row = (column j, column 16 + j): see cpu/kernels.h.
+          uint16_t* dst = static_cast<uint16_t*>(data.get()) + p * panel_elems;
+          const int slot = col < 16 ? 2 * col : 2 * (col - 16) + 1;
+          const uint16_t* src = w ? static_cast<const uint16_t*>(w->data) + src_row * w->strides[0] : nullptr;
+          for (int64_t kk = 0; kk < k; ++kk) dst[kk * cpu::kPanelCols + slot] = src ? src[kk] : 0;
+        } else {
+          float* dst = static_cast<float*>(data.get()) + p * panel_elems;
+          for (int64_t kk = 0; kk < k; ++kk) {
+            dst[kk * cpu::kPanelCols + col] = w ? LoadF32(w->data, w->dtype, src_row * w->strides[0] + kk) : 0.0f;
+          }
+        }
+      }
+    }
+    AlignedBuffer bias;
+    if (!biases.empty()) {
+      bias = AllocateAligned(num_panels * cpu::kPanelCols * 4);
+      float* b = static_cast<float*>(bias.get());
+      int64_t row = 0;
+      for (const TensorView& bv : biases) {
+        for (int64_t i = 0; i < bv.num_elements(); ++i) b[row++] = LoadF32(bv.data, bv.dtype, i);
+      }
+      for (; row < num_panels * cpu::kPanelCols; ++row) b[row] = 0.0f;
+    }
+    cpu::PackedPanels panels = {
+        .data = data.get(),
+        .type = bf16 ? cpu::ElemType::kBF16 : cpu::ElemType::kF32,
+        .n = n,
+        .k = k,
+        .num_panels = num_panels,
+        .bias = static_cast<const float*>(bias.get()),
+    };
+    const int64_t num_bytes = num_panels * panel_elems * elem_bytes + (biases.empty() ? 0 : n * 4);
+    return std::unique_ptr<PackedLinear>(new CpuPackedLinear(panels, bf16 ? DType::kBF16 : DType::kF32, num_bytes,
+                                                             std::move(data), std::move(bias)));
+  }
+
+  void Linear(const TensorView& x, const PackedLinear& packed, const TensorView& out) override {
+    const auto& w = static_cast<const CpuPackedLinear&>(packed);
+    KVMESH_BACKEND_CHECK(x.dtype == DType::kF32 && out.dtype == DType::kF32);
+    KVMESH_BACKEND_CHECK(x.dim(-1) == w.in_features() && out.dim(-1) == w.out_features());
+    const int64_t m = x.num_elements() / w.in_features();
+    KVMESH_BACKEND_CHECK(out.num_elements() == m * w.out_features());
+    kernels_.linear(x.data_as<const float>(), m, w.panels(), out.data_as<float>(), num_threads_);
+  }
+
+  void Embedding(std::span<const int32_t> ids, const TensorView& table, const TensorView& out) override {
+    KVMESH_BACKEND_CHECK(table.rank == 2 && table.strides[1] == 1);
+    KVMESH_BACKEND_CHECK(out.num_elements() == static_cast<int64_t>(ids.size()) * table.shape[1]);
+    kernels_.embedding(ids.data(), static_cast<int64_t>(ids.size()), table.data, ToElemType(table.dtype),
+                       table.strides[0], table.shape[1], out.data_as<float>(), num_threads_);
+  }
+
+  void RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override {
+    const int64_t e = x.dim(-1);
+    KVMESH_BACKEND_CHECK(weight.num_elements() == e && out.num_elements() == x.num_elements());
+    kernels_.rms_norm(nullptr, x.data_as<const float>(), x.num_elements() / e, e, weight.data,
+                      ToElemType(weight.dtype), eps, out.data_as<float>(), num_threads_);
+  }
+
+  void AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
+                  const TensorView& out) override {
+    const int64_t e = x.dim(-1);
+    KVMESH_BACKEND_CHECK(weight.num_elements() == e && residual.num_elements() == x.num_elements());
+    kernels_.rms_norm(residual.data_as<float>(), x.data_as<const float>(), x.num_elements() / e, e, weight.data,
+                      ToElemType(weight.dtype), eps, out.data_as<float>(), num_threads_);
+  }
+
+  void ApplyRope(const TensorView& q, const TensorView& k, std::span<const int32_t> positions,
+                 std::span<const float> inv_freq) override {
+    KVMESH_BACKEND_CHECK(q.rank == 3 && k.rank == 3 && q.shape[2] == k.shape[2]);
+    KVMESH_BACKEND_CHECK(static_cast<int64_t>(inv_freq.size()) * 2 == q.shape[2]);
+    KVMESH_BACKEND_CHECK(static_cast<int64_t>(positions.size()) == q.shape[0] && k.shape[0] == q.shape[0]);
+    kernels_.rope(q.data_as<float>(), k.data_as<float>(), q.shape[0], q.shape[1], k.shape[1], q.shape[2],
+                  positions.data(), inv_freq.data(), num_threads_);
+  }
+
+  void SiluAndMul(const TensorView& gate_up, const TensorView& out) override {
+    const int64_t inter = out.dim(-1);
+    KVMESH_BACKEND_CHECK(gate_up.dim(-1) == 2 * inter);
+    kernels_.silu_and_mul(gate_up.data_as<const float>(), out.num_elements() / inter, inter, out.data_as<float>(),
+                          num_threads_);
+  }
+
+  void DenseAttention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                      std::span<const int32_t> positions, float scale, const TensorView& out) override {
+    KVMESH_BACKEND_CHECK(q.rank == 3 && k_cache.rank == 3 && v_cache.rank == 3);
+    const int64_t t = q.shape[0];
+    const int64_t h = q.shape[1];
+    const int64_t d = q.shape[2];
+    const int64_t hkv = k_cache.shape[1];
+    KVMESH_BACKEND_CHECK(hkv > 0 && h % hkv == 0 && k_cache.shape[2] == d && d <= 512);
+    KVMESH_BACKEND_CHECK(static_cast<int64_t>(positions.size()) == t);
+    if (t == 0) return;
+    kernels_.dense_attention(q.data_as<const float>(), k_cache.data_as<const float>(), v_cache.data_as<const float>(),
+                             t, h, hkv, d, positions.data(), scale, out.data_as<float>(), num_threads_);
+  }
+
+ private:
+  const cpu::KernelTable& kernels_;
+  const int num_threads_;
+  const std::string name_;
+};
+
+bool HasAvx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+bool HasAvx512() {
+  __builtin_cpu_init();
+  return HasAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options) {
-  return absl::UnimplementedError("CreateCpuBackend: being written");
+  const cpu::KernelTable* kernels = nullptr;
+  if (options.isa == "auto") {
+    if (HasAvx512()) {
+      kernels = &cpu::Avx512Kernels();
+    } else if (HasAvx2()) {
+      kernels = &cpu::Avx2Kernels();
+    }
+  } else if (options.isa == "avx512") {
+    if (HasAvx512()) kernels = &cpu::Avx512Kernels();
+  } else if (options.isa == "avx2") {
+    if (HasAvx2()) kernels = &cpu::Avx2Kernels();
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateCpuBackend: unknown isa \"", absl::string_view(options.isa.data(), options.isa.size()),
+                     "\" (want auto, avx512 or avx2)"));
+  }
+  if (kernels == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CreateCpuBackend: this CPU lacks ", options.isa == "avx512" ? "AVX-512 (F/BW/VL/DQ)" : "AVX2+FMA+F16C"));
+  }
+  int threads = options.num_threads;
+  if (threads > 0) {
+    omp_set_num_threads(threads);
+  } else {
+    threads = omp_get_num_procs();
+  }
+  return std::unique_ptr<Backend>(new CpuBackend(*kernels, threads));
 }
 
 }  // namespace kvmesh::backend

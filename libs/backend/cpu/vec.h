@@ -28,11 +28,11 @@ namespace kvmesh::backend::cpu::KVMESH_CPU_ISA {
 #define KVMESH_VEC_INLINE inline __attribute__((always_inline))
 
 template <typename T>
-KVMESH_VEC_INLINE T Min(T a, T b) {
+KVMESH_VEC_INLINE constexpr T Min(T a, T b) {
   return b < a ? b : a;
 }
 template <typename T>
-KVMESH_VEC_INLINE T Max(T a, T b) {
+KVMESH_VEC_INLINE constexpr T Max(T a, T b) {
   return a < b ? b : a;
 }
 

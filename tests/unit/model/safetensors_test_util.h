@@ -64,7 +64,10 @@ inline std::string RawSafetensors(const std::string& header, const std::string& 
 
 inline std::string ShapeJson(const std::vector<int64_t>& shape) {
   std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(shape[i]);
+  }
   return s + "]";
 }
 

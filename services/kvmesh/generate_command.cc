@@ -1,0 +1,140 @@
+// `kvmesh generate`: one prompt in, text streamed to stdout as it is decoded.
+// With --json, one JSON object per generated token: {"id", "text", "logprob"}
+// (plus "top_logprobs" with --logprobs N, and "finish_reason" on the last).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "cli_common.h"
+#include "commands.h"
+#include "engine/single_sequence_generator.h"
+#include "model/chat_template.h"
+
+ABSL_FLAG(std::string, prompt, "", "The prompt text (required).");
+ABSL_FLAG(bool, chat, false, "Wrap --prompt as a user message in the model's chat template.");
+ABSL_FLAG(std::string, system, "", "With --chat: a system message before the prompt.");
+ABSL_FLAG(std::string, chat_template, "",
+          "With --chat: llama3, chatml or mistral (default: detected from tokenizer_config.json).");
+ABSL_FLAG(int, max_tokens, 64, "Maximum tokens to generate.");
+ABSL_FLAG(int, min_tokens, 0, "Suppress EOS/stop tokens until this many tokens are generated.");
+ABSL_FLAG(double, temperature, 1.0, "Sampling temperature; 0 means greedy.");
+ABSL_FLAG(int, top_k, -1, "Keep the k most likely tokens; -1 disables.");
+ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass in (0, 1]; 1 disables.");
+ABSL_FLAG(double, min_p, 0.0, "Drop tokens below min_p x the top probability; 0 disables.");
+ABSL_FLAG(int64_t, seed, -1, "Sampling seed for reproducible output; -1 draws one.");
+ABSL_FLAG(double, repetition_penalty, 1.0, "Penalty > 1 discourages tokens seen in prompt or output.");
+ABSL_FLAG(double, presence_penalty, 0.0, "In [-2, 2]: subtracted once from tokens already generated.");
+ABSL_FLAG(double, frequency_penalty, 0.0, "In [-2, 2]: subtracted per occurrence in the output.");
+ABSL_FLAG(int, logprobs, -1, "With --json: also print the top N logprobs per token.");
+ABSL_FLAG(std::string, stop_token_ids, "", "Comma-separated token ids that end generation.");
+ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the end-of-sequence token.");
+ABSL_FLAG(bool, json, false, "Print one JSON object per token instead of plain text.");
+
+namespace kvmesh::cli {
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvmesh generate: %s\n", message.c_str());
+  return 1;
+}
+
+absl::StatusOr<engine::SamplingParams> SamplingParamsFromFlags() {
+  engine::SamplingParams p;
+  p.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  p.top_k = absl::GetFlag(FLAGS_top_k);
+  p.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  p.min_p = static_cast<float>(absl::GetFlag(FLAGS_min_p));
+  if (absl::GetFlag(FLAGS_seed) >= 0) p.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  p.repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty));
+  p.presence_penalty = static_cast<float>(absl::GetFlag(FLAGS_presence_penalty));
+  p.frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty));
+  p.logprobs = absl::GetFlag(FLAGS_logprobs);
+  p.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  p.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  p.min_tokens = absl::GetFlag(FLAGS_min_tokens);
+  for (absl::string_view piece : absl::StrSplit(absl::GetFlag(FLAGS_stop_token_ids), ',', absl::SkipEmpty())) {
+    int32_t id;
+    if (!absl::SimpleAtoi(piece, &id))
+      return absl::InvalidArgumentError(absl::StrCat("--stop_token_ids: \"", piece, "\" is not a token id"));
+    p.stop_token_ids.push_back(id);
+  }
+  return p;
+}
+
+absl::StatusOr<std::string> PromptText(const std::string& model_dir, const model::Tokenizer& tokenizer) {
+  const std::string prompt = absl::GetFlag(FLAGS_prompt);
+  if (!absl::GetFlag(FLAGS_chat)) return prompt;
+  const std::string name = absl::GetFlag(FLAGS_chat_template);
+  absl::StatusOr<model::ChatTemplate> tmpl =
+      name.empty() ? model::ChatTemplate::FromModelDirectory(model_dir) : model::ChatTemplate::FromName(name);
+  if (!tmpl.ok()) return tmpl.status();
+  std::vector<model::ChatMessage> messages;
+  if (!absl::GetFlag(FLAGS_system).empty()) messages.push_back({"system", absl::GetFlag(FLAGS_system)});
+  messages.push_back({"user", prompt});
+  const auto bos = tokenizer.bos_token_id();
+  return tmpl->Apply(messages, /*add_generation_prompt=*/true, bos ? tokenizer.IdToToken(*bos) : "");
+}
+
+}  // namespace
+
+int RunGenerate(int argc, char** argv) {
+  ParseSubcommandFlags(argc, argv,
+                       "kvmesh generate --prompt TEXT [--max-tokens N --temperature T --top-p P --seed S --json]",
+                       {"generate_command"});
+  if (absl::GetFlag(FLAGS_prompt).empty()) return Fail("--prompt is required");
+  auto params = SamplingParamsFromFlags();
+  if (!params.ok()) return Fail(std::string(params.status().message()));
+  const bool json = absl::GetFlag(FLAGS_json);
+  auto loaded = LoadModelFromFlags(/*quiet=*/json);
+  if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
+  const model::Tokenizer& tokenizer = *loaded->tokenizer;
+  auto text = PromptText(ModelDirFlag(), tokenizer);
+  if (!text.ok()) return Fail(std::string(text.status().message()));
+  // A chat template writes its own BOS text, which Encode() matches as the special token.
+  const std::vector<int32_t> prompt = tokenizer.Encode(*text, /*add_special_tokens=*/!absl::GetFlag(FLAGS_chat));
+
+  std::vector<int32_t> eos = loaded->model->config().eos_token_ids;
+  if (auto id = tokenizer.eos_token_id(); id && std::find(eos.begin(), eos.end(), *id) == eos.end()) eos.push_back(*id);
+
+  model::IncrementalDetokenizer detokenizer(tokenizer, /*skip_special_tokens=*/true);
+  auto on_token = [&](const engine::GeneratedToken& token) {
+    std::string piece = detokenizer.Append(token.sample.token_id);
+    if (token.stop.finished()) piece += detokenizer.Flush();
+    if (!json) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+      return true;
+    }
+    nlohmann::json obj = {{"id", token.sample.token_id}, {"text", piece}, {"logprob", token.sample.logprob}};
+    if (!token.sample.top_logprobs.empty()) {
+      nlohmann::json top = nlohmann::json::array();
+      for (const auto& t : token.sample.top_logprobs) top.push_back({{"id", t.token_id}, {"logprob", t.logprob}});
+      obj["top_logprobs"] = std::move(top);
+    }
+    if (token.stop.finished()) obj["finish_reason"] = std::string(engine::FinishReasonName(token.stop.reason));
+    const std::string line = obj.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    std::fwrite(line.data(), 1, line.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  };
+  auto result = engine::GenerateSingleSequence(*loaded->model, prompt, *params, eos, on_token);
+  if (!result.ok()) return Fail(std::string(result.status().message()));
+  if (!json) {
+    std::fputc('\n', stdout);
+    const double decode_tps = result->num_output_tokens > 1
+                                  ? (result->num_output_tokens - 1) / std::max(1e-9, result->decode_seconds)
+                                  : 0.0;
+    std::fprintf(stderr, "[%d prompt tokens in %.3f s; %d generated, %.1f tokens/s; finish_reason=%s]\n",
+                 result->num_prompt_tokens, result->prefill_seconds, result->num_output_tokens, decode_tps,
+                 std::string(engine::FinishReasonName(result->finish_reason)).c_str());
+  }
+  return 0;
+}
+
+}  // namespace kvmesh::cli

@@ -1,0 +1,117 @@
+"""The kvmesh CLI as a user runs it: real processes on the built binary."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+KVMESH = os.environ["KVMESH_BIN"]
+MODELS = os.environ["KVMESH_MODELS_DIR"]
+TINY = os.path.join(MODELS, "tiny-llama")
+
+
+def run(*args, check=True, **kwargs):
+    proc = subprocess.run([KVMESH, *args], capture_output=True, text=True, timeout=300, **kwargs)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_help_lists_subcommands():
+    out = run("--help").stdout
+    for cmd in ("generate", "tokenize", "bench"):
+        assert cmd in out
+
+
+def test_generate_help_lists_its_flags():
+    out = run("generate", "--help", check=False)
+    text = out.stdout + out.stderr
+    for flag in ("--prompt", "--max_tokens", "--temperature", "--top_p", "--seed", "--json", "--model"):
+        assert flag in text
+
+
+def test_tokenize_matches_hugging_face_tokenizers():
+    tokenizers = pytest.importorskip("tokenizers")
+    text = "Hello world! Paged attention, 键值缓存 🚀 and  spaces\n\ttabs 12345"
+    ours = json.loads(run("tokenize", "--text", text).stdout)
+    theirs = tokenizers.Tokenizer.from_file(os.path.join(TINY, "tokenizer.json")).encode(text).ids
+    assert ours == theirs
+
+
+def test_tokenize_reads_standard_input():
+    ours = json.loads(run("tokenize", input="abc def").stdout)
+    assert json.loads(run("tokenize", "--text", "abc def").stdout) == ours
+
+
+def test_generate_json_streams_one_object_per_token():
+    out = run("generate", "--prompt", "The quick brown fox", "--max-tokens", "12", "--json",
+              "--temperature", "0").stdout
+    lines = [json.loads(l) for l in out.splitlines() if l.strip()]
+    assert 1 <= len(lines) <= 12
+    for obj in lines:
+        assert isinstance(obj["id"], int)
+        assert isinstance(obj["text"], str)
+        assert obj["logprob"] <= 0.0
+
+
+def test_greedy_generation_matches_transformers_fixture():
+    """The first prompt of the bf16 fixture, decoded greedily by the CLI."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "tests", "data", "reference", "tiny-llama.json")) as f:
+        case = json.load(f)["cases"][0]
+    out = run("generate", "--prompt", "The quick brown fox jumps over the lazy dog.", "--max-tokens", "16",
+              "--temperature", "0", "--ignore-eos", "--json").stdout
+    ids = [json.loads(l)["id"] for l in out.splitlines() if l.strip()]
+    assert ids == case["greedy_ids"][:16]
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent():
+    args = ["generate", "--prompt", "Once upon a time", "--max-tokens", "24", "--temperature", "1.0",
+            "--top-p", "0.95", "--ignore-eos", "--json"]
+    a = run(*args, "--seed", "5").stdout
+    b = run(*args, "--seed", "5").stdout
+    c = run(*args, "--seed", "6").stdout
+    assert a == b
+    assert a != c
+
+
+def test_streamed_text_equals_decoded_ids():
+    tokenizers = pytest.importorskip("tokenizers")
+    out = run("generate", "--prompt", "键值缓存 🚀", "--max-tokens", "20", "--temperature", "1.0", "--seed", "3",
+              "--ignore-eos", "--json").stdout
+    objs = [json.loads(l) for l in out.splitlines() if l.strip()]
+    tok = tokenizers.Tokenizer.from_file(os.path.join(TINY, "tokenizer.json"))
+    assert "".join(o["text"] for o in objs) == tok.decode([o["id"] for o in objs], skip_special_tokens=True)
+
+
+def test_missing_model_directory_is_a_clear_error():
+    proc = run("generate", "--model", "/nonexistent/model", "--prompt", "hi", check=False)
+    assert proc.returncode != 0
+    assert "/nonexistent/model" in proc.stderr
+
+
+def test_corrupt_weights_are_a_clear_error(tmp_path):
+    bad = tmp_path / "model"
+    shutil.copytree(TINY, bad)
+    weights = bad / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])  # truncated mid-tensor
+    proc = run("generate", "--model", str(bad), "--prompt", "hi", check=False)
+    assert proc.returncode != 0
+    assert "model.safetensors" in proc.stderr
+    assert "Traceback" not in proc.stderr and "terminate" not in proc.stderr
+
+
+def test_prompt_longer_than_context_is_rejected():
+    proc = run("generate", "--prompt", "word " * 9000, "--max-tokens", "4", check=False)
+    assert proc.returncode != 0
+    assert "context" in proc.stderr
+
+
+def test_bad_flag_values_are_rejected():
+    for args in (["--temperature", "-1"], ["--top-p", "1.5"], ["--max-tokens", "0"]):
+        proc = run("generate", "--prompt", "hi", *args, check=False)
+        assert proc.returncode != 0, args
+        assert proc.stderr.strip(), args

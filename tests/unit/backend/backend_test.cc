@@ -1,0 +1,407 @@
+// Backends against the reference oracle: one parameterised suite runs every op
+// of ops.h on seeded random inputs of awkward sizes for each CPU ISA the host
+// has (cases of an ISA the CPU lacks are skipped), with the tolerance stated
+// per op. Plus: the oracle on hand-computed values, bitwise batch invariance of
+// Linear, and PackLinear's error cases.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/ops.h"
+#include "core/dtype.h"
+#include "core/tensor_view.h"
+#include "gtest/gtest.h"
+
+namespace kvmesh::backend {
+namespace {
+
+// An owning buffer and a contiguous view of it.
+struct Tensor {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+
+  Tensor(DType dtype, std::initializer_list<int64_t> shape) {
+    view = TensorView::Contiguous(nullptr, dtype, shape);
+    bytes.resize(static_cast<size_t>(view.num_bytes()) + 64);
+    view.data = bytes.data();
+  }
+  float* f32() { return view.data_as<float>(); }
+  int64_t size() const { return view.num_elements(); }
+  float At(int64_t i) const {
+    switch (view.dtype) {
+      case DType::kBF16: return Bf16ToF32(view.data_as<uint16_t>()[i]);
+      case DType::kF16: return F16ToF32(view.data_as<uint16_t>()[i]);
+      default: return view.data_as<float>()[i];
+    }
+  }
+  void Set(int64_t i, float v) {
+    switch (view.dtype) {
+      case DType::kBF16: view.data_as<uint16_t>()[i] = F32ToBf16(v); break;
+      case DType::kF16: view.data_as<uint16_t>()[i] = F32ToF16(v); break;
+      default: view.data_as<float>()[i] = v;
+    }
+  }
+};
+
+Tensor Random(DType dtype, std::initializer_list<int64_t> shape, std::mt19937& rng, float lo = -1.0f,
+              float hi = 1.0f) {
+  Tensor t(dtype, shape);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  for (int64_t i = 0; i < t.size(); ++i) t.Set(i, dist(rng));
+  return t;
+}
+
+Tensor Copy(const Tensor& t) {
+  Tensor c = t;
+  c.view.data = c.bytes.data();
+  return c;
+}
+
+// |a - b| <= atol + rtol * |b| for every element; reports the first failure.
+void ExpectNear(const Tensor& got, const Tensor& want, float atol, float rtol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  int failures = 0;
+  for (int64_t i = 0; i < got.size(); ++i) {
+    const float g = got.At(i);
+    const float w = want.At(i);
+    if (!(std::fabs(g - w) <= atol + rtol * std::fabs(w))) {
+      if (++failures <= 3) ADD_FAILURE() << what << " element " << i << ": got " << g << ", want " << w;
+    }
+  }
+  EXPECT_EQ(failures, 0) << what;
+}
+
+// ---- The oracle on hand-computed values. ----
+
+TEST(ReferenceBackendTest, LinearMatchesHandComputedValues) {
+  auto ref = CreateReferenceBackend();
+  float w[] = {1, 2, 3, 4, 5, 6};  // [2, 3]
+  float b[] = {0.5f, -1.0f};
+  float x[] = {1, 0, -1, 2, 1, 0};  // [2, 3]
+  TensorView wv = TensorView::Contiguous(w, DType::kF32, {2, 3});
+  TensorView bv = TensorView::Contiguous(b, DType::kF32, {2});
+  auto packed = ref->PackLinear({&wv, 1}, {&bv, 1}).value();
+  float out[4];
+  ref->Linear(TensorView::Contiguous(x, DType::kF32, {2, 3}), *packed, TensorView::Contiguous(out, DType::kF32, {2, 2}));
+  EXPECT_FLOAT_EQ(out[0], 1 - 3 + 0.5f);
+  EXPECT_FLOAT_EQ(out[1], 4 - 6 - 1.0f);
+  EXPECT_FLOAT_EQ(out[2], 2 + 2 + 0.5f);
+  EXPECT_FLOAT_EQ(out[3], 8 + 5 - 1.0f);
+  EXPECT_EQ(packed->num_bytes(), 6 * 4 + 2 * 4);
+}
+
+TEST(ReferenceBackendTest, RmsNormRopeSiluAttentionHandValues) {
+  auto ref = CreateReferenceBackend();
+  float x[] = {3, 4};
+  float wt[] = {1, 2};
+  float out[2];
+  ref->RmsNorm(TensorView::Contiguous(x, DType::kF32, {1, 2}), TensorView::Contiguous(wt, DType::kF32, {2}), 0.0f,
+               TensorView::Contiguous(out, DType::kF32, {1, 2}));
+  const float rms = std::sqrt(12.5f);
+  EXPECT_NEAR(out[0], 3 / rms, 1e-6);
+  EXPECT_NEAR(out[1], 8 / rms, 1e-6);
+
+  // RoPE at position 1 with inv_freq 1: (x1, x2) -> (x1 cos1 - x2 sin1, x2 cos1 + x1 sin1).
+  float q[] = {1, 0};
+  float k[] = {0, 1};
+  const int32_t pos[] = {1};
+  const float inv_freq[] = {1.0f};
+  ref->ApplyRope(TensorView::Contiguous(q, DType::kF32, {1, 1, 2}), TensorView::Contiguous(k, DType::kF32, {1, 1, 2}),
+                 pos, inv_freq);
+  EXPECT_NEAR(q[0], std::cos(1.0), 1e-7);
+  EXPECT_NEAR(q[1], std::sin(1.0), 1e-7);
+  EXPECT_NEAR(k[0], -std::sin(1.0), 1e-7);
+  EXPECT_NEAR(k[1], std::cos(1.0), 1e-7);
+
+  float gu[] = {1, 3};
+  float s[1];
+  ref->SiluAndMul(TensorView::Contiguous(gu, DType::kF32, {1, 2}), TensorView::Contiguous(s, DType::kF32, {1, 1}));
+  EXPECT_NEAR(s[0], 3 / (1 + std::exp(-1.0)), 1e-6);
+
+  // Two cached positions, equal keys: the output is the mean of the values.
+  float aq[] = {1, 1};
+  float ak[] = {1, 0, 1, 0};
+  float av[] = {2, 4, 6, 8};
+  float ao[2];
+  const int32_t apos[] = {1};
+  ref->DenseAttention(TensorView::Contiguous(aq, DType::kF32, {1, 1, 2}),
+                      TensorView::Contiguous(ak, DType::kF32, {2, 1, 2}),
+                      TensorView::Contiguous(av, DType::kF32, {2, 1, 2}), apos, 1.0f,
+                      TensorView::Contiguous(ao, DType::kF32, {1, 1, 2}));
+  EXPECT_NEAR(ao[0], 4, 1e-6);
+  EXPECT_NEAR(ao[1], 6, 1e-6);
+}
+
+// ---- Reference vs CPU. ----
+
+struct BackendCase {
+  std::string isa;
+  int num_threads;
+};
+
+class BackendVsReferenceTest : public ::testing::TestWithParam<BackendCase> {
+ protected:
+  void SetUp() override {
+    auto backend = CreateCpuBackend({.num_threads = GetParam().num_threads, .isa = GetParam().isa});
+    if (!backend.ok()) {
+      ASSERT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition) << backend.status();
+      GTEST_SKIP() << "CPU lacks " << GetParam().isa << ": " << backend.status();
+    }
+    backend_ = std::move(backend).value();
+    ref_ = CreateReferenceBackend();
+  }
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> ref_;
+  std::mt19937 rng_{12345};
+};
+
+TEST_P(BackendVsReferenceTest, NameNamesIsa) { EXPECT_EQ(backend_->name(), "cpu-" + GetParam().isa); }
+
+// Tolerance: every output is one f32 FMA chain over K, so its error is at most
+// ~K * 2^-24 * sum_k |x_k w_k| (+ the bias add): checked per element.
+TEST_P(BackendVsReferenceTest, LinearMatchesReferenceWithinFmaChainBound) {
+  struct Shape {
+    std::vector<int64_t> n_parts;
+    int64_t k;
+  };
+  const std::vector<Shape> shapes = {{{45}, 37}, {{77}, 100}, {{33, 17, 17}, 513}, {{130}, 16}, {{1}, 1}};
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Shape& shape : shapes) {
+      for (bool with_bias : {false, true}) {
+        std::vector<Tensor> parts;
+        std::vector<Tensor> biases;
+        int64_t n = 0;
+        for (int64_t ni : shape.n_parts) {
+          parts.push_back(Random(dtype, {ni, shape.k}, rng_));
+          if (with_bias) biases.push_back(Random(dtype == DType::kF16 ? DType::kBF16 : DType::kF32, {ni}, rng_));
+          n += ni;
+        }
+        std::vector<TensorView> part_views;
+        std::vector<TensorView> bias_views;
+        for (auto& p : parts) part_views.push_back(p.view);
+        for (auto& b : biases) bias_views.push_back(b.view);
+        auto ref_w = ref_->PackLinear(part_views, bias_views).value();
+        auto got_w = backend_->PackLinear(part_views, bias_views).value();
+        EXPECT_EQ(got_w->out_features(), n);
+        EXPECT_EQ(got_w->in_features(), shape.k);
+        EXPECT_EQ(got_w->dtype(), dtype == DType::kBF16 ? DType::kBF16 : DType::kF32);
+        EXPECT_GE(got_w->num_bytes(), n * shape.k * (dtype == DType::kBF16 ? 2 : 4));
+        for (int64_t m : {1, 3, 8, 9, 17, 257}) {
+          const std::string what = std::string(DTypeName(dtype)) + " M=" + std::to_string(m) +
+                                   " N=" + std::to_string(n) + " K=" + std::to_string(shape.k) +
+                                   (with_bias ? " bias" : "");
+          Tensor x = Random(DType::kF32, {m, shape.k}, rng_);
+          Tensor want(DType::kF32, {m, n});
+          Tensor got(DType::kF32, {m, n});
+          ref_->Linear(x.view, *ref_w, want.view);
+          backend_->Linear(x.view, *got_w, got.view);
+          // Per-element bound from sum |x w|.
+          int failures = 0;
+          for (int64_t t = 0; t < m; ++t) {
+            int64_t row0 = 0;
+            for (size_t p = 0; p < parts.size(); ++p) {
+              for (int64_t r = 0; r < shape.n_parts[p]; ++r) {
+                double mag = with_bias ? std::fabs(biases[p].At(r)) : 0.0;
+                for (int64_t c = 0; c < shape.k; ++c) mag += std::fabs(x.At(t * shape.k + c) * parts[p].At(r * shape.k + c));
+                const double bound = (shape.k + 2) * std::ldexp(1.0, -24) * mag + 1e-30;
+                const int64_t i = t * n + row0 + r;
+                if (!(std::fabs(got.At(i) - want.At(i)) <= bound) && ++failures <= 3) {
+                  ADD_FAILURE() << what << " [" << t << ", " << row0 + r << "]: got " << got.At(i) << ", want "
+                                << want.At(i) << ", bound " << bound;
+                }
+              }
+              row0 += shape.n_parts[p];
+            }
+          }
+          EXPECT_EQ(failures, 0) << what;
+        }
+      }
+    }
+  }
+}
+
+// A row's result is bitwise the same whatever the batch size, its position in
+// the batch and the thread count.
+TEST_P(BackendVsReferenceTest, LinearIsBatchInvariantBitwise) {
+  auto one_thread = CreateCpuBackend({.num_threads = 1, .isa = GetParam().isa}).value();
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    const int64_t k = 203;
+    const int64_t n = 150;
+    Tensor w = Random(dtype, {n, k}, rng_);
+    Tensor b = Random(DType::kF32, {n}, rng_);
+    auto packed = backend_->PackLinear({&w.view, 1}, {&b.view, 1}).value();
+    const int64_t total = 300;
+    Tensor x = Random(DType::kF32, {total, k}, rng_);
+    Tensor full(DType::kF32, {total, n});
+    backend_->Linear(x.view, *packed, full.view);
+    for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 17, 64, 257}) {
+      for (int64_t offset : {int64_t{0}, int64_t{5}, total - m}) {
+        Backend* which = (m % 2 == 0) ? one_thread.get() : backend_.get();
+        TensorView xs = TensorView::Contiguous(x.f32() + offset * k, DType::kF32, {m, k});
+        Tensor part(DType::kF32, {m, n});
+        which->Linear(xs, *packed, part.view);
+        ASSERT_EQ(std::memcmp(part.f32(), full.f32() + offset * n, static_cast<size_t>(m * n) * 4), 0)
+            << DTypeName(dtype) << " M=" << m << " offset=" << offset;
+      }
+    }
+  }
+}
+
+TEST_P(BackendVsReferenceTest, PackLinearRejectsMismatchedArguments) {
+  for (Backend* backend : {backend_.get(), ref_.get()}) {
+    Tensor a = Random(DType::kBF16, {8, 16}, rng_);
+    Tensor b_other_k = Random(DType::kBF16, {8, 17}, rng_);
+    Tensor c_f32 = Random(DType::kF32, {8, 16}, rng_);
+    Tensor bias8 = Random(DType::kF32, {8}, rng_);
+    Tensor bias7 = Random(DType::kF32, {7}, rng_);
+    Tensor ints(DType::kInt32, {8, 16});
+    Tensor rank1 = Random(DType::kBF16, {16}, rng_);
+    auto pack = [&](std::vector<TensorView> parts, std::vector<TensorView> biases) {
+      return backend->PackLinear(parts, biases).status().code();
+    };
+    const auto kInvalid = absl::StatusCode::kInvalidArgument;
+    EXPECT_EQ(pack({a.view, b_other_k.view}, {}), kInvalid) << backend->name() << " mismatched K";
+    EXPECT_EQ(pack({a.view, c_f32.view}, {}), kInvalid) << backend->name() << " mixed dtypes";
+    EXPECT_EQ(pack({a.view}, {bias7.view}), kInvalid) << backend->name() << " bias length";
+    EXPECT_EQ(pack({a.view, a.view}, {bias8.view}), kInvalid) << backend->name() << " bias count";
+    EXPECT_EQ(pack({ints.view}, {}), kInvalid) << backend->name() << " int32 weight";
+    EXPECT_EQ(pack({rank1.view}, {}), kInvalid) << backend->name() << " rank-1 weight";
+    EXPECT_EQ(pack({}, {}), kInvalid) << backend->name() << " no parts";
+    EXPECT_TRUE(backend->PackLinear(std::vector<TensorView>{a.view, a.view}, std::vector<TensorView>{bias8.view, bias8.view}).ok());
+  }
+}
+
+// Widening is exact: bitwise equal.
+TEST_P(BackendVsReferenceTest, EmbeddingMatchesExactly) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    Tensor table = Random(dtype, {50, 45}, rng_);
+    std::vector<int32_t> ids = {0, 49, 3, 3, 17, 1, 48, 20, 9, 11, 30, 31, 2, 44, 5, 6, 7};
+    const int64_t t = static_cast<int64_t>(ids.size());
+    Tensor want(DType::kF32, {t, 45});
+    Tensor got(DType::kF32, {t, 45});
+    ref_->Embedding(ids, table.view, want.view);
+    backend_->Embedding(ids, table.view, got.view);
+    ExpectNear(got, want, 0.0f, 0.0f, std::string("embedding ") + std::string(DTypeName(dtype)));
+  }
+}
+
+// f32 sum of squares vs f64: relative 2e-6.
+TEST_P(BackendVsReferenceTest, RmsNormAndAddRmsNormMatchWithinRelative2e6) {
+  for (DType wdtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int64_t t : {1, 3, 17, 257}) {
+      for (int64_t e : {45, 512, 1000}) {
+        const std::string what = std::string(DTypeName(wdtype)) + " T=" + std::to_string(t) + " E=" + std::to_string(e);
+        Tensor x = Random(DType::kF32, {t, e}, rng_, -3.0f, 3.0f);
+        Tensor w = Random(wdtype, {e}, rng_, 0.5f, 1.5f);
+        Tensor want(DType::kF32, {t, e});
+        Tensor got(DType::kF32, {t, e});
+        ref_->RmsNorm(x.view, w.view, 1e-6f, want.view);
+        backend_->RmsNorm(x.view, w.view, 1e-6f, got.view);
+        ExpectNear(got, want, 1e-7f, 2e-6f, "RmsNorm " + what);
+
+        Tensor res_ref = Random(DType::kF32, {t, e}, rng_, -3.0f, 3.0f);
+        Tensor res_got = Copy(res_ref);
+        ref_->AddRmsNorm(res_ref.view, x.view, w.view, 1e-5f, want.view);
+        backend_->AddRmsNorm(res_got.view, x.view, w.view, 1e-5f, got.view);
+        ExpectNear(res_got, res_ref, 0.0f, 0.0f, "AddRmsNorm residual " + what);
+        ExpectNear(got, want, 1e-7f, 2e-6f, "AddRmsNorm " + what);
+        // In place: out aliases x.
+        Tensor inplace = Copy(x);
+        backend_->RmsNorm(inplace.view, w.view, 1e-6f, inplace.view);
+        ref_->RmsNorm(x.view, w.view, 1e-6f, want.view);
+        ExpectNear(inplace, want, 1e-7f, 2e-6f, "RmsNorm in place " + what);
+      }
+    }
+  }
+}
+
+// cos/sin in f32 of the same f32 angle: within 1 ulp each, so |diff| <= 4e-7 * |x|max.
+TEST_P(BackendVsReferenceTest, ApplyRopeMatchesAtLongPositions) {
+  for (int64_t d : {64, 128, 80}) {
+    for (auto [h, hkv] : std::vector<std::pair<int64_t, int64_t>>{{8, 8}, {8, 2}, {16, 2}}) {
+      const int64_t t = 19;
+      std::vector<float> inv_freq(static_cast<size_t>(d / 2));
+      for (int64_t i = 0; i < d / 2; ++i) {
+        inv_freq[i] = 1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(d));
+      }
+      std::vector<int32_t> positions(static_cast<size_t>(t));
+      std::uniform_int_distribution<int32_t> pos_dist(0, 32767);
+      for (auto& p : positions) p = pos_dist(rng_);
+      positions[0] = 0;
+      positions[1] = 2049;
+      Tensor q = Random(DType::kF32, {t, h, d}, rng_);
+      Tensor k = Random(DType::kF32, {t, hkv, d}, rng_);
+      Tensor q2 = Copy(q);
+      Tensor k2 = Copy(k);
+      ref_->ApplyRope(q.view, k.view, positions, inv_freq);
+      backend_->ApplyRope(q2.view, k2.view, positions, inv_freq);
+      const std::string what = "D=" + std::to_string(d) + " H=" + std::to_string(h) + " Hkv=" + std::to_string(hkv);
+      ExpectNear(q2, q, 5e-7f, 0.0f, "rope q " + what);
+      ExpectNear(k2, k, 5e-7f, 0.0f, "rope k " + what);
+    }
+  }
+}
+
+// Polynomial exp: relative 1e-6 (+ tiny absolute for outputs near 0).
+TEST_P(BackendVsReferenceTest, SiluAndMulMatchesWithinRelative1e6) {
+  for (int64_t t : {1, 3, 17}) {
+    for (int64_t inter : {45, 1408}) {
+      Tensor gu = Random(DType::kF32, {t, 2 * inter}, rng_, -12.0f, 12.0f);
+      gu.Set(0, -100.0f);
+      gu.Set(1, 100.0f);
+      gu.Set(2, 0.0f);
+      Tensor want(DType::kF32, {t, inter});
+      Tensor got(DType::kF32, {t, inter});
+      ref_->SiluAndMul(gu.view, want.view);
+      backend_->SiluAndMul(gu.view, got.view);
+      ExpectNear(got, want, 1e-12f, 1e-6f, "silu T=" + std::to_string(t) + " I=" + std::to_string(inter));
+    }
+  }
+}
+
+// f32 online softmax vs f64: absolute 2e-6 on outputs of magnitude <= 1.
+TEST_P(BackendVsReferenceTest, DenseAttentionMatchesForDecodePrefillAndChunks) {
+  struct Case {
+    int64_t t;
+    int64_t s;
+    int64_t first_position;
+  };
+  const std::vector<Case> cases = {{1, 1, 0}, {1, 37, 36}, {1, 300, 299}, {37, 37, 0}, {20, 300, 280}, {3, 129, 126}};
+  for (int64_t d : {64, 128}) {
+    for (auto [h, hkv] : std::vector<std::pair<int64_t, int64_t>>{{4, 4}, {8, 2}, {16, 2}, {32, 1}}) {
+      for (const Case& c : cases) {
+        Tensor q = Random(DType::kF32, {c.t, h, d}, rng_, -2.0f, 2.0f);
+        Tensor k = Random(DType::kF32, {c.s, hkv, d}, rng_, -2.0f, 2.0f);
+        Tensor v = Random(DType::kF32, {c.s, hkv, d}, rng_);
+        std::vector<int32_t> positions(static_cast<size_t>(c.t));
+        for (int64_t i = 0; i < c.t; ++i) positions[i] = static_cast<int32_t>(c.first_position + i);
+        Tensor want(DType::kF32, {c.t, h, d});
+        Tensor got(DType::kF32, {c.t, h, d});
+        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+        ref_->DenseAttention(q.view, k.view, v.view, positions, scale, want.view);
+        backend_->DenseAttention(q.view, k.view, v.view, positions, scale, got.view);
+        ExpectNear(got, want, 2e-6f, 0.0f,
+                   "attention D=" + std::to_string(d) + " H=" + std::to_string(h) + " Hkv=" + std::to_string(hkv) +
+                       " T=" + std::to_string(c.t) + " S=" + std::to_string(c.s));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, BackendVsReferenceTest,
+                         ::testing::Values(BackendCase{"avx512", 0}, BackendCase{"avx2", 0}, BackendCase{"avx512", 1},
+                                           BackendCase{"avx2", 3}),
+                         [](const ::testing::TestParamInfo<BackendCase>& info) {
+                           return info.param.isa + "_threads" + std::to_string(info.param.num_threads);
+                         });
+
+TEST(CpuBackendTest, UnknownIsaIsInvalidArgument) {
+  EXPECT_EQ(CreateCpuBackend({.isa = "sse2"}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvmesh::backend
