@@ -87,10 +87,14 @@ std::unique_ptr<Backend> CreateReferenceBackend();
 struct CpuBackendOptions {
   // Threads for the kernels; <= 0 means one per core.
   int num_threads = 0;
-  // "auto" picks AVX-512 when the CPU has it, else AVX2; "avx2" forces the fallback.
+  // "auto" picks AVX-512 when the CPU has it, else AVX2; "avx2" forces the fallback;
+  // "avx512" insists on AVX-512 (F/BW/VL/DQ).
   std::string_view isa = "auto";
 };
-// FailedPrecondition if the CPU lacks AVX2+FMA (or the ISA asked for).
+// FailedPrecondition if the CPU lacks AVX2+FMA+F16C (or the ISA asked for);
+// InvalidArgument for an unknown `isa`. The backend's name() is "cpu-avx512" or
+// "cpu-avx2". Linear is batch invariant: a row's result is bitwise the same for
+// every M, position in the batch and thread count.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options);
 
 }  // namespace kvmesh::backend

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -13,12 +15,95 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+constexpr float kMaxFloat = std::numeric_limits<float>::max();
+
 // NaN never wins (-inf); +inf becomes the largest finite float so that
-// exp(s - s_max) stays defined.
-float SanitizeLogit(float x) {
-  if (std::isnan(x)) return kNegInf;
-  if (x == std::numeric_limits<float>::infinity()) return std::numeric_limits<float>::max();
-  return x;
+// exp(s - s_max) stays defined. Branch-free: loops over it vectorise.
+inline float SanitizeLogit(float x) {
+  const float finite_top = x > kMaxFloat ? kMaxFloat : x;
+  return x != x ? kNegInf : finite_top;
+}
+
+// e^x for x <= 0 in f32, and exactly 0 below -87 (so -inf gives 0): Cephes'
+// expf (range reduction by ln 2, degree-6 polynomial; error ~1 ulp) on four
+// lanes with GCC/Clang vector extensions. No libm and no branches: the loops
+// run SIMD on every target, and every platform gets the same bits, which keeps
+// seeded draws identical across libms.
+using F32x4 = float __attribute__((vector_size(16)));
+using I32x4 = int32_t __attribute__((vector_size(16)));
+
+inline F32x4 ExpNonPositive(F32x4 x) {
+  const I32x4 underflow = x < -87.0f;
+  x = underflow ? F32x4{} - 87.0f : x;
+  // n = round(x / ln 2) via the 1.5 * 2^23 trick; the sum's low bits hold n.
+  constexpr float kShifter = 12582912.0f;
+  const F32x4 shifted = x * 1.44269504088896341f + kShifter;
+  const F32x4 n = shifted - kShifter;
+  const F32x4 r = x - n * 0.693359375f - n * -2.12194440e-4f;
+  const F32x4 z = r * r;
+  F32x4 y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * z + r + 1.0f;
+  const I32x4 n_int = std::bit_cast<I32x4>(shifted) - std::bit_cast<int32_t>(kShifter);
+  const I32x4 scale_bits = (n_int + 127) << 23;  // n >= -126: a normal power of two
+  const F32x4 result = y * std::bit_cast<F32x4>(scale_bits);
+  return underflow ? F32x4{} : result;
+}
+
+// out[i] = e^((in[i] - shift) * scale) for in[i] <= shift; -inf gives 0.
+void ExpShifted(const float* in, float shift, float scale, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    F32x4 x;
+    std::memcpy(&x, in + i, sizeof(x));
+    const F32x4 e = ExpNonPositive((x - shift) * scale);
+    std::memcpy(out + i, &e, sizeof(e));
+  }
+  if (i < n) {
+    // The tail through the same four-lane code, padded with -inf.
+    F32x4 x = F32x4{} - std::numeric_limits<float>::infinity();
+    std::memcpy(&x, in + i, static_cast<size_t>(n - i) * sizeof(float));
+    const F32x4 e = ExpNonPositive((x - shift) * scale);
+    std::memcpy(out + i, &e, static_cast<size_t>(n - i) * sizeof(float));
+  }
+}
+
+// Sum in f64 with 8 interleaved partial sums: a fixed order (deterministic)
+// that is not bound by one add's latency.
+double SumF64(const float* w, int64_t n) {
+  double partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const int64_t whole = n - n % 8;
+  for (int64_t i = 0; i < whole; i += 8) {
+    for (int j = 0; j < 8; ++j) partial[j] += static_cast<double>(w[i + j]);
+  }
+  for (int64_t i = whole; i < n; ++i) partial[0] += static_cast<double>(w[i]);
+  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) + ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+}
+
+// The first index whose inclusive prefix sum of `w` exceeds `target` (block sums
+// first, then one block token by token); the last positive index when rounding
+// leaves target at the very top. Requires some w > 0.
+int64_t InverseCdf(const float* w, int64_t n, double target) {
+  constexpr int64_t kBlock = 256;
+  double cumulative = 0;
+  int64_t begin = 0;
+  for (; begin + kBlock < n; begin += kBlock) {
+    const double block = SumF64(w + begin, kBlock);
+    if (target < cumulative + block) break;
+    cumulative += block;
+  }
+  for (int64_t i = begin; i < n; ++i) {
+    if (!(w[i] > 0)) continue;
+    cumulative += static_cast<double>(w[i]);
+    if (target < cumulative) return i;
+  }
+  for (int64_t i = n - 1; i > 0; --i) {
+    if (w[i] > 0) return i;
+  }
+  return 0;
 }
 
 absl::Status FieldError(std::string_view field, std::string_view requirement, const auto& value) {
@@ -157,6 +242,7 @@ absl::StatusOr<SequenceSampler> SequenceSampler::Create(const SamplingParams& pa
     }
   }
   sampler.penalized_.resize(static_cast<size_t>(vocab_size));
+  sampler.probs_.resize(static_cast<size_t>(vocab_size));
   return sampler;
 }
 
@@ -205,142 +291,140 @@ void SequenceSampler::ApplyMasksAndPenalties(std::span<const float> logits) {
 
 bool SequenceSampler::SampleRandom(int32_t* token_id) {
   const float* l = penalized_.data();
-  const double inv_temperature = 1.0 / static_cast<double>(params_.temperature);
+  const float inv_temperature = 1.0f / params_.temperature;
   const int32_t v = vocab_size_;
   const bool use_top_k = params_.top_k > 0 && params_.top_k < v;
   const bool use_top_p = params_.top_p < 1.0f;
+  const bool use_min_p = params_.min_p > 0.0f;
   const HigherLogit higher{l};
-  weights_.clear();
+  float* w = probs_.data();  // w[id] = exp((logit - max logit) / T): unnormalised softmax(logits / T)
 
-  // Survivors end up in order_[0, n) with unnormalised weights exp(s - s_max),
-  // s = logit / T; the candidate with the highest logit is always among them.
+  // 4. top-k: the k highest logits (exactly k, lowest ids on ties), sorted;
+  //    O(V) selection plus O(k log k). Otherwise every token is a candidate.
   int32_t n = 0;
-  double s_max = 0;
-  if (!use_top_k && !use_top_p) {
-    // All tokens survive steps 4-5: no index array, no sort.
-    float max_logit = kNegInf;
-    for (int32_t i = 0; i < v; ++i) max_logit = std::max(max_logit, l[i]);
-    if (max_logit == kNegInf) return false;
-    s_max = static_cast<double>(max_logit) * inv_temperature;
-    order_.resize(static_cast<size_t>(v));
-    for (int32_t i = 0; i < v; ++i) {
-      if (l[i] == kNegInf) continue;
-      order_[n++] = i;
-      weights_.push_back(std::exp(static_cast<double>(l[i]) * inv_temperature - s_max));
-    }
-  } else {
+  double all_total = 0;  // sum of w over the vocabulary, when computed
+  if (use_top_k) {
     order_.resize(static_cast<size_t>(v));
     std::iota(order_.begin(), order_.end(), 0);
-    auto begin = order_.begin();
-    // 4. top-k: the k highest logits (exactly k, lowest ids on ties), sorted.
-    int32_t candidates = v;
-    if (use_top_k) {
-      candidates = params_.top_k;
-      std::nth_element(begin, begin + candidates, order_.end(), higher);
-      std::sort(begin, begin + candidates, higher);
+    n = params_.top_k;
+    std::nth_element(order_.begin(), order_.begin() + n, order_.end(), higher);
+    std::sort(order_.begin(), order_.begin() + n, higher);
+    const float max_logit = l[order_[0]];
+    if (max_logit == kNegInf) return false;
+    weights_.resize(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) weights_[i] = l[order_[i]];
+    ExpShifted(weights_.data(), max_logit, inv_temperature, weights_.data(), n);
+    for (int32_t i = 0; i < n; ++i) w[order_[i]] = weights_[i];
+  } else {
+    float max_logit = kNegInf;
+    for (int32_t i = 0; i < v; ++i) max_logit = l[i] > max_logit ? l[i] : max_logit;
+    if (max_logit == kNegInf) return false;
+    ExpShifted(l, max_logit, inv_temperature, w, v);
+    if (!use_top_p && !use_min_p) {
+      // 7 (no filters): draw over the whole vocabulary in id order.
+      const double total = SumF64(w, v);
+      if (!(total > 0)) return false;
+      *token_id = static_cast<int32_t>(InverseCdf(w, v, NextUniform() * total));
+      return true;
     }
-    // 5. top-p: keep the most probable tokens while the mass strictly before
-    //    them is below top_p (vLLM removes a token once the mass at or below it
-    //    is <= 1 - top_p). Without top-k the candidates are sorted lazily in
-    //    growing chunks, so only about the nucleus is ever sorted.
-    const double head_logit = use_top_k ? l[order_[0]] : *std::max_element(l, l + v);
-    if (head_logit == static_cast<double>(kNegInf)) return false;
-    s_max = head_logit * inv_temperature;
-    const double s_max_local = s_max;
-    auto weight_of = [&](int32_t id) { return std::exp(static_cast<double>(l[id]) * inv_temperature - s_max_local); };
-    if (!use_top_p) {
-      n = candidates;
-      for (int32_t i = 0; i < n; ++i) weights_.push_back(weight_of(order_[i]));
+    order_.resize(static_cast<size_t>(v));
+    if (use_top_p) {
+      // Drop tokens of probability <= (1 - top_p) / V first. Together they hold
+      // at most 1 - top_p and each is below every other token, so top-p drops
+      // them all anyway; the nucleus sort then sees far fewer tokens.
+      all_total = SumF64(w, v);
+      const double floor = (1.0 - static_cast<double>(params_.top_p)) * all_total / static_cast<double>(v);
+      for (int32_t i = 0; i < v; ++i) {
+        if (static_cast<double>(w[i]) > floor) order_[n++] = i;
+      }
     } else {
-      double total = 0;
-      for (int32_t i = 0; i < candidates; ++i) total += weight_of(order_[i]);
-      const double threshold = static_cast<double>(params_.top_p) * total;
-      int32_t sorted = use_top_k ? candidates : 0;
-      int32_t chunk = 64;
-      double mass_before = 0;
-      bool done = false;
-      while (!done) {
-        if (sorted < candidates && n == sorted) {
-          const int32_t next = std::min(candidates, sorted + chunk);
-          std::nth_element(begin + sorted, begin + next, begin + candidates, higher);
-          std::sort(begin + sorted, begin + next, higher);
-          sorted = next;
-          chunk *= 4;
-        }
-        for (; n < sorted; ++n) {
-          if (!(mass_before < threshold)) {
-            done = true;
-            break;
-          }
-          const double w = weight_of(order_[n]);
-          weights_.push_back(w);
-          mass_before += w;
-        }
-        if (sorted == candidates) done = true;
+      for (int32_t i = 0; i < v; ++i) {
+        if (w[i] > 0.0f) order_[n++] = i;
       }
     }
   }
 
-  // 6. min-p: drop tokens less likely than min_p x the most likely survivor.
-  //    The ratio p_i / p_max = exp(s_i - s_max) does not depend on renormalisation.
-  if (params_.min_p > 0.0f) {
-    const double min_ratio = static_cast<double>(params_.min_p);
+  // 5. top-p: walking from the most probable token, keep a token while the mass
+  //    strictly before it is below top_p (vLLM drops a token once the mass at or
+  //    below it is <= 1 - top_p). Without top-k the candidates are sorted lazily
+  //    in growing chunks, so only about the nucleus is ever sorted.
+  if (use_top_p) {
+    double total = 0;
+    if (use_top_k) {
+      for (int32_t i = 0; i < n; ++i) total += static_cast<double>(w[order_[i]]);
+    } else {
+      total = all_total;
+    }
+    const double threshold = static_cast<double>(params_.top_p) * total;
+    auto begin = order_.begin();
+    int32_t sorted = use_top_k ? n : 0;
+    int32_t chunk = 64;
+    int32_t nucleus = 0;
+    double mass_before = 0;
+    while (nucleus < n && mass_before < threshold) {
+      if (nucleus == sorted) {
+        const int32_t next = std::min(n, sorted + chunk);
+        std::nth_element(begin + sorted, begin + next, begin + n, higher);
+        std::sort(begin + sorted, begin + next, higher);
+        sorted = next;
+        chunk *= 4;
+      }
+      for (; nucleus < sorted && mass_before < threshold; ++nucleus) {
+        mass_before += static_cast<double>(w[order_[nucleus]]);
+      }
+    }
+    n = nucleus;
+  }
+
+  // 6. min-p: drop tokens less likely than min_p x the most likely survivor,
+  //    whose weight is 1: p_i / p_max = w_i does not depend on renormalisation.
+  if (use_min_p) {
     int32_t kept = 0;
     for (int32_t i = 0; i < n; ++i) {
-      if (weights_[i] < min_ratio) continue;
-      order_[kept] = order_[i];
-      weights_[kept] = weights_[i];
-      ++kept;
+      if (w[order_[i]] >= params_.min_p) order_[kept++] = order_[i];
     }
     n = kept;
-    weights_.resize(static_cast<size_t>(n));
   }
 
   // 7. Inverse CDF over the survivors in their current order.
-  double total = 0;
-  for (int32_t i = 0; i < n; ++i) total += weights_[i];
+  weights_.resize(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) weights_[i] = w[order_[i]];
+  const double total = SumF64(weights_.data(), n);
   if (!(total > 0)) return false;
-  const double target = NextUniform() * total;
-  double cumulative = 0;
-  int32_t last_positive = -1;
-  for (int32_t i = 0; i < n; ++i) {
-    if (weights_[i] <= 0) continue;
-    last_positive = i;
-    cumulative += weights_[i];
-    if (target < cumulative) {
-      *token_id = order_[i];
-      return true;
-    }
-  }
-  *token_id = order_[last_positive];  // rounding left target at the very top
+  *token_id = order_[InverseCdf(weights_.data(), n, NextUniform() * total)];
   return true;
 }
 
-void SequenceSampler::FillRawLogprobs(std::span<const float> logits, SampleResult* result) const {
-  // log_softmax in f64 over the raw logits, sanitised as for sampling.
-  auto raw = [&](int32_t i) { return static_cast<double>(SanitizeLogit(logits[i])); };
-  double max_logit = -std::numeric_limits<double>::infinity();
-  for (int32_t i = 0; i < vocab_size_; ++i) max_logit = std::max(max_logit, raw(i));
-  double sum = 0;
-  for (int32_t i = 0; i < vocab_size_; ++i) sum += std::exp(raw(i) - max_logit);
-  const double log_normalizer = max_logit + std::log(sum);
-  const double chosen = raw(result->token_id);
-  result->logprob = static_cast<float>(chosen - log_normalizer);
-  if (params_.logprobs < 0) return;
-
+void SequenceSampler::FillRawLogprobs(std::span<const float> logits, SampleResult* result) {
+  // log_softmax of the raw logits (sanitised as for sampling): exps in f32,
+  // sums and logs in f64.
+  const int32_t v = vocab_size_;
+  float* raw = penalized_.data();  // Sampling is done; reuse the buffer.
+  float max_logit = kNegInf;
+  for (int32_t i = 0; i < v; ++i) {
+    raw[i] = SanitizeLogit(logits[i]);
+    max_logit = raw[i] > max_logit ? raw[i] : max_logit;
+  }
+  float* w = probs_.data();
+  ExpShifted(raw, max_logit, 1.0f, w, v);
+  const double log_normalizer = static_cast<double>(max_logit) + std::log(SumF64(w, v));
+  const float chosen = raw[result->token_id];
+  result->logprob = static_cast<float>(static_cast<double>(chosen) - log_normalizer);
   int32_t higher = 0;
-  for (int32_t i = 0; i < vocab_size_; ++i) higher += raw(i) > chosen ? 1 : 0;
+  for (int32_t i = 0; i < v; ++i) higher += raw[i] > chosen ? 1 : 0;
   result->rank = higher + 1;
-  const int32_t top_n = std::min(params_.logprobs, vocab_size_);
-  if (top_n == 0) return;
-  std::vector<int32_t> ids(static_cast<size_t>(vocab_size_));
-  std::iota(ids.begin(), ids.end(), 0);
-  auto better = [&](int32_t a, int32_t b) { return raw(a) > raw(b) || (raw(a) == raw(b) && a < b); };
-  std::nth_element(ids.begin(), ids.begin() + (top_n - 1), ids.end(), better);
-  std::sort(ids.begin(), ids.begin() + top_n, better);
+
+  const int32_t top_n = std::min(params_.logprobs, v);
+  if (top_n <= 0) return;
+  order_.resize(static_cast<size_t>(v));
+  std::iota(order_.begin(), order_.end(), 0);
+  const HigherLogit better{raw};
+  std::nth_element(order_.begin(), order_.begin() + (top_n - 1), order_.end(), better);
+  std::sort(order_.begin(), order_.begin() + top_n, better);
   result->top_logprobs.reserve(static_cast<size_t>(top_n));
   for (int32_t i = 0; i < top_n; ++i) {
-    result->top_logprobs.push_back({ids[i], static_cast<float>(raw(ids[i]) - log_normalizer)});
+    const int32_t id = order_[i];
+    result->top_logprobs.push_back({id, static_cast<float>(static_cast<double>(raw[id]) - log_normalizer)});
   }
 }
 
@@ -368,7 +452,7 @@ absl::StatusOr<SampleResult> SequenceSampler::Sample(std::span<const float> logi
   if (!found) {
     return absl::InvalidArgumentError("no token has a finite logit after masking and penalties");
   }
-  FillRawLogprobs(logits, &result);
+  if (params_.logprobs >= 0) FillRawLogprobs(logits, &result);
   return result;
 }
 

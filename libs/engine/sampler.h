@@ -16,14 +16,15 @@
 //      penalized logits (lowest id on ties) and steps 4-6 are skipped;
 //   4. top-k, 5. top-p, 6. min-p (relative to the most probable token), then
 //   7. one draw from the renormalised survivors.
-// Logprobs are vLLM v1's default "raw" logprobs: log_softmax of the unprocessed
-// model logits, computed in f64.
+// Logprobs (when requested) are vLLM v1's default "raw" logprobs: log_softmax of
+// the unprocessed model logits, computed in f64.
 //
 // Reproducibility: a seeded sampler draws the same tokens for the same logits on
 // every run and platform: std::mt19937_64's output is fixed by the standard and
 // uniforms are built from its raw bits here (std distributions are not
-// portable). Cost per Sample(): O(V) plus O(k log k) for top-k, or O(V + m log m)
-// for top-p where m is the size of the nucleus; no full-vocabulary sort.
+// portable). Cost per Sample(): one exp per token, O(V) selection plus
+// O(k log k) for top-k, or about O(V + m log m) for top-p where m is the size of
+// the nucleus; never a full-vocabulary sort.
 //
 // Thread-safety: SamplingParams and StopChecker are immutable values; a
 // SequenceSampler is not thread-safe and belongs to the sequence's owner.
@@ -80,8 +81,9 @@ struct TokenLogprob {
 
 struct SampleResult {
   int32_t token_id = 0;
-  // log_softmax(raw logits)[token_id].
-  float logprob = 0.0f;
+  // log_softmax(raw logits)[token_id]; set only when logprobs >= 0 (it costs a
+  // pass over the vocabulary, as in vLLM).
+  std::optional<float> logprob;
   // 1 + the number of tokens with a higher raw logit (vLLM's rank); 0 when logprobs is off.
   int32_t rank = 0;
   // The `logprobs` most likely tokens under the raw logits, most likely first
@@ -132,8 +134,8 @@ class SequenceSampler {
 
   // Picks the next token from one row of model logits [vocab_size]. Does not
   // record it: call Append() with the token the sequence keeps. NaN logits count
-  // as -inf. InvalidArgument if logits.size() != vocab_size or no token has a
-  // finite logit after masking.
+  // as -inf, +inf as the largest finite float. InvalidArgument if
+  // logits.size() != vocab_size or every logit is -inf after masking.
   absl::StatusOr<SampleResult> Sample(std::span<const float> logits);
 
   // Records an output token for the penalties and min_tokens. Ids outside the
@@ -152,7 +154,8 @@ class SequenceSampler {
   void ApplyMasksAndPenalties(std::span<const float> logits);
   // Steps 4-7 over penalized_; false if nothing can be drawn.
   bool SampleRandom(int32_t* token_id);
-  void FillRawLogprobs(std::span<const float> logits, SampleResult* result) const;
+  // Overwrites the scratch buffers.
+  void FillRawLogprobs(std::span<const float> logits, SampleResult* result);
   // A uniform double in [0, 1) from the top 53 bits of one RNG output.
   double NextUniform();
 
@@ -165,9 +168,10 @@ class SequenceSampler {
   absl::flat_hash_map<int32_t, int32_t> output_counts_;
   std::vector<int32_t> min_tokens_masked_;  // EOS + stop ids (unless ignore_eos drops EOS)
   // Scratch reused across steps.
-  std::vector<float> penalized_;
-  std::vector<int32_t> order_;
-  std::vector<double> weights_;
+  std::vector<float> penalized_;  // [V] logits after steps 1-2
+  std::vector<float> probs_;      // [V] exp((logit - max) / T)
+  std::vector<int32_t> order_;    // candidate token ids
+  std::vector<float> weights_;    // survivors' weights, in order_'s order
 };
 
 // A fresh seed from the process-wide source unseeded samplers use: random_device

@@ -34,6 +34,10 @@ class ChatTemplate {
   // template rejects (mistral: user/assistant must alternate).
   absl::StatusOr<std::string> Apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                     const std::string& bos_token) const;
+  // As above with the `eos_token` the template writes after assistant turns
+  // (mistral only; the three-argument form uses "</s>").
+  absl::StatusOr<std::string> Apply(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                    const std::string& bos_token, const std::string& eos_token) const;
 
  private:
   explicit ChatTemplate(ChatTemplateKind kind) : kind_(kind) {}

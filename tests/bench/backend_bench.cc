@@ -3,7 +3,7 @@
 // shapes, and decode GEMV bandwidth as a fraction of the machine's copy
 // bandwidth (the roofline). Prints medians of several runs.
 //
-// Usage: backend_bench [--threads N] [--quick]
+// Usage: backend_bench [--threads N] [--quick] [--decode-only]
 #include <cblas.h>
 #include <omp.h>
 
@@ -119,9 +119,11 @@ struct Packed {
 int Run(int argc, char** argv) {
   int threads = omp_get_num_procs();
   bool quick = false;
+  bool decode_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--decode-only") == 0) decode_only = true;
   }
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
@@ -153,6 +155,7 @@ int Run(int argc, char** argv) {
   };
   std::vector<GemvRow> gemv_rows;
   for (const Shape& s : shapes) {
+    if (decode_only) break;
     const std::vector<float> w = RandomFloats(s.n * s.k, 1);
     const std::vector<uint16_t> w16 = ToBf16(w);
     TensorView wv = TensorView::Contiguous(const_cast<float*>(w.data()), DType::kF32, {s.n, s.k});

@@ -2,9 +2,9 @@
 // ISA (vec.h). Each parallelises over rows only when there is enough work to
 // pay for waking the OpenMP team (~1 us), so a decode step's tiny ops run on
 // the calling thread.
+#include <math.h>
 #include <omp.h>
 
-#include <math.h>
 #include <cstdint>
 #include <cstring>
 
@@ -45,7 +45,7 @@ KVMESH_VEC_INLINE void StoreN(float* p, V v, int n) {
 void Embedding(const int32_t* ids, int64_t t, const void* table, ElemType type, int64_t row_stride, int64_t e,
                float* out, int num_threads) {
   const int64_t elem_bytes = type == ElemType::kF32 ? 4 : 2;
-#pragma omp parallel for num_threads(ThreadsFor(t * e, num_threads))
+#pragma omp parallel for num_threads(ThreadsFor(t* e, num_threads))
   for (int64_t r = 0; r < t; ++r) {
     const void* row = static_cast<const char*>(table) + ids[r] * row_stride * elem_bytes;
     float* o = out + r * e;
@@ -56,16 +56,17 @@ void Embedding(const int32_t* ids, int64_t t, const void* table, ElemType type, 
   }
 }
 
-void RmsNorm(float* residual, const float* x, int64_t t, int64_t e, const void* weight, ElemType weight_type,
-             float eps, float* out, int num_threads) {
-#pragma omp parallel for num_threads(ThreadsFor(t * e, num_threads))
+void RmsNorm(float* residual, const float* x, int64_t t, int64_t e, const void* weight, ElemType weight_type, float eps,
+             float* out, int num_threads) {
+#pragma omp parallel for num_threads(ThreadsFor(t* e, num_threads))
   for (int64_t r = 0; r < t; ++r) {
     const float* in = x + r * e;
     if (residual != nullptr) {
       float* res = residual + r * e;
       for (int64_t c = 0; c < e; c += kLanes) {
         const int n = static_cast<int>(Min<int64_t>(kLanes, e - c));
-        const V s = n == kLanes ? Add(Load(res + c), Load(in + c)) : Add(LoadPartial(res + c, n), LoadPartial(in + c, n));
+        const V s =
+            n == kLanes ? Add(Load(res + c), Load(in + c)) : Add(LoadPartial(res + c, n), LoadPartial(in + c, n));
         StoreN(res + c, s, n);
       }
       in = res;
@@ -97,7 +98,7 @@ void RmsNorm(float* residual, const float* x, int64_t t, int64_t e, const void* 
 void Rope(float* q, float* k, int64_t t, int64_t h, int64_t hkv, int64_t d, const int32_t* positions,
           const float* inv_freq, int num_threads) {
   const int64_t half = d / 2;
-#pragma omp parallel for num_threads(ThreadsFor(t * (h + hkv) * d, num_threads))
+#pragma omp parallel for num_threads(ThreadsFor(t*(h + hkv) * d, num_threads))
   for (int64_t r = 0; r < t; ++r) {
     // NOTE: as transformers: angle = f32(position) * inv_freq rounded to f32,
     // then cos/sin of that f32 angle in f32 (glibc's are correctly rounded).
@@ -134,7 +135,7 @@ void Rope(float* q, float* k, int64_t t, int64_t h, int64_t hkv, int64_t d, cons
 }
 
 void SiluAndMul(const float* gate_up, int64_t t, int64_t inter, float* out, int num_threads) {
-#pragma omp parallel for num_threads(ThreadsFor(t * inter * 8, num_threads))
+#pragma omp parallel for num_threads(ThreadsFor(t* inter * 8, num_threads))
   for (int64_t r = 0; r < t; ++r) {
     const float* g = gate_up + r * 2 * inter;
     const float* u = g + inter;

@@ -30,7 +30,8 @@ constexpr int kGemvRows = 8;  // GEMV rows per pass over the weights
 constexpr int kMR = 3;  // 12 accumulators of 16
 constexpr int kGemvRows = 3;
 #endif
-constexpr int64_t kKC = 256;              // K block of the GEMM
+constexpr int64_t kPrefetchBytes = 4096;   // GEMV software prefetch distance
+constexpr int64_t kKC = 256;               // K block of the GEMM
 constexpr int64_t kABlockBytes = 1 << 20;  // target size of an MC x K block of x
 
 template <ElemType T>
@@ -101,7 +102,17 @@ void GemvBlock(const LinearCtx& c, const float* x, float* out, int64_t p) {
 #pragma GCC unroll 4
       for (int i = 0; i < kNV; ++i) acc[r][q][i] = Zero();
   const char* base = c.panels + p * c.panel_bytes;
+  constexpr int64_t kRowBytes = kPanelCols * (T == ElemType::kBF16 ? 2 : 4);
   for (int64_t k = 0; k < c.k; ++k) {
+    // NOTE: the hardware prefetcher keeps too few lines in flight per stream to
+    // cover DRAM latency when the FMAs slow the stream down (M > 1): prefetch
+    // kPrefetchBytes ahead in every panel (past a panel's end is the next one).
+#pragma GCC unroll 8
+    for (int q = 0; q < P; ++q) {
+#pragma GCC unroll 2
+      for (int64_t off = 0; off < kRowBytes; off += 64)
+        Prefetch(base + q * c.panel_bytes + k * kRowBytes + off + kPrefetchBytes);
+    }
     V w[P][kNV];
 #pragma GCC unroll 8
     for (int q = 0; q < P; ++q) LoadPanelRow<T>(base + q * c.panel_bytes, k, w[q]);
@@ -134,17 +145,26 @@ void GemvRange(const LinearCtx& c, const float* x, float* out, int64_t p_begin, 
 template <ElemType T>
 void GemvRowsSingle(const LinearCtx& c, const float* x, float* out, int rows, int64_t p_begin, int64_t p_end) {
   switch (rows) {
-    case 1: return GemvRange<T, 1>(c, x, out, p_begin, p_end);
-    case 2: return GemvRange<T, 2>(c, x, out, p_begin, p_end);
-    case 3: return GemvRange<T, 3>(c, x, out, p_begin, p_end);
+    case 1:
+      return GemvRange<T, 1>(c, x, out, p_begin, p_end);
+    case 2:
+      return GemvRange<T, 2>(c, x, out, p_begin, p_end);
+    case 3:
+      return GemvRange<T, 3>(c, x, out, p_begin, p_end);
 #if defined(KVMESH_CPU_AVX512)
-    case 4: return GemvRange<T, 4>(c, x, out, p_begin, p_end);
-    case 5: return GemvRange<T, 5>(c, x, out, p_begin, p_end);
-    case 6: return GemvRange<T, 6>(c, x, out, p_begin, p_end);
-    case 7: return GemvRange<T, 7>(c, x, out, p_begin, p_end);
-    case 8: return GemvRange<T, 8>(c, x, out, p_begin, p_end);
+    case 4:
+      return GemvRange<T, 4>(c, x, out, p_begin, p_end);
+    case 5:
+      return GemvRange<T, 5>(c, x, out, p_begin, p_end);
+    case 6:
+      return GemvRange<T, 6>(c, x, out, p_begin, p_end);
+    case 7:
+      return GemvRange<T, 7>(c, x, out, p_begin, p_end);
+    case 8:
+      return GemvRange<T, 8>(c, x, out, p_begin, p_end);
 #endif
-    default: return;
+    default:
+      return;
   }
 }
 
@@ -166,8 +186,8 @@ void Gemv(const LinearCtx& c, int64_t p_begin, int64_t p_end) {
 
 // ---- GEMM micro-kernel: R rows x 32 columns, one K block of f32 weights. ----
 template <int R>
-void Micro(const float* a, int64_t lda, const float* b, int64_t kc, float* out, int64_t ldo, int64_t col0,
-           int64_t n, bool accumulate, const float* bias) {
+void Micro(const float* a, int64_t lda, const float* b, int64_t kc, float* out, int64_t ldo, int64_t col0, int64_t n,
+           bool accumulate, const float* bias) {
   V acc[R][kNV];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {

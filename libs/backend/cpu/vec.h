@@ -36,6 +36,8 @@ KVMESH_VEC_INLINE constexpr T Max(T a, T b) {
   return a < b ? b : a;
 }
 
+KVMESH_VEC_INLINE void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+
 #if defined(KVMESH_CPU_AVX512)
 
 inline constexpr int kLanes = 16;

@@ -165,7 +165,7 @@ void BpeModel::TokenizeUncached(std::string_view word, std::vector<int32_t>* ids
     const int32_t index = static_cast<int32_t>(symbols.size());
     symbols.push_back(Symbol{id, index - 1, index + 1, false});
   };
-  std::optional<int32_t> pending_unk;  // a run of unknown characters not yet added
+  int32_t pending_unk = -1;  // a run of unknown characters not yet added, -1 if none
   std::string piece;
   size_t pos = 0;
   while (pos < word.size()) {
@@ -185,9 +185,9 @@ void BpeModel::TokenizeUncached(std::string_view word, std::vector<int32_t>* ids
       id = LookupPiece(piece);
     }
     if (id.has_value()) {
-      if (pending_unk.has_value()) {
-        add(*pending_unk);
-        pending_unk.reset();
+      if (pending_unk >= 0) {
+        add(pending_unk);
+        pending_unk = -1;
       }
       add(*id);
       continue;
@@ -202,12 +202,12 @@ void BpeModel::TokenizeUncached(std::string_view word, std::vector<int32_t>* ids
       }
     }
     if (unk_id_.has_value()) {
-      if (pending_unk.has_value() && !options_.fuse_unk) add(*pending_unk);
+      if (pending_unk >= 0 && !options_.fuse_unk) add(pending_unk);
       pending_unk = *unk_id_;
     }
     // NOTE: without an unk token `tokenizers` drops the character; so do we.
   }
-  if (pending_unk.has_value()) add(*pending_unk);
+  if (pending_unk >= 0) add(pending_unk);
   if (symbols.empty()) return;
   symbols.back().next = -1;
 

@@ -36,7 +36,7 @@ class PrependNormalizer : public Normalizer {
  public:
   explicit PrependNormalizer(std::string prefix) : prefix_(std::move(prefix)) {}
   void Normalize(std::string* text) const override {
-    if (!text->empty()) text->insert(0, prefix_);
+    if (!text->empty()) *text = prefix_ + *text;
   }
 
  private:

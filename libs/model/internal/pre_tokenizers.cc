@@ -113,7 +113,7 @@ void ByteLevelPreTokenizer::PreTokenize(std::vector<PreToken>* pieces) const {
   split.reserve(pieces->size() * 4);
   std::vector<std::pair<size_t, size_t>> matches;
   for (PreToken& piece : *pieces) {
-    if (add_prefix_space_ && (piece.text.empty() || piece.text[0] != ' ')) piece.text.insert(0, " ");
+    if (add_prefix_space_ && (piece.text.empty() || piece.text[0] != ' ')) piece.text = " " + piece.text;
     if (regex_ == nullptr) {
       if (!piece.text.empty()) split.push_back(std::move(piece));
       continue;
@@ -140,7 +140,7 @@ void MetaspacePreTokenizer::PreTokenize(std::vector<PreToken>* pieces) const {
     const bool starts_with_replacement = piece.text.compare(0, replacement_.size(), replacement_) == 0;
     if (!starts_with_replacement &&
         (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && piece.at_origin))) {
-      piece.text.insert(0, replacement_);
+      piece.text = replacement_ + piece.text;
     }
     if (!split_) {
       if (!piece.text.empty()) out.push_back(std::move(piece));

@@ -10,6 +10,8 @@ namespace {
 
 using json = nlohmann::json;
 
+void AssignAddedTokenIds(const BpeModel& model, std::vector<AddedToken>* tokens);
+
 // Context for error messages.
 struct Loader {
   const std::string& path;
@@ -239,14 +241,18 @@ struct Loader {
     if (!root.contains("model")) return Error("missing \"model\"");
     PipelineParts parts;
     KVMESH_ASSIGN_OR_RETURN(parts.model, ParseModel(root["model"]));
-    if (root.contains("normalizer")) KVMESH_ASSIGN_OR_RETURN(parts.normalizer, ParseNormalizer(root["normalizer"]));
+    if (root.contains("normalizer")) {
+      KVMESH_ASSIGN_OR_RETURN(parts.normalizer, ParseNormalizer(root["normalizer"]));
+    }
     if (root.contains("pre_tokenizer")) {
       KVMESH_ASSIGN_OR_RETURN(parts.pre_tokenizer, ParsePreTokenizer(root["pre_tokenizer"]));
     }
     if (root.contains("post_processor")) {
       KVMESH_ASSIGN_OR_RETURN(parts.post_processor, ParsePostProcessor(root["post_processor"]));
     }
-    if (root.contains("decoder")) KVMESH_ASSIGN_OR_RETURN(parts.decoder, ParseDecoder(root["decoder"]));
+    if (root.contains("decoder")) {
+      KVMESH_ASSIGN_OR_RETURN(parts.decoder, ParseDecoder(root["decoder"]));
+    }
     if (root.contains("added_tokens") && root["added_tokens"].is_array()) {
       for (const json& t : root["added_tokens"]) {
         AddedToken token;
@@ -260,10 +266,35 @@ struct Loader {
         if (token.id < 0) return Error(absl::StrCat("added token '", token.content, "' has a negative id"));
         parts.added_tokens.push_back(std::move(token));
       }
+      AssignAddedTokenIds(*parts.model, &parts.added_tokens);
     }
     return std::make_unique<PipelineTokenizer>(std::move(parts));
   }
 };
+
+// NOTE: `tokenizers` does not trust the ids written in added_tokens: it adds
+// the tokens one by one, a token already in the model vocabulary keeps that id
+// and a new one gets the next id after the model vocabulary / the last added
+// id. Files it wrote itself agree with this; hand-edited ones may not, and then
+// its ids (not the file's) are what models were trained with.
+void AssignAddedTokenIds(const BpeModel& model, std::vector<AddedToken>* tokens) {
+  const int32_t vocab_size = static_cast<int32_t>(model.vocab().size());
+  absl::flat_hash_map<std::string, int32_t> assigned;
+  std::optional<int32_t> max_added;
+  for (AddedToken& token : *tokens) {
+    if (auto it = assigned.find(token.content); it != assigned.end()) {
+      token.id = it->second;
+    } else if (auto id = model.TokenToId(token.content)) {
+      token.id = *id;
+    } else if (!max_added.has_value()) {
+      token.id = vocab_size;
+    } else {
+      token.id = (*max_added >= vocab_size || vocab_size == 0) ? *max_added + 1 : vocab_size;
+    }
+    assigned.emplace(token.content, token.id);
+    max_added = max_added.has_value() ? std::max(*max_added, token.id) : token.id;
+  }
+}
 
 }  // namespace
 

@@ -33,22 +33,29 @@ struct Tensor {
   int64_t size() const { return view.num_elements(); }
   float At(int64_t i) const {
     switch (view.dtype) {
-      case DType::kBF16: return Bf16ToF32(view.data_as<uint16_t>()[i]);
-      case DType::kF16: return F16ToF32(view.data_as<uint16_t>()[i]);
-      default: return view.data_as<float>()[i];
+      case DType::kBF16:
+        return Bf16ToF32(view.data_as<uint16_t>()[i]);
+      case DType::kF16:
+        return F16ToF32(view.data_as<uint16_t>()[i]);
+      default:
+        return view.data_as<float>()[i];
     }
   }
   void Set(int64_t i, float v) {
     switch (view.dtype) {
-      case DType::kBF16: view.data_as<uint16_t>()[i] = F32ToBf16(v); break;
-      case DType::kF16: view.data_as<uint16_t>()[i] = F32ToF16(v); break;
-      default: view.data_as<float>()[i] = v;
+      case DType::kBF16:
+        view.data_as<uint16_t>()[i] = F32ToBf16(v);
+        break;
+      case DType::kF16:
+        view.data_as<uint16_t>()[i] = F32ToF16(v);
+        break;
+      default:
+        view.data_as<float>()[i] = v;
     }
   }
 };
 
-Tensor Random(DType dtype, std::initializer_list<int64_t> shape, std::mt19937& rng, float lo = -1.0f,
-              float hi = 1.0f) {
+Tensor Random(DType dtype, std::initializer_list<int64_t> shape, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
   Tensor t(dtype, shape);
   std::uniform_real_distribution<float> dist(lo, hi);
   for (int64_t i = 0; i < t.size(); ++i) t.Set(i, dist(rng));
@@ -86,7 +93,8 @@ TEST(ReferenceBackendTest, LinearMatchesHandComputedValues) {
   TensorView bv = TensorView::Contiguous(b, DType::kF32, {2});
   auto packed = ref->PackLinear({&wv, 1}, {&bv, 1}).value();
   float out[4];
-  ref->Linear(TensorView::Contiguous(x, DType::kF32, {2, 3}), *packed, TensorView::Contiguous(out, DType::kF32, {2, 2}));
+  ref->Linear(TensorView::Contiguous(x, DType::kF32, {2, 3}), *packed,
+              TensorView::Contiguous(out, DType::kF32, {2, 2}));
   EXPECT_FLOAT_EQ(out[0], 1 - 3 + 0.5f);
   EXPECT_FLOAT_EQ(out[1], 4 - 6 - 1.0f);
   EXPECT_FLOAT_EQ(out[2], 2 + 2 + 0.5f);
@@ -206,7 +214,8 @@ TEST_P(BackendVsReferenceTest, LinearMatchesReferenceWithinFmaChainBound) {
             for (size_t p = 0; p < parts.size(); ++p) {
               for (int64_t r = 0; r < shape.n_parts[p]; ++r) {
                 double mag = with_bias ? std::fabs(biases[p].At(r)) : 0.0;
-                for (int64_t c = 0; c < shape.k; ++c) mag += std::fabs(x.At(t * shape.k + c) * parts[p].At(r * shape.k + c));
+                for (int64_t c = 0; c < shape.k; ++c)
+                  mag += std::fabs(x.At(t * shape.k + c) * parts[p].At(r * shape.k + c));
                 const double bound = (shape.k + 2) * std::ldexp(1.0, -24) * mag + 1e-30;
                 const int64_t i = t * n + row0 + r;
                 if (!(std::fabs(got.At(i) - want.At(i)) <= bound) && ++failures <= 3) {
@@ -271,7 +280,9 @@ TEST_P(BackendVsReferenceTest, PackLinearRejectsMismatchedArguments) {
     EXPECT_EQ(pack({ints.view}, {}), kInvalid) << backend->name() << " int32 weight";
     EXPECT_EQ(pack({rank1.view}, {}), kInvalid) << backend->name() << " rank-1 weight";
     EXPECT_EQ(pack({}, {}), kInvalid) << backend->name() << " no parts";
-    EXPECT_TRUE(backend->PackLinear(std::vector<TensorView>{a.view, a.view}, std::vector<TensorView>{bias8.view, bias8.view}).ok());
+    EXPECT_TRUE(
+        backend->PackLinear(std::vector<TensorView>{a.view, a.view}, std::vector<TensorView>{bias8.view, bias8.view})
+            .ok());
   }
 }
 

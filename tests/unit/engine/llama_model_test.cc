@@ -24,6 +24,8 @@ struct ParityCase {
   float tolerance;      // max |Δlogit| allowed
 };
 
+void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.model << " on " << c.backend; }
+
 std::string CaseName(const testing::TestParamInfo<ParityCase>& info) {
   std::string name = info.param.model + "_" + info.param.backend;
   for (char& c : name) {

@@ -1,0 +1,39 @@
+// Content hashes of full KV blocks, the keys of prefix caching.
+//
+// A block's hash is XXH3-128 over (parent hash, salt, token ids): chaining over the
+// parent makes a hash identify the whole prefix up to and including the block, so two
+// requests share a block only when everything before it is equal too. The salt
+// separates caches whose KV differs for equal tokens (another model, LoRA adapter or
+// KV dtype). Only FULL blocks are hashed: a partly filled block is still being written.
+//
+// The hash is deterministic across processes and machines of the same byte order
+// (tokens are fed as little-endian int32), so workers and the scheduler's global
+// prefix index agree on it.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kv/kv_types.h"
+
+namespace kvmesh::kv {
+
+// The hash of one full block whose predecessor has hash `parent` (kRootBlockHash for
+// a sequence's first block). `tokens` are the block's token ids, block_size of them.
+BlockHash HashBlock(const BlockHash& parent, std::span<const int32_t> tokens, uint64_t salt);
+
+// The chained hashes of every full block of `tokens` (a trailing partial block is
+// not hashed): tokens.size() / block_size_tokens of them. Empty if block_size_tokens <= 0.
+std::vector<BlockHash> HashFullBlocks(std::span<const int32_t> tokens, int32_t block_size_tokens,
+                                      uint64_t salt);
+
+// Appends to `*hashes` the hashes of the full blocks of `tokens` that it does not hold
+// yet, chaining from its last entry, so a growing sequence is hashed once per block.
+// `*hashes` must hold the hashes of the leading blocks of these same tokens.
+void ExtendBlockHashes(std::span<const int32_t> tokens, int32_t block_size_tokens, uint64_t salt,
+                       std::vector<BlockHash>* hashes);
+
+}  // namespace kvmesh::kv

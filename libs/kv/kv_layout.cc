@@ -1,0 +1,144 @@
+#include "kv/kv_layout.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace kvmesh::kv {
+namespace {
+
+constexpr size_t kAlignmentBytes = 64;
+
+bool IsKvDType(DType t) {
+  switch (t) {
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kFP8E4M3:
+    case DType::kInt8: return true;
+    default: return false;
+  }
+}
+
+// a * b, or -1 on overflow or a negative operand.
+int64_t CheckedMul(int64_t a, int64_t b) {
+  int64_t out;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &out)) return -1;
+  return out;
+}
+
+std::string ShapeString(const KvLayoutOptions& o) {
+  return absl::StrCat(o.num_layers, " layers x [2, ", o.num_kv_heads, " kv heads, ", o.block_size_tokens,
+                      " tokens, ", o.head_dim, " head_dim] ", ToAbsl(DTypeName(o.dtype)));
+}
+
+}  // namespace
+
+int64_t KvBlockBytes(const KvLayoutOptions& shape) {
+  if (shape.num_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_size_tokens <= 0) return 0;
+  int64_t bytes = 2 * DTypeSize(shape.dtype);
+  for (const int64_t d : {int64_t{shape.num_kv_heads}, int64_t{shape.block_size_tokens}, int64_t{shape.head_dim}}) {
+    bytes = CheckedMul(bytes, d);
+    if (bytes < 0) return 0;
+  }
+  return bytes;
+}
+
+int32_t NumBlocksForBudget(const KvLayoutOptions& shape, int64_t budget_bytes) {
+  if (shape.num_layers <= 0 || budget_bytes <= 0) return 0;
+  const int64_t per_block = CheckedMul(KvBlockBytes(shape), shape.num_layers);
+  if (per_block <= 0) return 0;
+  const int64_t n = budget_bytes / per_block;
+  return n > std::numeric_limits<int32_t>::max() ? std::numeric_limits<int32_t>::max() : static_cast<int32_t>(n);
+}
+
+absl::StatusOr<KvLayout> KvLayout::Create(const KvLayoutOptions& o) {
+  if (o.num_layers <= 0 || o.num_kv_heads <= 0 || o.head_dim <= 0 || o.block_size_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KV layout needs positive dimensions, got ", ShapeString(o)));
+  }
+  if (!IsKvDType(o.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV layout: ", ToAbsl(DTypeName(o.dtype)), " is not a KV element type"));
+  }
+  if ((o.budget_bytes > 0) == (o.num_blocks > 0) || o.budget_bytes < 0 || o.num_blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KV layout: set exactly one of budget_bytes (", o.budget_bytes,
+                                                   ") and num_blocks (", o.num_blocks, ")"));
+  }
+  const int64_t block_bytes = KvBlockBytes(o);
+  const int64_t per_block_all_layers = CheckedMul(block_bytes, o.num_layers);
+  if (block_bytes <= 0 || per_block_all_layers <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("KV layout: block size overflows for ", ShapeString(o)));
+  }
+  int32_t num_blocks = o.num_blocks;
+  if (o.budget_bytes > 0) {
+    num_blocks = NumBlocksForBudget(o, o.budget_bytes);
+    if (num_blocks < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV budget of ", o.budget_bytes, " bytes cannot hold even one block per layer: one block is ", block_bytes,
+          " bytes (", ShapeString(o), ") x ", o.num_layers, " layers = ", per_block_all_layers, " bytes"));
+    }
+  }
+  if (CheckedMul(per_block_all_layers, num_blocks) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV layout: ", num_blocks, " blocks of ", per_block_all_layers, " bytes overflow int64"));
+  }
+  KvLayout layout;
+  layout.num_layers_ = o.num_layers;
+  layout.num_kv_heads_ = o.num_kv_heads;
+  layout.head_dim_ = o.head_dim;
+  layout.block_size_tokens_ = o.block_size_tokens;
+  layout.num_blocks_ = num_blocks;
+  layout.dtype_ = o.dtype;
+  layout.block_bytes_ = block_bytes;
+  return layout;
+}
+
+int64_t KvLayout::SlotOffset(int32_t layer, int32_t kv, int32_t head, int64_t slot) const {
+  const int64_t block = slot / block_size_tokens_;
+  const int64_t offset = slot % block_size_tokens_;
+  const int64_t elements =
+      ((static_cast<int64_t>(kv) * num_kv_heads_ + head) * block_size_tokens_ + offset) * head_dim_;
+  return static_cast<int64_t>(layer) * LayerBytes() + block * block_bytes_ + elements * DTypeSize(dtype_);
+}
+
+void KvStorage::FreeDeleter::operator()(std::byte* p) const { std::free(p); }
+
+absl::StatusOr<std::unique_ptr<KvStorage>> KvStorage::Create(const KvLayoutOptions& options) {
+  absl::StatusOr<KvLayout> layout = KvLayout::Create(options);
+  if (!layout.ok()) return layout.status();
+  const int64_t bytes = layout->TotalBytes();
+  // std::aligned_alloc wants a multiple of the alignment.
+  const size_t rounded = (static_cast<size_t>(bytes) + kAlignmentBytes - 1) / kAlignmentBytes * kAlignmentBytes;
+  Memory memory(static_cast<std::byte*>(std::aligned_alloc(kAlignmentBytes, rounded)));
+  if (memory == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV storage: cannot allocate ", bytes, " bytes"));
+  }
+  std::memset(memory.get(), 0, rounded);
+  return std::unique_ptr<KvStorage>(new KvStorage(*layout, std::move(memory)));
+}
+
+TensorView KvStorage::LayerView(int32_t layer) {
+  return TensorView::Contiguous(data_.get() + layout_.BlockOffset(layer, BlockId{0}), layout_.dtype(),
+                                {layout_.num_blocks(), 2, layout_.num_kv_heads(), layout_.block_size_tokens(),
+                                 layout_.head_dim()});
+}
+
+absl::Status KvStorage::CopyBlock(BlockId src, BlockId dst) {
+  const int32_t n = layout_.num_blocks();
+  if (src.value < 0 || src.value >= n || dst.value < 0 || dst.value >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyBlock: blocks ", src.value, " -> ", dst.value, " outside [0, ", n, ")"));
+  }
+  if (src == dst) return absl::OkStatus();
+  for (int32_t layer = 0; layer < layout_.num_layers(); ++layer) {
+    std::memcpy(data_.get() + layout_.BlockOffset(layer, dst), data_.get() + layout_.BlockOffset(layer, src),
+                static_cast<size_t>(layout_.BlockBytes()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvmesh::kv

@@ -1,0 +1,144 @@
+// The physical layout of one KV pool, and host memory that holds one.
+//
+// A pool serves one layer group (today: all layers of the model) and is indexed by the
+// BlockIds of a BlockPool. Layer-major, then block-major:
+//
+//   pool  = [num_layers][num_blocks][2 (K, V)][num_kv_heads][block_size_tokens][head_dim]
+//
+// so one layer's pool is the dense tensor [num_blocks, 2, Hkv, B, D] that paged
+// attention reads, and one block of one layer is ONE contiguous byte range of
+// BlockBytes() at BlockOffset(layer, block): the unit that later work transfers
+// (prefill -> decode), offloads (device -> host -> disk) and quantizes (fp8/int8 with
+// per-block scales, kept beside the pool). Token slot s = block * B + offset.
+//
+// Under tensor parallelism each rank's pool holds only its own KV heads:
+// num_kv_heads here is the per-rank count.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "core/tensor_view.h"
+#include "kv/kv_types.h"
+
+namespace kvmesh::kv {
+
+struct KvLayoutOptions {
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;  // per rank
+  int32_t head_dim = 0;
+  int32_t block_size_tokens = kDefaultBlockSizeTokens;
+  DType dtype = DType::kF32;  // element type of K and V
+  // Size the pool by exactly one of these: a byte budget (rounded down to whole blocks
+  // across all layers) or a block count.
+  int64_t budget_bytes = 0;
+  int32_t num_blocks = 0;
+};
+
+// Bytes of one block of one layer, K and V: 2 * num_kv_heads * block_size_tokens *
+// head_dim * DTypeSize(dtype). 0 if a dimension is not positive or the size overflows.
+int64_t KvBlockBytes(const KvLayoutOptions& shape);
+
+// How many blocks (each spanning every layer) fit in `budget_bytes`; num_blocks and
+// budget_bytes of `shape` are ignored. 0 if the shape is invalid or nothing fits;
+// capped at INT32_MAX.
+int32_t NumBlocksForBudget(const KvLayoutOptions& shape, int64_t budget_bytes);
+
+// Offsets into a pool of the layout above. A small value; copy freely.
+//
+// Thread-safety: immutable after Create.
+class KvLayout {
+ public:
+  // InvalidArgument if a dimension is not positive, the dtype is not a KV element type
+  // (f32, bf16, f16, fp8e4m3, int8), both or neither of budget_bytes / num_blocks are
+  // set, the budget cannot hold one block per layer (the message gives the numbers), or
+  // the pool's size overflows int64.
+  static absl::StatusOr<KvLayout> Create(const KvLayoutOptions& options);
+
+  int32_t num_layers() const { return num_layers_; }
+  int32_t num_kv_heads() const { return num_kv_heads_; }
+  int32_t head_dim() const { return head_dim_; }
+  int32_t block_size_tokens() const { return block_size_tokens_; }
+  int32_t num_blocks() const { return num_blocks_; }
+  DType dtype() const { return dtype_; }
+
+  // One block of one layer, K and V.
+  int64_t BlockBytes() const { return block_bytes_; }
+  // One layer's pool: num_blocks * BlockBytes().
+  int64_t LayerBytes() const { return static_cast<int64_t>(num_blocks_) * block_bytes_; }
+  // The whole pool: num_layers * LayerBytes().
+  int64_t TotalBytes() const { return static_cast<int64_t>(num_layers_) * LayerBytes(); }
+  // KV bytes of one token across all layers (what a token costs the budget).
+  int64_t BytesPerToken() const { return static_cast<int64_t>(num_layers_) * block_bytes_ / block_size_tokens_; }
+
+  // Byte offset of `block` of `layer` in the pool. Both must be in range.
+  int64_t BlockOffset(int32_t layer, BlockId block) const {
+    return static_cast<int64_t>(layer) * LayerBytes() + static_cast<int64_t>(block.value) * block_bytes_;
+  }
+  // Byte offset of the head_dim vector of token slot `slot` (block * B + offset),
+  // head `head`, K (kv == 0) or V (kv == 1), in `layer`.
+  int64_t SlotOffset(int32_t layer, int32_t kv, int32_t head, int64_t slot) const;
+
+ private:
+  KvLayout() = default;
+
+  int32_t num_layers_ = 0;
+  int32_t num_kv_heads_ = 0;
+  int32_t head_dim_ = 0;
+  int32_t block_size_tokens_ = 0;
+  int32_t num_blocks_ = 0;
+  DType dtype_ = DType::kF32;
+  int64_t block_bytes_ = 0;
+};
+
+// Host memory holding one pool in the KvLayout above: 64-byte aligned, zero-filled.
+// Device (and pinned host) pools come with the CUDA backend; they share the layout.
+//
+// Thread-safety: not thread-safe; the engine thread owns it. Concurrent reads of
+// disjoint blocks are safe.
+class KvStorage {
+ public:
+  // Errors of KvLayout::Create; ResourceExhausted if the memory cannot be allocated.
+  static absl::StatusOr<std::unique_ptr<KvStorage>> Create(const KvLayoutOptions& options);
+
+  KvStorage(const KvStorage&) = delete;
+  KvStorage& operator=(const KvStorage&) = delete;
+
+  const KvLayout& layout() const { return layout_; }
+  std::byte* data() { return data_.get(); }
+  const std::byte* data() const { return data_.get(); }
+  int64_t size_bytes() const { return layout_.TotalBytes(); }
+
+  // The bytes of `block` of `layer`; both must be in range.
+  std::span<std::byte> BlockData(int32_t layer, BlockId block) {
+    return {data_.get() + layout_.BlockOffset(layer, block), static_cast<size_t>(layout_.BlockBytes())};
+  }
+  std::span<const std::byte> BlockData(int32_t layer, BlockId block) const {
+    return {data_.get() + layout_.BlockOffset(layer, block), static_cast<size_t>(layout_.BlockBytes())};
+  }
+  // Layer `layer`'s pool as [num_blocks, 2, num_kv_heads, block_size_tokens, head_dim].
+  TensorView LayerView(int32_t layer);
+
+  // Copies block `src` onto block `dst` in every layer (copy-on-write after a fork).
+  // InvalidArgument for an id out of range; src == dst is a no-op.
+  absl::Status CopyBlock(BlockId src, BlockId dst);
+
+ private:
+  struct FreeDeleter {
+    void operator()(std::byte* p) const;
+  };
+  using Memory = std::unique_ptr<std::byte, FreeDeleter>;
+
+  KvStorage(const KvLayout& layout, Memory data) : layout_(layout), data_(std::move(data)) {}
+
+  const KvLayout layout_;
+  Memory data_;  // from std::aligned_alloc
+};
+
+}  // namespace kvmesh::kv

@@ -1,0 +1,136 @@
+#include "kv/kv_layout.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+namespace kvmesh::kv {
+namespace {
+
+// 3 layers, 2 KV heads, 4-token blocks, head_dim 8, f32: a block of one layer is
+// 2 * 2 * 4 * 8 * 4 = 512 bytes.
+KvLayoutOptions SmallShape() {
+  return {.num_layers = 3, .num_kv_heads = 2, .head_dim = 8, .block_size_tokens = 4, .dtype = DType::kF32,
+          .num_blocks = 5};
+}
+
+TEST(KvLayoutTest, OneBlockOfOneLayerIsOneContiguousRange) {
+  const KvLayout layout = KvLayout::Create(SmallShape()).value();
+  EXPECT_EQ(layout.BlockBytes(), 512);
+  EXPECT_EQ(layout.LayerBytes(), 5 * 512);
+  EXPECT_EQ(layout.TotalBytes(), 3 * 5 * 512);
+  EXPECT_EQ(layout.BytesPerToken(), 3 * 512 / 4);
+  EXPECT_EQ(layout.BlockOffset(0, BlockId{0}), 0);
+  EXPECT_EQ(layout.BlockOffset(0, BlockId{3}), 3 * 512);
+  EXPECT_EQ(layout.BlockOffset(2, BlockId{1}), 2 * 5 * 512 + 512);
+  // Within a block: [2 (K, V)][heads][tokens][head_dim].
+  const int64_t slot = 3 * 4 + 2;  // block 3, offset 2
+  EXPECT_EQ(layout.SlotOffset(1, 0, 0, slot), layout.BlockOffset(1, BlockId{3}) + 2 * 8 * 4);
+  EXPECT_EQ(layout.SlotOffset(1, 1, 1, slot),
+            layout.BlockOffset(1, BlockId{3}) + ((1 * 2 + 1) * 4 + 2) * 8 * 4);
+  // Every (kv, head, offset) of a block lies inside that block's range.
+  for (int kv = 0; kv < 2; ++kv) {
+    for (int h = 0; h < 2; ++h) {
+      for (int o = 0; o < 4; ++o) {
+        const int64_t off = layout.SlotOffset(2, kv, h, 4 * 4 + o);
+        EXPECT_GE(off, layout.BlockOffset(2, BlockId{4}));
+        EXPECT_LE(off + 8 * 4, layout.BlockOffset(2, BlockId{4}) + layout.BlockBytes());
+      }
+    }
+  }
+}
+
+TEST(KvLayoutTest, SizesFromAByteBudget) {
+  KvLayoutOptions o = SmallShape();
+  o.num_blocks = 0;
+  o.budget_bytes = 3 * 512 * 7 + 100;  // 7 blocks across 3 layers, and change
+  EXPECT_EQ(KvLayout::Create(o).value().num_blocks(), 7);
+  EXPECT_EQ(NumBlocksForBudget(o, o.budget_bytes), 7);
+  EXPECT_EQ(NumBlocksForBudget(o, 3 * 512 - 1), 0);
+  EXPECT_EQ(KvBlockBytes(o), 512);
+  o.dtype = DType::kFP8E4M3;
+  EXPECT_EQ(KvBlockBytes(o), 128);
+  EXPECT_EQ(KvLayout::Create(o).value().num_blocks(), 28);  // 4x the blocks at 1 byte
+  // Llama-3-8B-like: 32 layers, 8 KV heads, head_dim 128, bf16, 16-token blocks: 64 KiB
+  // per block and layer, 2 MiB per block over all layers (128 KiB per token).
+  const KvLayoutOptions llama{.num_layers = 32, .num_kv_heads = 8, .head_dim = 128, .dtype = DType::kBF16};
+  EXPECT_EQ(KvBlockBytes(llama), 2 * 8 * 16 * 128 * 2);
+  EXPECT_EQ(NumBlocksForBudget(llama, int64_t{40} << 30), 20480);
+}
+
+TEST(KvLayoutTest, RejectsABudgetBelowOneBlockPerLayerWithTheNumbers) {
+  KvLayoutOptions o = SmallShape();
+  o.num_blocks = 0;
+  o.budget_bytes = 1000;
+  const absl::Status s = KvLayout::Create(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("1000 bytes"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("512 bytes"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("1536 bytes"), absl::string_view::npos) << s;
+  EXPECT_EQ(KvStorage::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KvLayoutTest, RejectsBadShapes) {
+  KvLayoutOptions o = SmallShape();
+  o.budget_bytes = 1 << 20;  // and num_blocks: both set
+  EXPECT_EQ(KvLayout::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = SmallShape();
+  o.num_blocks = 0;  // neither set
+  EXPECT_EQ(KvLayout::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = SmallShape();
+  o.head_dim = 0;
+  EXPECT_EQ(KvLayout::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = SmallShape();
+  o.dtype = DType::kInt64;
+  EXPECT_EQ(KvLayout::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = SmallShape();
+  o.num_blocks = 1 << 30;
+  o.num_layers = 1 << 30;  // overflows int64
+  EXPECT_EQ(KvLayout::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KvStorageTest, IsAlignedZeroedAndViewedPerLayer) {
+  auto storage = KvStorage::Create(SmallShape()).value();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(storage->data()) % 64, 0u);
+  EXPECT_EQ(storage->size_bytes(), 3 * 5 * 512);
+  for (int64_t i = 0; i < storage->size_bytes(); ++i) ASSERT_EQ(storage->data()[i], std::byte{0});
+  const TensorView v = storage->LayerView(1);
+  ASSERT_EQ(v.rank, 5);
+  EXPECT_EQ(v.dim(0), 5);
+  EXPECT_EQ(v.dim(1), 2);
+  EXPECT_EQ(v.dim(2), 2);
+  EXPECT_EQ(v.dim(3), 4);
+  EXPECT_EQ(v.dim(4), 8);
+  EXPECT_EQ(v.num_bytes(), storage->layout().LayerBytes());
+  EXPECT_EQ(static_cast<std::byte*>(v.data), storage->data() + storage->layout().BlockOffset(1, BlockId{0}));
+  // The view's strides agree with SlotOffset: V, head 1, block 2, offset 3, dim 5.
+  float* p = v.data_as<float>() + 2 * v.strides[0] + 1 * v.strides[1] + 1 * v.strides[2] + 3 * v.strides[3] + 5;
+  EXPECT_EQ(reinterpret_cast<std::byte*>(p),
+            storage->data() + storage->layout().SlotOffset(1, 1, 1, 2 * 4 + 3) + 5 * sizeof(float));
+}
+
+TEST(KvStorageTest, CopyBlockCopiesEveryLayerAndNothingElse) {
+  auto storage = KvStorage::Create(SmallShape()).value();
+  const KvLayout& layout = storage->layout();
+  for (int32_t l = 0; l < 3; ++l) {
+    for (int32_t b = 0; b < 5; ++b) {
+      std::span<std::byte> bytes = storage->BlockData(l, BlockId{b});
+      ASSERT_EQ(static_cast<int64_t>(bytes.size()), layout.BlockBytes());
+      std::memset(bytes.data(), 10 * l + b, bytes.size());
+    }
+  }
+  ASSERT_TRUE(storage->CopyBlock(BlockId{1}, BlockId{3}).ok());
+  for (int32_t l = 0; l < 3; ++l) {
+    for (int32_t b = 0; b < 5; ++b) {
+      const int expected = 10 * l + (b == 3 ? 1 : b);
+      for (std::byte x : storage->BlockData(l, BlockId{b})) ASSERT_EQ(static_cast<int>(x), expected) << l << " " << b;
+    }
+  }
+  EXPECT_TRUE(storage->CopyBlock(BlockId{2}, BlockId{2}).ok());
+  EXPECT_EQ(storage->CopyBlock(BlockId{0}, BlockId{5}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(storage->CopyBlock(BlockId{-1}, BlockId{0}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvmesh::kv
