@@ -20,9 +20,9 @@
 // the unprocessed model logits, computed in f64.
 //
 // Reproducibility: a seeded sampler draws the same tokens for the same logits on
-// every run and platform: std::mt19937_64's output is fixed by the standard and
+// every run and platform: std::mt19937_64's output is fixed by the standard,
 // uniforms are built from its raw bits here (std distributions are not
-// portable). Cost per Sample(): one exp per token, O(V) selection plus
+// portable), and the softmax uses kvmesh's own exp, not libm's. Cost per Sample(): one exp per token, O(V) selection plus
 // O(k log k) for top-k, or about O(V + m log m) for top-p where m is the size of
 // the nucleus; never a full-vocabulary sort.
 //
