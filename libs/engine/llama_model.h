@@ -64,6 +64,8 @@ class LlamaModel {
   // Bytes of weights one decode step reads (packed linears + norms + one
   // embedding row): the numerator of the decode roofline.
   int64_t weight_bytes_per_token() const;
+  // Bytes of the packed LM head alone (prefill computes it for one row only).
+  int64_t lm_head_bytes() const { return lm_head_->num_bytes(); }
 
  private:
   struct Layer {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -14,7 +14,6 @@ namespace kvmesh::engine {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
 constexpr float kMaxFloat = std::numeric_limits<float>::max();
 
 // NaN never wins (-inf); +inf becomes the largest finite float so that

@@ -111,13 +111,14 @@ int RunBench(int argc, char** argv) {
                           config.head_dim * sizeof(float);
   const double bytes_per_token = static_cast<double>(model.weight_bytes_per_token()) + kv_bytes;
   const double roofline_tps = bandwidth / bytes_per_token;
-  const double flops_per_token = 2.0 * static_cast<double>(model.weight_bytes_per_token()) /
-                                 DTypeSize(config.torch_dtype);
+  // Linear-layer FLOPs per prompt token (the LM head runs for the last row only).
+  const double flops_per_token =
+      2.0 * static_cast<double>(model.weight_bytes_per_token() - model.lm_head_bytes()) / DTypeSize(config.torch_dtype);
 
   std::printf("model            %s (%s weights)\n", model.model_dir().c_str(),
               std::string(DTypeName(config.torch_dtype)).c_str());
   std::printf("backend          %s\n", std::string(loaded->backend->name()).c_str());
-  std::printf("prefill          %8.1f tokens/s  (%d-token prompt, median of %d; ~%.1f GFLOP/s)\n", prefill_tps,
+  std::printf("prefill          %8.1f tokens/s  (%d-token prompt, median of %d; ~%.1f GFLOP/s in the linear layers)\n", prefill_tps,
               prompt_tokens, repeats, prefill_tps * flops_per_token / 1e9);
   std::printf("decode           %8.1f tokens/s  (%.2f ms/token, median of %zu steps at context %d..%d)\n",
               decode_tps, step * 1e3, step_seconds.size(), decode_context, decode_context + decode_tokens);

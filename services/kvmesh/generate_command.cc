@@ -91,6 +91,7 @@ int RunGenerate(int argc, char** argv) {
   auto params = SamplingParamsFromFlags();
   if (!params.ok()) return Fail(std::string(params.status().message()));
   const bool json = absl::GetFlag(FLAGS_json);
+  if (json && params->logprobs < 0) params->logprobs = 0;  // every JSON line carries its token's logprob
   auto loaded = LoadModelFromFlags(/*quiet=*/json);
   if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
   const model::Tokenizer& tokenizer = *loaded->tokenizer;
@@ -111,10 +112,18 @@ int RunGenerate(int argc, char** argv) {
       std::fflush(stdout);
       return true;
     }
-    nlohmann::json obj = {{"id", token.sample.token_id}, {"text", piece}, {"logprob", token.sample.logprob}};
+    nlohmann::json obj;
+    obj["id"] = token.sample.token_id;
+    obj["text"] = piece;
+    if (token.sample.logprob) obj["logprob"] = *token.sample.logprob;
     if (!token.sample.top_logprobs.empty()) {
       nlohmann::json top = nlohmann::json::array();
-      for (const auto& t : token.sample.top_logprobs) top.push_back({{"id", t.token_id}, {"logprob", t.logprob}});
+      for (const auto& t : token.sample.top_logprobs) {
+        nlohmann::json entry;
+        entry["id"] = t.token_id;
+        entry["logprob"] = t.logprob;
+        top.push_back(std::move(entry));
+      }
       obj["top_logprobs"] = std::move(top);
     }
     if (token.stop.finished()) obj["finish_reason"] = std::string(engine::FinishReasonName(token.stop.reason));
