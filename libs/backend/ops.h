@@ -36,6 +36,19 @@ class PackedLinear {
   virtual int64_t num_bytes() const = 0;
 };
 
+// One batch of sequences for PagedAttention. Sequence s owns query rows
+// query_start[s] .. query_start[s+1]-1 of q (n_s rows: a prefill chunk, or 1 for a
+// decode step); they are the LAST n_s positions of its context of context_lens[s]
+// tokens, so query row i of s sits at position context_lens[s] - n_s + i and attends
+// causally to positions 0..that. Position p's K/V lives in block
+// block_tables[s * max_blocks_per_seq + p / B] at offset p % B.
+struct PagedAttentionBatch {
+  std::span<const int32_t> query_start;   // [S + 1], query_start[0] == 0, ascending
+  std::span<const int32_t> context_lens;  // [S], >= n_s
+  std::span<const int32_t> block_tables;  // [S, max_blocks_per_seq], row-major
+  int32_t max_blocks_per_seq = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -79,6 +92,22 @@ class Backend {
   // query head h reads KV head h / (H / Hkv). out: [T, H, D].
   virtual void DenseAttention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                               std::span<const int32_t> positions, float scale, const TensorView& out) = 0;
+
+  // --- Paged KV (ARCHITECTURE.md §3). One layer's cache is kv_cache:
+  // [num_blocks, 2 (K, V), Hkv, B, D] f32, each block contiguous (kv/kv_layout.h).
+
+  // Writes token t's key and value into cache slot slots[t] (= block * B + offset).
+  // k, v: [T, Hkv, D] f32; slots: [T], each < num_blocks * B.
+  virtual void WriteKvCache(const TensorView& k, const TensorView& v, std::span<const int64_t> slots,
+                            const TensorView& kv_cache) = 0;
+
+  // Causal grouped-query attention over paged KV for a mixed batch of prefill
+  // chunks and decode steps. q: [T, H, D] f32 with T == query_start[S]; out: [T, H, D].
+  // The softmax is accumulated online over KV tiles aligned to block boundaries, in
+  // position order, so a token's result does not depend on the batch it is in or on
+  // how its prompt was chunked.
+  virtual void PagedAttention(const TensorView& q, const TensorView& kv_cache, const PagedAttentionBatch& batch,
+                              float scale, const TensorView& out) = 0;
 };
 
 // The scalar oracle: plain loops, f32 (f64 where it is cheap) and no tricks. Slow.

@@ -40,12 +40,14 @@ absl::Status LlamaModel::Pack(const LlamaModelOptions& options) {
   layers_.resize(n);
   for (int64_t i = 0; i < n; ++i) {
     const model::LayerWeights& w = weights_.layers[i];
-    Layer& layer = layers_[i];
+    PackedLayer& layer = layers_[i];
     const TensorView qkv_parts[] = {w.q_proj, w.k_proj, w.v_proj};
     std::vector<TensorView> qkv_biases;
     if (w.q_bias) qkv_biases = {*w.q_bias, *w.k_bias, *w.v_bias};
     KVMESH_ASSIGN_OR_RETURN(layer.qkv, backend_.PackLinear(qkv_parts, qkv_biases));
-    KVMESH_ASSIGN_OR_RETURN(layer.o, backend_.PackLinear({&w.o_proj, 1}, {}));
+    std::span<const TensorView> o_bias;
+    if (w.o_bias) o_bias = {&*w.o_bias, 1};
+    KVMESH_ASSIGN_OR_RETURN(layer.o, backend_.PackLinear({&w.o_proj, 1}, o_bias));
     const TensorView gate_up_parts[] = {w.gate_proj, w.up_proj};
     KVMESH_ASSIGN_OR_RETURN(layer.gate_up, backend_.PackLinear(gate_up_parts, {}));
     KVMESH_ASSIGN_OR_RETURN(layer.down, backend_.PackLinear({&w.down_proj, 1}, {}));
@@ -65,7 +67,7 @@ int64_t LlamaModel::weight_bytes_per_token() const {
   int64_t bytes = lm_head_->num_bytes() + weights_.norm.num_bytes() +
                   weights_.embed_tokens.dim(1) * DTypeSize(weights_.embed_tokens.dtype);
   for (size_t i = 0; i < layers_.size(); ++i) {
-    const Layer& l = layers_[i];
+    const PackedLayer& l = layers_[i];
     bytes += l.qkv->num_bytes() + l.o->num_bytes() + l.gate_up->num_bytes() + l.down->num_bytes();
     bytes += weights_.layers[i].input_layernorm.num_bytes() + weights_.layers[i].post_attention_layernorm.num_bytes();
   }

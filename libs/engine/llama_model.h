@@ -40,6 +40,14 @@ struct LlamaModelOptions {
 
 class LlamaModel {
  public:
+  // One decoder layer's linears, packed by the backend.
+  struct PackedLayer {
+    std::unique_ptr<backend::PackedLinear> qkv;      // q, k, v fused: [(H + 2 Hkv) D, E]
+    std::unique_ptr<backend::PackedLinear> o;        // [E, H D]
+    std::unique_ptr<backend::PackedLinear> gate_up;  // gate, up fused: [2 I, E]
+    std::unique_ptr<backend::PackedLinear> down;     // [E, I]
+  };
+
   // Errors name the file and the key or tensor at fault (see model/).
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir,
                                                           backend::Backend& backend,
@@ -67,13 +75,14 @@ class LlamaModel {
   // Bytes of the packed LM head alone (prefill computes it for one row only).
   int64_t lm_head_bytes() const { return lm_head_->num_bytes(); }
 
+  // The parts, for runners that execute the same layers over another KV layout.
+  backend::Backend& backend() const { return backend_; }
+  const model::ModelWeights& weights() const { return weights_; }
+  const PackedLayer& layer(size_t i) const { return layers_[i]; }
+  const backend::PackedLinear& lm_head() const { return *lm_head_; }
+  std::span<const float> rope_inv_freq() const { return inv_freq_; }
+
  private:
-  struct Layer {
-    std::unique_ptr<backend::PackedLinear> qkv;
-    std::unique_ptr<backend::PackedLinear> o;
-    std::unique_ptr<backend::PackedLinear> gate_up;
-    std::unique_ptr<backend::PackedLinear> down;
-  };
   LlamaModel(backend::Backend& backend) : backend_(backend) {}
   absl::Status Pack(const LlamaModelOptions& options);
   void EnsureScratch(int64_t num_tokens);
@@ -83,7 +92,7 @@ class LlamaModel {
   model::ModelConfig config_;
   std::unique_ptr<model::SafetensorsStore> store_;
   model::ModelWeights weights_;
-  std::vector<Layer> layers_;
+  std::vector<PackedLayer> layers_;
   std::unique_ptr<backend::PackedLinear> lm_head_;
   std::vector<float> inv_freq_;
 

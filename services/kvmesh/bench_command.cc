@@ -46,9 +46,11 @@ std::vector<int32_t> RandomTokens(int n, int32_t vocab, uint64_t seed) {
 }  // namespace
 
 int RunBench(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "throughput") return RunBenchThroughput(argc - 1, argv + 1);
   ParseSubcommandFlags(argc, argv,
                        "kvmesh bench [--model DIR] [--prompt-tokens N] [--decode-tokens N] [--repeats N]: "
-                       "prefill and decode tokens/s, and decode against the memory-bandwidth roofline",
+                       "prefill and decode tokens/s, and decode against the memory-bandwidth roofline.\n"
+                       "kvmesh bench throughput --help: the continuous-batching engine's offline throughput",
                        {"bench_command"});
   auto loaded = LoadModelFromFlags(/*quiet=*/false);
   if (!loaded.ok()) {

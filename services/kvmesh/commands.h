@@ -7,5 +7,6 @@ namespace kvmesh::cli {
 int RunGenerate(int argc, char** argv);
 int RunTokenize(int argc, char** argv);
 int RunBench(int argc, char** argv);
+int RunBenchThroughput(int argc, char** argv);
 
 }  // namespace kvmesh::cli

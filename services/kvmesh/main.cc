@@ -16,6 +16,7 @@ constexpr char kUsage[] =
     "  generate   Generate text from a prompt and stream it to stdout (--json: one object per token)\n"
     "  tokenize   Print the token ids of --text (or standard input) as a JSON array\n"
     "  bench      Measure prefill and decode speed against the memory-bandwidth roofline\n"
+    "             (bench throughput: the continuous-batching engine on a synthetic workload)\n"
     "\n"
     "Every command takes --model DIR (a Hugging Face model directory; default: the\n"
     "embedded tiny model), --backend cpu|reference and --threads N. Flags may be\n"

@@ -3,7 +3,10 @@
 // shapes, and decode GEMV bandwidth as a fraction of the machine's copy
 // bandwidth (the roofline). Prints medians of several runs.
 //
-// Usage: backend_bench [--threads N] [--quick] [--decode-only]
+// Usage: backend_bench [--threads N] [--quick] [--decode-only] [--isa auto|amx|avx512|avx2]
+//                      [--linear-sweep]
+// --linear-sweep: only our Linear's GFLOP/s (bf16 and f32 weights) on the
+// default model's shapes at M = 1, 8, 16, 32, 64, 256 (the batched-decode range).
 #include <cblas.h>
 #include <omp.h>
 
@@ -116,24 +119,64 @@ struct Packed {
   std::unique_ptr<PackedLinear> bf16;
 };
 
+int LinearSweep(Backend& backend) {
+  const std::vector<Shape> shapes = {{"qkv 768x512", 768, 512},
+                                     {"o 512x512", 512, 512},
+                                     {"gate_up 2816x512", 2816, 512},
+                                     {"down 512x1408", 512, 1408},
+                                     {"lm_head 32000x512", 32000, 512}};
+  const std::vector<int64_t> ms = {1, 8, 16, 32, 64, 256};
+  std::printf("Linear GFLOP/s (median), C[M,N] = X[M,K] W[N,K]^T, activations f32\n%-18s %5s", "shape", "weights");
+  for (int64_t m : ms) std::printf(" %7s%-3ld", "M=", static_cast<long>(m));
+  std::printf("\n");
+  for (const Shape& s : shapes) {
+    const std::vector<float> w = RandomFloats(s.n * s.k, 1);
+    const std::vector<uint16_t> w16 = ToBf16(w);
+    TensorView wv = TensorView::Contiguous(const_cast<float*>(w.data()), DType::kF32, {s.n, s.k});
+    TensorView wv16 = TensorView::Contiguous(const_cast<uint16_t*>(w16.data()), DType::kBF16, {s.n, s.k});
+    Packed packed{backend.PackLinear({&wv, 1}, {}).value(), backend.PackLinear({&wv16, 1}, {}).value()};
+    for (int bf16 = 1; bf16 >= 0; --bf16) {
+      std::printf("%-18s %5s", s.name, bf16 ? "bf16" : "f32");
+      for (int64_t m : ms) {
+        const std::vector<float> x = RandomFloats(m * s.k, 2);
+        std::vector<float> out(static_cast<size_t>(m * s.n));
+        TensorView xv = TensorView::Contiguous(const_cast<float*>(x.data()), DType::kF32, {m, s.k});
+        TensorView ov = TensorView::Contiguous(out.data(), DType::kF32, {m, s.n});
+        const double flops = 2.0 * static_cast<double>(m * s.n * s.k);
+        const double t = MedianSeconds([&] { backend.Linear(xv, bf16 ? *packed.bf16 : *packed.f32, ov); }, 21);
+        std::printf(" %10.1f", flops / t / 1e9);
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   int threads = omp_get_num_procs();
   bool quick = false;
   bool decode_only = false;
+  bool linear_sweep = false;
+  std::string isa = "auto";
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--isa") == 0 && i + 1 < argc) isa = argv[++i];
+    if (std::strcmp(argv[i], "--linear-sweep") == 0) linear_sweep = true;
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--decode-only") == 0) decode_only = true;
   }
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
-  auto backend_or = CreateCpuBackend({.num_threads = threads});
+  auto backend_or = CreateCpuBackend({.num_threads = threads, .isa = isa});
   if (!backend_or.ok()) {
     std::fprintf(stderr, "%s\n", backend_or.status().ToString().c_str());
     return 1;
   }
   std::unique_ptr<Backend> backend = std::move(backend_or).value();
   std::printf("backend %s, %d threads\n", std::string(backend->name()).c_str(), threads);
+
+  if (linear_sweep) return LinearSweep(*backend);
 
   const double copy_bw = MeasureCopyBandwidthBytesPerSecond(threads);
   std::printf("copy bandwidth (STREAM copy, read+write, median of 7): %.2f GB/s\n\n", copy_bw / 1e9);

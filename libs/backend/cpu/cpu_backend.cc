@@ -216,6 +216,51 @@ class CpuBackend final : public Backend {
                              t, h, hkv, d, positions.data(), scale, out.data_as<float>(), num_threads_);
   }
 
+  void WriteKvCache(const TensorView& k, const TensorView& v, std::span<const int64_t> slots,
+                    const TensorView& kv_cache) override {
+    KVMESH_BACKEND_CHECK(k.rank == 3 && v.rank == 3 && kv_cache.rank == 5 && kv_cache.shape[1] == 2);
+    KVMESH_BACKEND_CHECK(k.dtype == DType::kF32 && v.dtype == DType::kF32 && kv_cache.dtype == DType::kF32);
+    const int64_t hkv = kv_cache.shape[2];
+    const int64_t d = kv_cache.shape[4];
+    KVMESH_BACKEND_CHECK(k.shape == v.shape && k.shape[1] == hkv && k.shape[2] == d);
+    KVMESH_BACKEND_CHECK(static_cast<int64_t>(slots.size()) == k.shape[0]);
+    if (slots.empty()) return;
+    kernels_.write_kv_cache(k.data_as<const float>(), v.data_as<const float>(), k.shape[0], slots.data(),
+                            kv_cache.data_as<float>(), hkv, kv_cache.shape[3], d, num_threads_);
+  }
+
+  void PagedAttention(const TensorView& q, const TensorView& kv_cache, const PagedAttentionBatch& batch, float scale,
+                      const TensorView& out) override {
+    KVMESH_BACKEND_CHECK(q.rank == 3 && kv_cache.rank == 5 && kv_cache.shape[1] == 2);
+    KVMESH_BACKEND_CHECK(q.dtype == DType::kF32 && kv_cache.dtype == DType::kF32 && out.dtype == DType::kF32);
+    const int64_t h = q.shape[1];
+    const int64_t d = q.shape[2];
+    const int64_t hkv = kv_cache.shape[2];
+    KVMESH_BACKEND_CHECK(hkv > 0 && h % hkv == 0 && kv_cache.shape[4] == d && d > 0 && d % 16 == 0);
+    KVMESH_BACKEND_CHECK(out.num_elements() == q.num_elements());
+    const int64_t num_seqs = static_cast<int64_t>(batch.context_lens.size());
+    KVMESH_BACKEND_CHECK(static_cast<int64_t>(batch.query_start.size()) == num_seqs + 1);
+    KVMESH_BACKEND_CHECK(static_cast<int64_t>(batch.block_tables.size()) >= num_seqs * batch.max_blocks_per_seq);
+    if (num_seqs == 0) return;
+    KVMESH_BACKEND_CHECK(batch.query_start[0] == 0 && batch.query_start[num_seqs] == q.shape[0]);
+    const cpu::PagedAttentionParams params = {
+        .q = q.data_as<const float>(),
+        .kv_cache = kv_cache.data_as<const float>(),
+        .query_start = batch.query_start.data(),
+        .context_lens = batch.context_lens.data(),
+        .block_tables = batch.block_tables.data(),
+        .num_seqs = num_seqs,
+        .max_blocks_per_seq = batch.max_blocks_per_seq,
+        .h = h,
+        .hkv = hkv,
+        .d = d,
+        .block_size = kv_cache.shape[3],
+        .scale = scale,
+        .out = out.data_as<float>(),
+    };
+    kernels_.paged_attention(params, num_threads_);
+  }
+
  private:
   const cpu::KernelTable& kernels_;
   const int num_threads_;

@@ -22,6 +22,8 @@ const KernelTable& Avx2Kernels() {
       .rope = &isa::Rope,
       .silu_and_mul = &isa::SiluAndMul,
       .dense_attention = &isa::DenseAttention,
+      .write_kv_cache = &isa::WriteKvCache,
+      .paged_attention = &isa::PagedAttention,
   };
   return kTable;
 }

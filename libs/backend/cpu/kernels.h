@@ -31,6 +31,23 @@ struct PackedPanels {
   const float* bias = nullptr;  // [num_panels * 32] (zero past n), or nullptr
 };
 
+// One PagedAttention call (ops.h PagedAttentionBatch) as raw pointers.
+struct PagedAttentionParams {
+  const float* q = nullptr;             // [t, h, d]
+  const float* kv_cache = nullptr;      // [num_blocks, 2, hkv, block_size, d]
+  const int32_t* query_start = nullptr;  // [num_seqs + 1]
+  const int32_t* context_lens = nullptr;  // [num_seqs]
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  int64_t num_seqs = 0;
+  int64_t max_blocks_per_seq = 0;
+  int64_t h = 0;
+  int64_t hkv = 0;
+  int64_t d = 0;  // a multiple of 16
+  int64_t block_size = 0;
+  float scale = 1.0f;
+  float* out = nullptr;  // [t, h, d]
+};
+
 struct KernelTable {
   const char* isa;
   // out[m, :] = x[m, :] . W^T (+ bias). x: [m, k] f32; out: [m, n] f32. Every
@@ -51,6 +68,12 @@ struct KernelTable {
   // q: [t, h, d]; k, v: [s, hkv, d]; out: [t, h, d].
   void (*dense_attention)(const float* q, const float* k, const float* v, int64_t t, int64_t h, int64_t hkv,
                           int64_t d, const int32_t* positions, float scale, float* out, int num_threads);
+  // cache[slot / b, 0 (K) / 1 (V), :, slot % b, :] = k / v[i, :, :] for slots[i].
+  // k, v: [t, hkv, d]; cache: [num_blocks, 2, hkv, b, d]. Slots must be distinct.
+  void (*write_kv_cache)(const float* k, const float* v, int64_t t, const int64_t* slots, float* cache, int64_t hkv,
+                         int64_t b, int64_t d, int num_threads);
+  // ops.h PagedAttention; see cpu/paged_attention_kernel.cc for the reduction order.
+  void (*paged_attention)(const PagedAttentionParams& params, int num_threads);
 };
 
 // Defined by the per-ISA builds. Call only when the CPU supports that ISA.

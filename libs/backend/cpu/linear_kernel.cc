@@ -9,9 +9,12 @@
 //  - M <= 8 (decode): GEMV. Each thread streams its contiguous range of panels
 //    once, converting bf16 in registers; several panels are interleaved to give
 //    the FMA chains enough independent accumulators.
-//  - M > 8 (prefill): blocked GEMM. A K-block of one panel is widened to f32
-//    into a small per-thread buffer once, then reused by every MR-row
-//    micro-kernel of an MC-row block of x.
+//  - M > 8 (batched decode, prefill): blocked GEMM. The micro-kernel reads a
+//    K-block of one panel straight from the packed weights (bf16 widened in
+//    registers: one shift and one and per 32 weights, shared by the tile's
+//    rows) against an MR-row tile of x. The M rows of an MC block are split
+//    into tiles of at most kMR rows, balanced (M = 16 -> 8 + 8), so that no
+//    narrow remainder tile re-reads the panel for a few rows.
 #include <omp.h>
 
 #include <cstdint>
@@ -184,9 +187,10 @@ void Gemv(const LinearCtx& c, int64_t p_begin, int64_t p_end) {
   }
 }
 
-// ---- GEMM micro-kernel: R rows x 32 columns, one K block of f32 weights. ----
-template <int R>
-void Micro(const float* a, int64_t lda, const float* b, int64_t kc, float* out, int64_t ldo, int64_t col0, int64_t n,
+// ---- GEMM micro-kernel: R rows x 32 columns, one K block of packed weights. ----
+// b: the panel's K block (row k at b + k * 32 elements of T).
+template <ElemType T, int R>
+void Micro(const float* a, int64_t lda, const void* b, int64_t kc, float* out, int64_t ldo, int64_t col0, int64_t n,
            bool accumulate, const float* bias) {
   V acc[R][kNV];
 #pragma GCC unroll 16
@@ -200,8 +204,7 @@ void Micro(const float* a, int64_t lda, const float* b, int64_t kc, float* out, 
   }
   for (int64_t k = 0; k < kc; ++k) {
     V w[kNV];
-#pragma GCC unroll 4
-    for (int i = 0; i < kNV; ++i) w[i] = Load(b + k * kPanelCols + i * kLanes);
+    LoadPanelRow<T>(b, k, w);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const V av = Set1(a[r * lda + k]);
@@ -213,47 +216,39 @@ void Micro(const float* a, int64_t lda, const float* b, int64_t kc, float* out, 
   for (int r = 0; r < R; ++r) StoreRow(out + r * ldo, acc[r], bias, col0, n);
 }
 
-using MicroFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, bool,
+using MicroFn = void (*)(const float*, int64_t, const void*, int64_t, float*, int64_t, int64_t, int64_t, bool,
                          const float*);
+template <ElemType T>
+struct MicroTable {
 #if defined(KVMESH_CPU_AVX512)
-constexpr MicroFn kMicro[kMR + 1] = {nullptr,   &Micro<1>, &Micro<2>, &Micro<3>,  &Micro<4>,  &Micro<5>, &Micro<6>,
-                                     &Micro<7>, &Micro<8>, &Micro<9>, &Micro<10>, &Micro<11>, &Micro<12>};
+  static constexpr MicroFn kFns[kMR + 1] = {nullptr,         &Micro<T, 1>,  &Micro<T, 2>,  &Micro<T, 3>, &Micro<T, 4>,
+                                            &Micro<T, 5>,    &Micro<T, 6>,  &Micro<T, 7>,  &Micro<T, 8>, &Micro<T, 9>,
+                                            &Micro<T, 10>,   &Micro<T, 11>, &Micro<T, 12>};
 #else
-constexpr MicroFn kMicro[kMR + 1] = {nullptr, &Micro<1>, &Micro<2>, &Micro<3>};
+  static constexpr MicroFn kFns[kMR + 1] = {nullptr, &Micro<T, 1>, &Micro<T, 2>, &Micro<T, 3>};
 #endif
-
-// Widens rows k0 .. k0+kc-1 of a bf16 panel into `dst` ([kc, 32] f32).
-void WidenPanelBlock(const void* panel, int64_t k0, int64_t kc, float* dst) {
-  for (int64_t k = 0; k < kc; ++k) {
-    V w[kNV];
-    LoadPanelRow<ElemType::kBF16>(panel, k0 + k, w);
-#pragma GCC unroll 4
-    for (int i = 0; i < kNV; ++i) Store(dst + k * kPanelCols + i * kLanes, w[i]);
-  }
-}
+};
 
 template <ElemType T>
-void Gemm(const LinearCtx& c, int64_t p_begin, int64_t p_end, float* scratch) {
+void Gemm(const LinearCtx& c, int64_t p_begin, int64_t p_end) {
+  constexpr int64_t kElemBytes = T == ElemType::kBF16 ? 2 : 4;
   const int64_t mc = Max<int64_t>(kMR, (kABlockBytes / (c.k * 4)) / kMR * kMR);
   for (int64_t i0 = 0; i0 < c.m; i0 += mc) {
     const int64_t mb = Min(mc, c.m - i0);
+    // Balanced row tiles: ceil(mb / kMR) tiles of (nearly) equal height.
+    const int64_t tiles = (mb + kMR - 1) / kMR;
     for (int64_t p = p_begin; p < p_end; ++p) {
       const char* panel = c.panels + p * c.panel_bytes;
       for (int64_t k0 = 0; k0 < c.k; k0 += kKC) {
         const int64_t kc = Min(kKC, c.k - k0);
-        const float* b;
-        if constexpr (T == ElemType::kF32) {
-          b = reinterpret_cast<const float*>(panel) + k0 * kPanelCols;
-        } else {
-          WidenPanelBlock(panel, k0, kc, scratch);
-          b = scratch;
-        }
+        const void* b = panel + k0 * kPanelCols * kElemBytes;
         const bool last = k0 + kc >= c.k;
-        for (int64_t r0 = 0; r0 < mb; r0 += kMR) {
-          const int rows = static_cast<int>(Min<int64_t>(kMR, mb - r0));
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int64_t r0 = mb * t / tiles;
+          const int rows = static_cast<int>(mb * (t + 1) / tiles - r0);
           const int64_t row = i0 + r0;
-          kMicro[rows](c.x + row * c.k + k0, c.k, b, kc, c.out + row * c.n, c.n, p * kPanelCols, c.n, k0 > 0,
-                       last ? c.bias : nullptr);
+          MicroTable<T>::kFns[rows](c.x + row * c.k + k0, c.k, b, kc, c.out + row * c.n, c.n, p * kPanelCols, c.n,
+                                    k0 > 0, last ? c.bias : nullptr);
         }
       }
     }
@@ -277,8 +272,7 @@ void LinearTyped(const LinearCtx& c, int num_threads) {
     if (gemv) {
       Gemv<T>(c, p_begin, p_end);
     } else {
-      alignas(64) float scratch[kKC * kPanelCols];
-      Gemm<T>(c, p_begin, p_end, scratch);
+      Gemm<T>(c, p_begin, p_end);
     }
   }
 }

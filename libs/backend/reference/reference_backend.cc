@@ -225,6 +225,85 @@ class ReferenceBackend final : public Backend {
       }
     }
   }
+
+  void WriteKvCache(const TensorView& k, const TensorView& v, std::span<const int64_t> slots,
+                    const TensorView& kv_cache) override {
+    const int64_t kv_heads = kv_cache.dim(2);
+    const int64_t block_size = kv_cache.dim(3);
+    const int64_t d = kv_cache.dim(4);
+    const float* ks = k.data_as<const float>();
+    const float* vs = v.data_as<const float>();
+    float* cache = kv_cache.data_as<float>();
+    for (size_t t = 0; t < slots.size(); ++t) {
+      const int64_t block = slots[t] / block_size;
+      const int64_t offset = slots[t] % block_size;
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        // cache[block, kv, h, offset, :]
+        float* k_dst = cache + (((block * 2 + 0) * kv_heads + h) * block_size + offset) * d;
+        float* v_dst = cache + (((block * 2 + 1) * kv_heads + h) * block_size + offset) * d;
+        const int64_t src = (static_cast<int64_t>(t) * kv_heads + h) * d;
+        for (int64_t c = 0; c < d; ++c) {
+          k_dst[c] = ks[src + c];
+          v_dst[c] = vs[src + c];
+        }
+      }
+    }
+  }
+
+  // NOTE: the oracle computes the plain (two-pass, f64) softmax over the whole
+  // context; it does not mimic the fast backends' block-tiled online softmax.
+  void PagedAttention(const TensorView& q, const TensorView& kv_cache, const PagedAttentionBatch& batch,
+                      float scale, const TensorView& out) override {
+    const int64_t heads = q.shape[1];
+    const int64_t d = q.shape[2];
+    const int64_t kv_heads = kv_cache.dim(2);
+    const int64_t block_size = kv_cache.dim(3);
+    const int64_t group = heads / kv_heads;
+    const int64_t num_seqs = static_cast<int64_t>(batch.context_lens.size());
+    const float* qs = q.data_as<const float>();
+    const float* cache = kv_cache.data_as<const float>();
+    float* o = out.data_as<float>();
+    // Row of head `h`, K (kv == 0) or V (kv == 1), of position `p` of sequence `s`.
+    auto kv_row = [&](int64_t s, int64_t p, int64_t kv, int64_t h) {
+      const int64_t block = batch.block_tables[s * batch.max_blocks_per_seq + p / block_size];
+      return cache + (((block * 2 + kv) * kv_heads + h) * block_size + p % block_size) * d;
+    };
+    std::vector<double> scores;
+    std::vector<double> acc(static_cast<size_t>(d));
+    for (int64_t s = 0; s < num_seqs; ++s) {
+      const int64_t row0 = batch.query_start[s];
+      const int64_t n = batch.query_start[s + 1] - row0;
+      const int64_t ctx = batch.context_lens[s];
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t t = row0 + i;
+        const int64_t len = ctx - n + i + 1;
+        scores.assign(static_cast<size_t>(len), 0.0);
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t kvh = h / group;
+          const float* qv = qs + (t * heads + h) * d;
+          double max_score = -INFINITY;
+          for (int64_t p = 0; p < len; ++p) {
+            const float* kr = kv_row(s, p, 0, kvh);
+            double dot = 0.0;
+            for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(qv[c]) * kr[c];
+            scores[p] = dot * scale;
+            if (scores[p] > max_score) max_score = scores[p];
+          }
+          double denom = 0.0;
+          for (int64_t p = 0; p < len; ++p) {
+            scores[p] = std::exp(scores[p] - max_score);
+            denom += scores[p];
+          }
+          for (int64_t c = 0; c < d; ++c) acc[c] = 0.0;
+          for (int64_t p = 0; p < len; ++p) {
+            const float* vr = kv_row(s, p, 1, kvh);
+            for (int64_t c = 0; c < d; ++c) acc[c] += scores[p] * vr[c];
+          }
+          for (int64_t c = 0; c < d; ++c) o[(t * heads + h) * d + c] = static_cast<float>(acc[c] / denom);
+        }
+      }
+    }
+  }
 };
 
 }  // namespace

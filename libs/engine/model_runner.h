@@ -1,0 +1,53 @@
+// ModelRunner: the boundary between the engine's bookkeeping (scheduler, KV
+// manager) and the model math. The scheduler decides which tokens of which
+// sequences run this step and where their KV lives; the runner computes them
+// over the paged cache and returns logits for the sequences that asked.
+//
+// Thread-safety: not thread-safe; owned and called by the engine loop.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kvmesh::engine {
+
+// One sequence's share of a step: a prefill chunk or a single decode token.
+struct SequenceChunk {
+  std::vector<int32_t> token_ids;     // the tokens computed this step, in order
+  int32_t start_position = 0;         // tokens of this sequence already in the KV cache
+  std::vector<int32_t> block_table;   // physical blocks covering positions 0..start+len-1
+  bool compute_logits = false;        // logits of the chunk's last token are wanted
+};
+
+// Copy every layer's KV of block `src` into block `dst` (copy-on-write) before the step.
+struct KvBlockCopy {
+  int32_t src = 0;
+  int32_t dst = 0;
+};
+
+struct ModelBatch {
+  std::vector<SequenceChunk> chunks;
+  std::vector<KvBlockCopy> block_copies;
+};
+
+struct ModelOutput {
+  // [number of chunks with compute_logits, vocab_size] f32, in chunk order.
+  std::vector<float> logits;
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t block_size_tokens() const = 0;
+  virtual int32_t num_blocks() const = 0;
+  // Runs one step: first every block copy of the batch, then the chunks (so a
+  // copy's source may be reused by a chunk of the same step). InvalidArgument for
+  // a malformed batch (token outside the vocabulary, block table too short, block
+  // id out of range).
+  virtual absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) = 0;
+};
+
+}  // namespace kvmesh::engine

@@ -1,0 +1,164 @@
+#include "engine/paged_model_runner.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace kvmesh::engine {
+namespace {
+
+TensorView F32(std::vector<float>& buffer, int64_t rows, int64_t cols) {
+  return TensorView::Contiguous(buffer.data(), DType::kF32, {rows, cols});
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PagedModelRunner>> PagedModelRunner::Create(LlamaModel& model,
+                                                                          const PagedModelRunnerOptions& options) {
+  const auto& c = model.config();
+  kv::KvLayoutOptions layout{
+      .num_layers = static_cast<int32_t>(c.num_hidden_layers),
+      .num_kv_heads = static_cast<int32_t>(c.num_key_value_heads),
+      .head_dim = static_cast<int32_t>(c.head_dim),
+      .block_size_tokens = options.block_size_tokens,
+      .dtype = DType::kF32,
+      .budget_bytes = options.kv_cache_bytes,
+      .num_blocks = options.num_blocks,
+  };
+  KVMESH_ASSIGN_OR_RETURN(auto storage, kv::KvStorage::Create(layout));
+  return std::unique_ptr<PagedModelRunner>(new PagedModelRunner(model, std::move(storage)));
+}
+
+absl::Status PagedModelRunner::Prepare(const ModelBatch& batch) {
+  const int32_t block_size = block_size_tokens();
+  const int32_t vocab = vocab_size();
+  token_ids_.clear();
+  positions_.clear();
+  slots_.clear();
+  logit_rows_.clear();
+  context_lens_.clear();
+  query_start_.assign(1, 0);
+  max_blocks_per_seq_ = 1;
+  for (const SequenceChunk& chunk : batch.chunks) {
+    const int32_t n = static_cast<int32_t>(chunk.token_ids.size());
+    if (n == 0) return absl::InvalidArgumentError("a sequence chunk has no tokens");
+    const int32_t end = chunk.start_position + n;
+    const int32_t blocks_needed = (end + block_size - 1) / block_size;
+    if (chunk.start_position < 0 || static_cast<int32_t>(chunk.block_table.size()) < blocks_needed)
+      return absl::InvalidArgumentError(absl::StrCat("block table of ", chunk.block_table.size(),
+                                                     " blocks cannot hold positions up to ", end));
+    for (int32_t b : chunk.block_table) {
+      if (b < 0 || b >= num_blocks())
+        return absl::InvalidArgumentError(absl::StrCat("block id ", b, " outside the pool of ", num_blocks()));
+    }
+    max_blocks_per_seq_ = std::max(max_blocks_per_seq_, blocks_needed);
+  }
+  block_tables_.assign(batch.chunks.size() * max_blocks_per_seq_, 0);
+  for (size_t s = 0; s < batch.chunks.size(); ++s) {
+    const SequenceChunk& chunk = batch.chunks[s];
+    const int32_t n = static_cast<int32_t>(chunk.token_ids.size());
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t id = chunk.token_ids[i];
+      if (id < 0 || id >= vocab)
+        return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is outside the vocabulary [0, ", vocab, ")"));
+      const int32_t pos = chunk.start_position + i;
+      token_ids_.push_back(id);
+      positions_.push_back(pos);
+      slots_.push_back(static_cast<int64_t>(chunk.block_table[pos / block_size]) * block_size + pos % block_size);
+    }
+    const int32_t blocks_needed = (chunk.start_position + n + block_size - 1) / block_size;
+    std::copy(chunk.block_table.begin(), chunk.block_table.begin() + blocks_needed,
+              block_tables_.begin() + s * max_blocks_per_seq_);
+    query_start_.push_back(query_start_.back() + n);
+    context_lens_.push_back(chunk.start_position + n);
+    if (chunk.compute_logits) logit_rows_.push_back(query_start_.back() - 1);
+  }
+  for (const KvBlockCopy& copy : batch.block_copies) {
+    KVMESH_RETURN_IF_ERROR(storage_->CopyBlock(kv::BlockId{copy.src}, kv::BlockId{copy.dst}));
+  }
+  return absl::OkStatus();
+}
+
+void PagedModelRunner::EnsureScratch(int64_t t) {
+  if (t <= scratch_tokens_) return;
+  const auto& c = model_.config();
+  const int64_t e = c.hidden_size, d = c.head_dim, h = c.num_attention_heads, hkv = c.num_key_value_heads;
+  residual_.resize(t * e);
+  hidden_.resize(t * e);
+  qkv_.resize(t * (h + 2 * hkv) * d);
+  q_.resize(t * h * d);
+  k_.resize(t * hkv * d);
+  v_.resize(t * hkv * d);
+  attn_.resize(t * h * d);
+  proj_.resize(t * e);
+  gate_up_.resize(t * 2 * c.intermediate_size);
+  act_.resize(t * c.intermediate_size);
+  head_in_.resize(t * e);
+  scratch_tokens_ = t;
+}
+
+absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
+  ModelOutput output;
+  if (batch.chunks.empty()) return output;
+  KVMESH_RETURN_IF_ERROR(Prepare(batch));
+  const auto& c = model_.config();
+  const int64_t t = static_cast<int64_t>(token_ids_.size());
+  const int64_t e = c.hidden_size, d = c.head_dim, h = c.num_attention_heads, hkv = c.num_key_value_heads;
+  const int64_t inter = c.intermediate_size, qkv_width = (h + 2 * hkv) * d;
+  const float eps = c.rms_norm_eps;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  EnsureScratch(t);
+  backend::Backend& be = model_.backend();
+  const model::ModelWeights& weights = model_.weights();
+  const backend::PagedAttentionBatch attention_batch{
+      .query_start = query_start_, .context_lens = context_lens_, .block_tables = block_tables_,
+      .max_blocks_per_seq = max_blocks_per_seq_};
+
+  TensorView residual = F32(residual_, t, e), hidden = F32(hidden_, t, e), proj = F32(proj_, t, e);
+  TensorView q = TensorView::Contiguous(q_.data(), DType::kF32, {t, h, d});
+  TensorView k = TensorView::Contiguous(k_.data(), DType::kF32, {t, hkv, d});
+  TensorView v = TensorView::Contiguous(v_.data(), DType::kF32, {t, hkv, d});
+  TensorView attn = TensorView::Contiguous(attn_.data(), DType::kF32, {t, h, d});
+  be.Embedding(token_ids_, weights.embed_tokens, residual);
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    const model::LayerWeights& w = weights.layers[l];
+    const LlamaModel::PackedLayer& packed = model_.layer(l);
+    if (l == 0) {
+      be.RmsNorm(residual, w.input_layernorm, eps, hidden);
+    } else {
+      be.AddRmsNorm(residual, proj, w.input_layernorm, eps, hidden);
+    }
+    be.Linear(hidden, *packed.qkv, F32(qkv_, t, qkv_width));
+    for (int64_t i = 0; i < t; ++i) {
+      const float* row = qkv_.data() + i * qkv_width;
+      std::memcpy(q_.data() + i * h * d, row, sizeof(float) * h * d);
+      std::memcpy(k_.data() + i * hkv * d, row + h * d, sizeof(float) * hkv * d);
+      std::memcpy(v_.data() + i * hkv * d, row + (h + hkv) * d, sizeof(float) * hkv * d);
+    }
+    be.ApplyRope(q, k, positions_, model_.rope_inv_freq());
+    const TensorView kv_cache = storage_->LayerView(static_cast<int32_t>(l));
+    be.WriteKvCache(k, v, slots_, kv_cache);
+    be.PagedAttention(q, kv_cache, attention_batch, scale, attn);
+    be.Linear(F32(attn_, t, h * d), *packed.o, proj);
+    be.AddRmsNorm(residual, proj, w.post_attention_layernorm, eps, hidden);
+    be.Linear(hidden, *packed.gate_up, F32(gate_up_, t, 2 * inter));
+    be.SiluAndMul(F32(gate_up_, t, 2 * inter), F32(act_, t, inter));
+    be.Linear(F32(act_, t, inter), *packed.down, proj);
+  }
+  if (logit_rows_.empty()) return output;
+  // The final norm and LM head run only on the rows whose logits are wanted.
+  const int64_t r = static_cast<int64_t>(logit_rows_.size());
+  for (int64_t i = 0; i < r; ++i) {
+    const int64_t row = logit_rows_[i];
+    for (int64_t j = 0; j < e; ++j) head_in_[i * e + j] = residual_[row * e + j] + proj_[row * e + j];
+  }
+  TensorView head_in = F32(head_in_, r, e);
+  be.RmsNorm(head_in, weights.norm, eps, head_in);
+  output.logits.resize(r * c.vocab_size);
+  be.Linear(head_in, model_.lm_head(), TensorView::Contiguous(output.logits.data(), DType::kF32, {r, c.vocab_size}));
+  return output;
+}
+
+}  // namespace kvmesh::engine

@@ -1,0 +1,87 @@
+// What a caller hands the continuous-batching engine (EngineRequest) and what it gets
+// back every step (RequestOutput): the vocabulary between libs/engine and a service
+// that streams tokens to clients.
+//
+// A request asks for `n` parallel samples of one prompt. Each step the engine emits at
+// most one RequestOutput per request, carrying one CompletionOutput per sample that
+// changed in that step (new tokens, or a finish). The last output of a request has
+// finished() == true; after it the request id is free again.
+//
+// Thread-safety: plain values. The streaming callback runs on the engine thread (see
+// EngineRequest::on_output).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/sampler.h"
+
+namespace kvmesh::engine {
+
+struct RequestOutput;
+
+// Why a sample ended. kStop / kLength mirror the sampler's FinishReason; kAbort and
+// kError are the engine's own (the client left or the request failed).
+// NOTE: sampler.h's FinishReason has no abort/error; this superset keeps that file as is.
+enum class CompletionFinishReason : uint8_t { kNone, kStop, kLength, kAbort, kError };
+
+// "stop", "length", "abort", "error", or "" for kNone (OpenAI's / vLLM's finish_reason).
+std::string_view CompletionFinishReasonName(CompletionFinishReason reason);
+CompletionFinishReason ToCompletionFinishReason(FinishReason reason);
+
+struct EngineRequest {
+  std::string request_id;                // unique among the engine's unfinished requests
+  std::vector<int32_t> prompt_token_ids;  // non-empty, each in [0, vocab_size)
+  SamplingParams sampling_params;
+  // Parallel samples of the prompt (OpenAI's `n`). The prompt is prefilled once and its
+  // KV blocks are shared by the samples. When sampling_params.seed is set, sample i is
+  // seeded with seed + i (so sample 0 reproduces an n == 1 request).
+  int32_t n = 1;
+  // Lower runs sooner, as in vLLM. Used by SchedulerOptions::Policy::kPriority only.
+  int32_t priority = 0;
+  // Tie-break among equal priorities; < 0: the engine assigns its own arrival counter.
+  // (A value carried from another process, e.g. the router's receive order.)
+  int64_t arrival_order = -1;
+  // Tokens that end a sample with "stop" unless sampling_params.ignore_eos.
+  std::vector<int32_t> eos_token_ids;
+  // Called on the engine thread with every output of this request, in order, the final
+  // one included (also for aborts and errors), during Engine::Step / Engine::Abort and
+  // before they return. It must not call back into the Engine; post to a queue instead.
+  std::function<void(const RequestOutput&)> on_output;
+};
+
+// One sample's progress.
+struct CompletionOutput {
+  int32_t index = 0;                   // sample index in [0, n)
+  std::vector<int32_t> new_token_ids;  // generated in this step (usually one)
+  std::vector<int32_t> token_ids;      // all generated so far, new_token_ids included
+  // One entry per new token when sampling_params.logprobs >= 0 (chosen token's logprob,
+  // rank and the top-N), else empty.
+  std::vector<SampleResult> new_logprobs;
+  CompletionFinishReason finish_reason = CompletionFinishReason::kNone;
+  std::optional<int32_t> stop_token_id;  // the stop_token_ids entry that finished it (vLLM's stop_reason)
+
+  bool finished() const { return finish_reason != CompletionFinishReason::kNone; }
+};
+
+struct RequestOutput {
+  std::string request_id;
+  // The samples that changed in this step, by increasing index.
+  std::vector<CompletionOutput> outputs;
+  int32_t num_prompt_tokens = 0;
+  // Prompt tokens whose KV came from the prefix cache at the request's first scheduling
+  // (OpenAI usage.prompt_tokens_details.cached_tokens). 0 before that.
+  int32_t num_cached_prompt_tokens = 0;
+  // True on the request's last output: every sample has finished (or it was aborted or
+  // failed).
+  bool finished = false;
+  // Why the request failed (finish_reason kError); OK otherwise.
+  absl::Status status;
+};
+
+}  // namespace kvmesh::engine

@@ -1,0 +1,477 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <tuple>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace kvmesh::engine {
+namespace {
+
+// The KV manager only fails this way when the scheduler or the manager has a bug.
+absl::Status KvBroken(const absl::Status& s, const char* what) {
+  return absl::InternalError(absl::StrCat("scheduler: ", what, ": ", s.message()));
+}
+
+}  // namespace
+
+absl::Status SchedulerOptions::Validate() const {
+  if (max_num_batched_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_num_batched_tokens must be at least 1, got ", max_num_batched_tokens));
+  }
+  if (max_num_seqs < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_num_seqs must be at least 1, got ", max_num_seqs));
+  }
+  if (long_prefill_token_threshold < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("long_prefill_token_threshold must be >= 0, got ", long_prefill_token_threshold));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOptions& options,
+                                                             kv::KvCacheManager& kv, int32_t vocab_size) {
+  KVMESH_RETURN_IF_ERROR(options.Validate());
+  if (vocab_size < 1) return absl::InvalidArgumentError(absl::StrCat("vocab_size must be positive, got ", vocab_size));
+  return std::unique_ptr<Scheduler>(new Scheduler(options, kv, vocab_size));
+}
+
+Scheduler::Scheduler(const SchedulerOptions& options, kv::KvCacheManager& kv, int32_t vocab_size)
+    : options_(options), kv_(kv), vocab_size_(vocab_size) {}
+
+absl::Status Scheduler::AddRequest(const EngineRequest& request) {
+  if (requests_.contains(request.request_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request id '", request.request_id, "' is already in use"));
+  }
+  const int64_t arrival = request.arrival_order >= 0 ? request.arrival_order : next_arrival_++;
+  auto state = std::make_unique<RequestState>(request, arrival);
+  auto seq = std::make_unique<Sequence>();
+  seq->request = state.get();
+  seq->kv_id = kv::RequestId{next_kv_id_++};
+  seq->sample_index = 0;
+  seq->creation_order = next_creation_++;
+  seq->token_ids = request.prompt_token_ids;
+  seq->num_prefill_tokens = seq->num_tokens();
+  seqs_[seq->kv_id] = seq.get();
+  EnqueueWaiting(seq.get(), /*front=*/false);
+  state->seqs.push_back(std::move(seq));
+  requests_.emplace(request.request_id, std::move(state));
+  return absl::OkStatus();
+}
+
+bool Scheduler::Before(const Sequence& a, const Sequence& b) const {
+  return std::tuple(a.request->priority, a.request->arrival_order, a.creation_order) <
+         std::tuple(b.request->priority, b.request->arrival_order, b.creation_order);
+}
+
+void Scheduler::EnqueueWaiting(Sequence* seq, bool front) {
+  seq->status = SequenceStatus::kWaiting;
+  if (options_.policy == SchedulerOptions::Policy::kFcfs) {
+    if (front) {
+      waiting_.push_front(seq);
+    } else {
+      waiting_.push_back(seq);
+    }
+    return;
+  }
+  // kPriority: a preempted sequence returns to its place by key, as a new one does.
+  const auto pos = std::upper_bound(waiting_.begin(), waiting_.end(), seq,
+                                    [this](const Sequence* a, const Sequence* b) { return Before(*a, *b); });
+  waiting_.insert(pos, seq);
+}
+
+void Scheduler::RemoveFromRunning(Sequence* seq) {
+  const auto it = std::find(running_.begin(), running_.end(), seq);
+  if (it != running_.end()) running_.erase(it);
+}
+
+void Scheduler::RemoveFromWaiting(Sequence* seq) {
+  const auto it = std::find(waiting_.begin(), waiting_.end(), seq);
+  if (it != waiting_.end()) waiting_.erase(it);
+}
+
+int32_t Scheduler::NumNewTokens(const Sequence& seq, int32_t budget) const {
+  int32_t pending = seq.num_tokens() - seq.num_computed_tokens;
+  if (options_.enable_chunked_prefill && options_.long_prefill_token_threshold > 0) {
+    pending = std::min(pending, options_.long_prefill_token_threshold);
+  }
+  return std::min(pending, budget);
+}
+
+int32_t Scheduler::NumRunningSlots() const {
+  int32_t slots = 0;
+  for (const Sequence* seq : running_) slots += seq->request->num_seq_slots_if_unforked();
+  return slots;
+}
+
+size_t Scheduler::PickVictim() const {
+  if (options_.policy == SchedulerOptions::Policy::kFcfs) return running_.size() - 1;
+  size_t victim = 0;
+  for (size_t i = 1; i < running_.size(); ++i) {
+    if (Before(*running_[victim], *running_[i])) victim = i;
+  }
+  return victim;
+}
+
+absl::Status Scheduler::Preempt(Sequence* seq, SchedulerOutput* out, int32_t* budget) {
+  for (auto it = out->chunks.begin(); it != out->chunks.end(); ++it) {
+    if (it->kv_id == seq->kv_id) {
+      // Scheduled earlier in this step (kPriority): give back its budget; its copies go
+      // with the chunk, and Free below returns the blocks it was just given.
+      *budget += it->num_tokens;
+      out->chunks.erase(it);
+      break;
+    }
+  }
+  if (absl::Status s = kv_.Free(seq->kv_id); !s.ok()) return KvBroken(s, "Free on preemption");
+  RemoveFromRunning(seq);
+  // Recompute: everything known so far is the new prefill; outputs and sampler stay.
+  seq->num_computed_tokens = 0;
+  seq->num_prefill_tokens = seq->num_tokens();
+  ++seq->num_preemptions;
+  ++stats_.num_preemptions;
+  ++out->num_preempted;
+  EnqueueWaiting(seq, /*front=*/true);
+  return absl::OkStatus();
+}
+
+void Scheduler::AddChunk(Sequence* seq, int32_t num_new, const kv::KvAllocation& alloc, SchedulerOutput* out) {
+  ScheduledChunk chunk;
+  chunk.kv_id = seq->kv_id;
+  chunk.start_position = seq->num_computed_tokens;
+  chunk.num_tokens = num_new;
+  chunk.compute_logits = chunk.start_position + num_new == seq->num_tokens();
+  for (const kv::BlockCopy& c : alloc.copies) chunk.block_copies.push_back(KvBlockCopy{c.src.value, c.dst.value});
+  out->chunks.push_back(std::move(chunk));
+}
+
+absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
+  SchedulerOutput out;
+  int32_t budget = options_.max_num_batched_tokens;
+
+  // 1. Running sequences, in order; preempt from the back (or by priority) on KV pressure.
+  size_t i = 0;
+  while (i < running_.size() && budget > 0) {
+    Sequence* seq = running_[i];
+    const int32_t pending = seq->num_tokens() - seq->num_computed_tokens;
+    const int32_t num_new = NumNewTokens(*seq, budget);
+    if (num_new <= 0 || (!options_.enable_chunked_prefill && num_new < pending)) {
+      ++i;  // NOTE: without chunking a running sequence has one pending token; defensive.
+      continue;
+    }
+    bool scheduled = false;
+    while (true) {
+      absl::StatusOr<kv::KvAllocation> alloc = kv_.AllocateSlots(seq->kv_id, seq->token_ids, num_new);
+      if (alloc.ok()) {
+        AddChunk(seq, num_new, *alloc, &out);
+        budget -= num_new;
+        scheduled = true;
+        break;
+      }
+      if (alloc.status().code() != absl::StatusCode::kResourceExhausted) {
+        return KvBroken(alloc.status(), "AllocateSlots for a running sequence");
+      }
+      const size_t v = PickVictim();
+      Sequence* victim = running_[v];
+      KVMESH_RETURN_IF_ERROR(Preempt(victim, &out, &budget));
+      if (v < i) --i;
+      if (victim == seq) break;
+    }
+    if (scheduled) ++i;
+  }
+
+  // 2. Waiting sequences, unless this step had to preempt (the pool is tight: vLLM
+  // admits nothing new then either).
+  if (out.num_preempted == 0) {
+    while (!waiting_.empty() && budget > 0) {
+      Sequence* seq = waiting_.front();
+      if (NumRunningSlots() + seq->request->num_seq_slots_if_unforked() > options_.max_num_seqs) break;
+      kv::ComputedPrefix prefix = kv_.FindCachedPrefix(seq->token_ids);
+      int32_t pending = seq->num_tokens() - prefix.num_tokens;
+      if (options_.enable_chunked_prefill && options_.long_prefill_token_threshold > 0) {
+        pending = std::min(pending, options_.long_prefill_token_threshold);
+      }
+      if (!options_.enable_chunked_prefill && pending > budget) break;
+      const int32_t num_new = std::min(pending, budget);
+      absl::StatusOr<kv::KvAllocation> alloc = kv_.AllocateSlots(seq->kv_id, seq->token_ids, num_new, &prefix);
+      if (!alloc.ok()) {
+        if (alloc.status().code() == absl::StatusCode::kResourceExhausted) break;  // wait for room
+        return KvBroken(alloc.status(), "AllocateSlots for a waiting sequence");
+      }
+      waiting_.pop_front();
+      seq->status = SequenceStatus::kRunning;
+      seq->num_computed_tokens = prefix.num_tokens;
+      RequestState* request = seq->request;
+      if (request->num_cached_prompt_tokens < 0) {
+        request->num_cached_prompt_tokens = std::min(prefix.num_tokens, request->num_prompt_tokens());
+      }
+      running_.push_back(seq);
+      AddChunk(seq, num_new, *alloc, &out);
+      budget -= num_new;
+    }
+  }
+
+  // 3. Assemble the batch from the chunks that survived preemption.
+  for (const ScheduledChunk& chunk : out.chunks) {
+    const Sequence* seq = seqs_.at(chunk.kv_id);
+    SequenceChunk sc;
+    sc.token_ids.assign(seq->token_ids.begin() + chunk.start_position,
+                        seq->token_ids.begin() + chunk.start_position + chunk.num_tokens);
+    sc.start_position = chunk.start_position;
+    for (const kv::BlockId b : kv_.block_table(chunk.kv_id)) sc.block_table.push_back(b.value);
+    sc.compute_logits = chunk.compute_logits;
+    out.batch.chunks.push_back(std::move(sc));
+    out.batch.block_copies.insert(out.batch.block_copies.end(), chunk.block_copies.begin(),
+                                  chunk.block_copies.end());
+    out.num_batched_tokens += chunk.num_tokens;
+    out.num_logits_rows += chunk.compute_logits ? 1 : 0;
+  }
+  stats_.last_batch_num_seqs = static_cast<int32_t>(out.chunks.size());
+  stats_.last_batch_num_tokens = out.num_batched_tokens;
+  return out;
+}
+
+absl::Status Scheduler::Fork(Sequence* parent) {
+  RequestState* request = parent->request;
+  auto pos = std::find(running_.begin(), running_.end(), parent);
+  for (int32_t index = 1; index < request->n; ++index) {
+    auto child = std::make_unique<Sequence>();
+    child->request = request;
+    child->kv_id = kv::RequestId{next_kv_id_++};
+    child->sample_index = index;
+    child->creation_order = next_creation_++;
+    child->status = SequenceStatus::kRunning;
+    child->token_ids = parent->token_ids;
+    child->num_computed_tokens = parent->num_computed_tokens;
+    child->num_prefill_tokens = parent->num_prefill_tokens;
+    if (absl::Status s = kv_.Fork(parent->kv_id, child->kv_id); !s.ok()) return KvBroken(s, "Fork");
+    seqs_[child->kv_id] = child.get();
+    // Right after the parent and its earlier siblings: a request's samples stay together.
+    pos = running_.insert(pos == running_.end() ? pos : pos + 1, child.get());
+    request->seqs.push_back(std::move(child));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::SampleNext(Sequence* seq, std::span<const float> row) {
+  RequestState* request = seq->request;
+  if (!seq->sampler.has_value()) {
+    KVMESH_ASSIGN_OR_RETURN(SequenceSampler sampler,
+                            SequenceSampler::Create(request->SampleParams(seq->sample_index), vocab_size_,
+                                                    request->prompt_token_ids, request->eos_token_ids));
+    seq->sampler.emplace(std::move(sampler));
+  }
+  KVMESH_ASSIGN_OR_RETURN(SampleResult result, seq->sampler->Sample(row));
+  const int32_t token = result.token_id;
+  seq->sampler->Append(token);
+  seq->token_ids.push_back(token);
+  seq->pending_token_ids.push_back(token);
+  if (request->sampling_params.logprobs >= 0) seq->pending_logprobs.push_back(std::move(result));
+  const StopDecision stop = request->stop_checker.Check(token, seq->num_output_tokens());
+  if (stop.finished()) {
+    seq->stop_token_id = stop.stop_token_id;
+    FinishSequence(seq, ToCompletionFinishReason(stop.reason));
+  }
+  return absl::OkStatus();
+}
+
+void Scheduler::FinishSequence(Sequence* seq, CompletionFinishReason reason) {
+  if (seq->finished()) return;
+  if (kv_.HasRequest(seq->kv_id)) {
+    // Cannot fail: the id is known.
+    (void)kv_.Free(seq->kv_id);
+  }
+  if (seq->status == SequenceStatus::kRunning) RemoveFromRunning(seq);
+  if (seq->status == SequenceStatus::kWaiting) RemoveFromWaiting(seq);
+  seq->status = SequenceStatus::kFinished;
+  seq->finish_reason = reason;
+  seq->finish_pending = true;
+  seq->num_computed_tokens = 0;
+  seqs_.erase(seq->kv_id);
+}
+
+void Scheduler::EndRequest(RequestState* request, CompletionFinishReason reason) {
+  for (const auto& seq : request->seqs) FinishSequence(seq.get(), reason);
+}
+
+RequestOutput Scheduler::TakeOutput(RequestState* request, const absl::Status& status) {
+  RequestOutput out;
+  out.request_id = request->request_id;
+  out.num_prompt_tokens = request->num_prompt_tokens();
+  out.num_cached_prompt_tokens = std::max(0, request->num_cached_prompt_tokens);
+  out.status = status;
+  for (const auto& seq : request->seqs) {
+    if (seq->pending_token_ids.empty() && !seq->finish_pending) continue;
+    CompletionOutput c;
+    c.index = seq->sample_index;
+    c.new_token_ids = std::move(seq->pending_token_ids);
+    c.token_ids.assign(seq->token_ids.begin() + request->num_prompt_tokens(), seq->token_ids.end());
+    c.new_logprobs = std::move(seq->pending_logprobs);
+    if (seq->finish_pending) {
+      c.finish_reason = seq->finish_reason;
+      c.stop_token_id = seq->stop_token_id;
+    }
+    seq->pending_token_ids.clear();
+    seq->pending_logprobs.clear();
+    seq->finish_pending = false;
+    out.outputs.push_back(std::move(c));
+  }
+  out.finished = request->AllFinished();
+  if (out.finished && !request->forked && request->n > 1) {
+    // Ended (abort / error) before the fork: the samples that never existed end too, so
+    // the caller sees all n indices finish.
+    for (int32_t index = 1; index < request->n; ++index) {
+      CompletionOutput c;
+      c.index = index;
+      c.finish_reason = request->seqs[0]->finish_reason;
+      out.outputs.push_back(std::move(c));
+    }
+  }
+  if (out.finished) {
+    ++stats_.num_finished_requests;
+    requests_.erase(request->request_id);  // destroys `request`
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<RequestOutput>> Scheduler::UpdateFromOutput(const SchedulerOutput& scheduled,
+                                                                      std::span<const float> logits) {
+  const size_t expected = static_cast<size_t>(scheduled.num_logits_rows) * static_cast<size_t>(vocab_size_);
+  if (logits.size() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat("UpdateFromOutput: ", logits.size(), " logits for ",
+                                                   scheduled.num_logits_rows, " rows of vocab_size ", vocab_size_));
+  }
+  std::vector<RequestState*> touched;  // in batch order, each once
+  absl::flat_hash_map<RequestState*, absl::Status> failed;
+  size_t row = 0;
+  for (const ScheduledChunk& chunk : scheduled.chunks) {
+    std::span<const float> row_logits;
+    if (chunk.compute_logits) row_logits = logits.subspan(row++ * vocab_size_, vocab_size_);
+    const auto it = seqs_.find(chunk.kv_id);
+    if (it == seqs_.end()) continue;  // ended since Schedule (Abort)
+    Sequence* seq = it->second;
+    if (seq->status != SequenceStatus::kRunning || seq->num_computed_tokens != chunk.start_position) continue;
+    const int32_t end = chunk.start_position + chunk.num_tokens;
+    if (absl::Status s = kv_.MarkComputed(seq->kv_id, seq->token_ids, end); !s.ok()) {
+      return KvBroken(s, "MarkComputed");
+    }
+    const int32_t prefill = std::clamp(seq->num_prefill_tokens - chunk.start_position, 0, chunk.num_tokens);
+    stats_.num_prefill_tokens += prefill;
+    stats_.num_decode_tokens += chunk.num_tokens - prefill;
+    seq->num_computed_tokens = end;
+    if (!chunk.compute_logits) continue;
+
+    RequestState* request = seq->request;
+    if (std::find(touched.begin(), touched.end(), request) == touched.end()) touched.push_back(request);
+    std::vector<Sequence*> samples = {seq};
+    if (!request->forked) {
+      if (request->n > 1) {
+        KVMESH_RETURN_IF_ERROR(Fork(seq));
+        for (size_t k = 1; k < request->seqs.size(); ++k) samples.push_back(request->seqs[k].get());
+      }
+      request->forked = true;
+    }
+    for (Sequence* sample : samples) {
+      if (absl::Status s = SampleNext(sample, row_logits); !s.ok()) {
+        failed[request] = absl::Status(s.code(), absl::StrCat("sampling failed: ", s.message()));
+        ++stats_.num_failed_requests;
+        EndRequest(request, CompletionFinishReason::kError);
+        break;
+      }
+    }
+  }
+  std::vector<RequestOutput> outputs;
+  outputs.reserve(touched.size());
+  for (RequestState* request : touched) {
+    const auto f = failed.find(request);
+    outputs.push_back(TakeOutput(request, f == failed.end() ? absl::OkStatus() : f->second));
+  }
+  return outputs;
+}
+
+std::vector<RequestOutput> Scheduler::FailScheduled(const SchedulerOutput& scheduled, const absl::Status& error) {
+  std::vector<RequestState*> requests;
+  for (const ScheduledChunk& chunk : scheduled.chunks) {
+    const auto it = seqs_.find(chunk.kv_id);
+    if (it == seqs_.end()) continue;
+    RequestState* request = it->second->request;
+    if (std::find(requests.begin(), requests.end(), request) == requests.end()) requests.push_back(request);
+  }
+  std::vector<RequestOutput> outputs;
+  for (RequestState* request : requests) {
+    EndRequest(request, CompletionFinishReason::kError);
+    ++stats_.num_failed_requests;
+    outputs.push_back(TakeOutput(request, error));
+  }
+  return outputs;
+}
+
+absl::StatusOr<RequestOutput> Scheduler::Abort(const std::string& request_id) {
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("Abort: no unfinished request '", request_id, "'"));
+  }
+  RequestState* request = it->second.get();
+  EndRequest(request, CompletionFinishReason::kAbort);
+  ++stats_.num_aborted_requests;
+  return TakeOutput(request, absl::OkStatus());
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s = stats_;
+  s.num_requests = static_cast<int32_t>(requests_.size());
+  s.num_running_seqs = static_cast<int32_t>(running_.size());
+  s.num_waiting_seqs = static_cast<int32_t>(waiting_.size());
+  return s;
+}
+
+absl::Status Scheduler::CheckInvariants() const {
+  KVMESH_RETURN_IF_ERROR(kv_.CheckInvariants());
+  absl::flat_hash_set<const Sequence*> queued;
+  for (const Sequence* seq : running_) {
+    if (!queued.insert(seq).second) return absl::InternalError("a sequence is queued twice");
+    if (seq->status != SequenceStatus::kRunning) return absl::InternalError("a running sequence is not kRunning");
+    if (!kv_.HasRequest(seq->kv_id)) {
+      return absl::InternalError(absl::StrCat("running sequence ", seq->kv_id.value, " holds no KV table"));
+    }
+    if (kv_.num_computed_tokens(seq->kv_id) != seq->num_computed_tokens) {
+      return absl::InternalError(absl::StrCat("sequence ", seq->kv_id.value, " computed ", seq->num_computed_tokens,
+                                              " but the KV manager says ", kv_.num_computed_tokens(seq->kv_id)));
+    }
+    if (seq->num_computed_tokens >= seq->num_tokens()) {
+      return absl::InternalError(absl::StrCat("running sequence ", seq->kv_id.value, " has no pending token"));
+    }
+  }
+  for (const Sequence* seq : waiting_) {
+    if (!queued.insert(seq).second) return absl::InternalError("a sequence is queued twice");
+    if (seq->status != SequenceStatus::kWaiting) return absl::InternalError("a waiting sequence is not kWaiting");
+    if (kv_.HasRequest(seq->kv_id) || seq->num_computed_tokens != 0) {
+      return absl::InternalError(absl::StrCat("waiting sequence ", seq->kv_id.value, " holds KV"));
+    }
+  }
+  if (kv_.num_requests() != static_cast<int32_t>(running_.size())) {
+    return absl::InternalError(absl::StrCat("the KV manager has ", kv_.num_requests(), " tables for ",
+                                            running_.size(), " running sequences"));
+  }
+  if (seqs_.size() != queued.size()) {
+    return absl::InternalError(absl::StrCat(seqs_.size(), " unfinished sequences but ", queued.size(), " queued"));
+  }
+  for (const auto& [id, request] : requests_) {
+    if (request->AllFinished()) return absl::InternalError(absl::StrCat("finished request '", id, "' kept"));
+    for (const auto& seq : request->seqs) {
+      if (!seq->finished() && !queued.contains(seq.get())) {
+        return absl::InternalError(absl::StrCat("request '", id, "' has an unqueued sequence"));
+      }
+    }
+  }
+  if (NumRunningSlots() > options_.max_num_seqs) {
+    return absl::InternalError(absl::StrCat(NumRunningSlots(), " running sequence slots exceed max_num_seqs"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvmesh::engine

@@ -1,0 +1,194 @@
+// Scheduler: the continuous-batching iteration scheduler (vLLM v1's Scheduler over its
+// KVCacheManager). It owns the waiting and running queues and every request's sequences,
+// decides each step which tokens of which sequences run, allocates their KV slots, and
+// after the model ran turns the logits into sampled tokens and outputs.
+//
+// One step (Schedule):
+//   1. Running sequences first, in queue order: each gets its pending tokens (1 for a
+//      decode; the rest of an unfinished prefill, capped by long_prefill_token_threshold
+//      and by the remaining token budget). When the KV pool cannot supply a sequence's
+//      blocks, the scheduler preempts the lowest-priority running sequence (FCFS: the last
+//      admitted; kPriority: the largest (priority, arrival)) and retries, until the
+//      allocation succeeds or the sequence preempted itself.
+//   2. Only if nothing was preempted: waiting sequences, in queue order, while the token
+//      budget and max_num_seqs allow. A sequence's cached prefix (FindCachedPrefix) is
+//      taken as computed and costs no budget; a prompt longer than the remaining budget
+//      is chunked (enable_chunked_prefill) or waits. A waiting sequence never preempts.
+// Preemption is by recompute: the victim's blocks are freed, its prompt + generated
+// tokens become pending work again, and it returns to the FRONT of the waiting queue
+// (kPriority: to its place by (priority, arrival)). Its outputs and sampler (RNG state,
+// penalty counts) are kept, so the tokens it produces are exactly those it would have
+// produced without preemption, none lost or repeated. Its prefix blocks usually stay
+// cached, so the recompute is mostly prefix hits.
+//
+// After the runner: UpdateFromOutput marks the chunks computed (newly full blocks enter
+// the prefix cache), forks n > 1 requests whose prompt just completed, samples one token
+// per sample from its logits row, runs stop checks and frees finished sequences' blocks.
+//
+// Thread-safety: not thread-safe; owned by the engine loop together with the KV manager.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model_runner.h"
+#include "engine/request.h"
+#include "engine/sequence.h"
+#include "kv/kv_cache_manager.h"
+
+namespace kvmesh::engine {
+
+struct SchedulerOptions {
+  enum class Policy : uint8_t {
+    kFcfs,      // arrival order; preempt the last admitted
+    kPriority,  // (priority, arrival) ascending; preempt the largest
+  };
+  // Tokens computed per step across all sequences (vLLM's max_num_batched_tokens).
+  int32_t max_num_batched_tokens = 2048;
+  // Sequences per step; a request with n samples takes n once forked.
+  int32_t max_num_seqs = 64;
+  // Split prompts longer than the remaining budget across steps. When off, a prompt runs
+  // in one step, so max_num_batched_tokens must cover max_model_len (Engine checks).
+  bool enable_chunked_prefill = true;
+  // With chunked prefill: at most this many tokens of one prefill per step (0: no cap),
+  // so that one long prompt cannot crowd out the others (vLLM's option of that name).
+  int32_t long_prefill_token_threshold = 0;
+  Policy policy = Policy::kFcfs;
+
+  // InvalidArgument for a non-positive budget or seq cap, or a negative threshold.
+  absl::Status Validate() const;
+};
+
+// One sequence's share of a step, parallel to SchedulerOutput::batch.chunks.
+struct ScheduledChunk {
+  kv::RequestId kv_id;
+  int32_t start_position = 0;  // tokens computed before this step
+  int32_t num_tokens = 0;
+  bool compute_logits = false;  // the chunk reaches the last known token: sample after it
+  std::vector<KvBlockCopy> block_copies;  // copy-on-write this chunk's allocation asked for
+};
+
+struct SchedulerOutput {
+  ModelBatch batch;
+  std::vector<ScheduledChunk> chunks;
+  int32_t num_batched_tokens = 0;
+  int32_t num_logits_rows = 0;  // chunks with compute_logits
+  int32_t num_preempted = 0;    // sequences preempted while scheduling this step
+  bool empty() const { return chunks.empty(); }
+};
+
+struct SchedulerStats {
+  int32_t num_requests = 0;      // unfinished
+  int32_t num_running_seqs = 0;
+  int32_t num_waiting_seqs = 0;
+  int64_t num_preemptions = 0;
+  int64_t num_prefill_tokens = 0;  // computed prefill tokens (cache hits excluded, recomputes included)
+  int64_t num_decode_tokens = 0;
+  int64_t num_finished_requests = 0;  // every end: stop, length, abort, error
+  int64_t num_aborted_requests = 0;
+  int64_t num_failed_requests = 0;
+  int32_t last_batch_num_seqs = 0;
+  int32_t last_batch_num_tokens = 0;
+};
+
+class Scheduler {
+ public:
+  // `kv` must outlive the scheduler and is used by nobody else meanwhile.
+  // InvalidArgument for invalid options or a non-positive vocab_size.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(const SchedulerOptions& options,
+                                                           kv::KvCacheManager& kv, int32_t vocab_size);
+
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request; nothing is allocated until it is scheduled. The request must have
+  // passed ValidateEngineRequest (the scheduler does not re-check it); its on_output is
+  // ignored (the Engine delivers outputs). AlreadyExists for an unfinished request of
+  // the same id. A negative request.arrival_order takes the scheduler's own counter.
+  absl::Status AddRequest(const EngineRequest& request);
+
+  // Decides this step's batch and allocates its KV slots (see the file comment). Empty
+  // when nothing can run. Internal if the KV manager breaks its contract; the state is
+  // then not to be trusted.
+  absl::StatusOr<SchedulerOutput> Schedule();
+
+  // Applies a step's result: `logits` is ModelOutput::logits, [num_logits_rows,
+  // vocab_size]. Returns one RequestOutput per request that changed, in batch order. A
+  // sample whose logits cannot be sampled fails its request (kError output, blocks
+  // freed). InvalidArgument if logits has the wrong size (nothing changes: call
+  // FailScheduled); Internal if the KV manager breaks its contract.
+  absl::StatusOr<std::vector<RequestOutput>> UpdateFromOutput(const SchedulerOutput& scheduled,
+                                                             std::span<const float> logits);
+
+  // The runner failed on `scheduled`: every request with a sequence in it ends with
+  // finish_reason kError and `error` as its status, and all its blocks are freed.
+  std::vector<RequestOutput> FailScheduled(const SchedulerOutput& scheduled, const absl::Status& error);
+
+  // Ends a request in any state (waiting, running, preempted, mid-prefill, forked) and
+  // frees all its blocks at once. The returned final output reports every unfinished
+  // sample with finish_reason kAbort. FailedPrecondition for an unknown (or already
+  // finished) request.
+  absl::StatusOr<RequestOutput> Abort(const std::string& request_id);
+
+  bool HasUnfinishedRequests() const { return !requests_.empty(); }
+  bool HasRequest(const std::string& request_id) const { return requests_.contains(request_id); }
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return options_; }
+
+  // Internal unless: every running sequence holds a KV table whose computed count equals
+  // its own, no waiting sequence holds one, each unfinished sequence is in exactly one
+  // queue, and the KV manager's own invariants hold. For tests.
+  absl::Status CheckInvariants() const;
+
+ private:
+  Scheduler(const SchedulerOptions& options, kv::KvCacheManager& kv, int32_t vocab_size);
+
+  // Pending tokens to schedule for `seq` under `budget` (before the no-chunking rule).
+  int32_t NumNewTokens(const Sequence& seq, int32_t budget) const;
+  // Sequence slots taken by running sequences, counting the samples unforked requests
+  // will fork into.
+  int32_t NumRunningSlots() const;
+  // The running sequence to preempt next: an index into running_.
+  size_t PickVictim() const;
+  // Frees `seq`'s blocks, resets it to recompute and requeues it; drops it from `out`
+  // if it was scheduled there (returning its budget to `budget`).
+  absl::Status Preempt(Sequence* seq, SchedulerOutput* out, int32_t* budget);
+  void EnqueueWaiting(Sequence* seq, bool front);
+  // Records `seq`'s chunk; the batch is assembled at the end of Schedule.
+  void AddChunk(Sequence* seq, int32_t num_new, const kv::KvAllocation& alloc, SchedulerOutput* out);
+  // Forks the remaining n-1 samples of `seq`'s request off sample 0.
+  absl::Status Fork(Sequence* parent);
+  // Samples the next token of `seq` from `row`; on a sampler error fails the request.
+  absl::Status SampleNext(Sequence* seq, std::span<const float> row);
+  // Marks `seq` finished and frees its blocks.
+  void FinishSequence(Sequence* seq, CompletionFinishReason reason);
+  // Collects the pending output of `request` (clearing it); removes the request when it
+  // is finished.
+  RequestOutput TakeOutput(RequestState* request, const absl::Status& status);
+  // Ends every unfinished sample of `request` with `reason` (abort / error).
+  void EndRequest(RequestState* request, CompletionFinishReason reason);
+  bool Before(const Sequence& a, const Sequence& b) const;  // queue order under the policy
+  void RemoveFromRunning(Sequence* seq);
+  void RemoveFromWaiting(Sequence* seq);
+
+  const SchedulerOptions options_;
+  kv::KvCacheManager& kv_;
+  const int32_t vocab_size_;
+  absl::flat_hash_map<std::string, std::unique_ptr<RequestState>> requests_;
+  absl::flat_hash_map<kv::RequestId, Sequence*> seqs_;  // unfinished sequences by KV id
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;  // admission order (children right after their parent)
+  int64_t next_kv_id_ = 0;
+  int64_t next_arrival_ = 0;
+  int64_t next_creation_ = 0;
+  SchedulerStats stats_;
+};
+
+}  // namespace kvmesh::engine

@@ -1,0 +1,87 @@
+// The scheduler's state of one request (RequestState) and of each of its parallel
+// samples (Sequence). vLLM v1 keeps the same facts on its Request object.
+//
+// A Sequence is what the scheduler batches and what owns blocks in the KV manager (one
+// kv::RequestId each). Its work is uniform: the KV of token_ids[0, num_computed_tokens)
+// is computed, the rest is pending. A fresh prompt, a decode (one pending token) and a
+// recompute after preemption (prompt + generated tokens pending) are all "compute the
+// pending tokens, then sample once all are computed".
+//
+// Parallel sampling: a request with n > 1 has ONE sequence (sample 0) until its prompt
+// is computed; then it forks into n (KvCacheManager::Fork shares every block) and each
+// sample draws its own first token from the same logits.
+//
+// Thread-safety: not thread-safe; owned by the Scheduler.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/sampler.h"
+#include "kv/kv_types.h"
+
+namespace kvmesh::engine {
+
+struct RequestState;
+
+enum class SequenceStatus : uint8_t { kWaiting, kRunning, kFinished };
+
+struct Sequence {
+  RequestState* request = nullptr;  // the owner; outlives this
+  kv::RequestId kv_id;
+  int32_t sample_index = 0;
+  int64_t creation_order = 0;  // scheduler-wide counter: the final tie-break
+  SequenceStatus status = SequenceStatus::kWaiting;
+  // Prompt + generated tokens.
+  std::vector<int32_t> token_ids;
+  // Mirrors the KV manager's count while the sequence holds blocks; 0 while waiting.
+  int32_t num_computed_tokens = 0;
+  // Positions below this are prefill work: the prompt, or prompt + outputs after a
+  // preemption. Later positions are decode tokens. For the prefill-token statistics.
+  int32_t num_prefill_tokens = 0;
+  // Created at the first sample (lazily: 2 x vocab floats of scratch each).
+  std::optional<SequenceSampler> sampler;
+  CompletionFinishReason finish_reason = CompletionFinishReason::kNone;
+  std::optional<int32_t> stop_token_id;
+  int32_t num_preemptions = 0;
+  // Not yet reported in a RequestOutput.
+  std::vector<int32_t> pending_token_ids;
+  std::vector<SampleResult> pending_logprobs;
+  bool finish_pending = false;
+
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  int32_t num_output_tokens() const;
+  bool finished() const { return status == SequenceStatus::kFinished; }
+};
+
+struct RequestState {
+  RequestState(const EngineRequest& request, int64_t arrival_order);
+
+  std::string request_id;
+  std::vector<int32_t> prompt_token_ids;
+  SamplingParams sampling_params;
+  int32_t n = 1;
+  int32_t priority = 0;
+  int64_t arrival_order = 0;
+  std::vector<int32_t> eos_token_ids;
+  StopChecker stop_checker;
+  // Sample 0 first; the others appear at the fork.
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  // The n samples exist (always true for n == 1 once sampling starts).
+  bool forked = false;
+  // Prefix-cache tokens at the first scheduling; -1 before it.
+  int32_t num_cached_prompt_tokens = -1;
+
+  int32_t num_prompt_tokens() const { return static_cast<int32_t>(prompt_token_ids.size()); }
+  // Sequence slots (max_num_seqs) the request takes once running: n before the fork.
+  int32_t num_seq_slots_if_unforked() const { return forked ? 1 : n; }
+  bool AllFinished() const;
+  // The SamplingParams of sample `index`: seed + index when seeded.
+  SamplingParams SampleParams(int32_t index) const;
+};
+
+}  // namespace kvmesh::engine
