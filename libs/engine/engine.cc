@@ -122,6 +122,7 @@ EngineStats Engine::stats() const {
   e.num_prefill_tokens = s.num_prefill_tokens;
   e.num_decode_tokens = s.num_decode_tokens;
   e.num_preemptions = s.num_preemptions;
+  e.num_deferred_for_prefix = s.num_deferred_for_prefix;
   e.num_steps = num_steps_;
   e.num_runner_failures = num_runner_failures_;
   e.num_finished_requests = s.num_finished_requests;

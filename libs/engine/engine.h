@@ -67,6 +67,7 @@ struct EngineStats {
   int64_t num_prefill_tokens = 0;
   int64_t num_decode_tokens = 0;
   int64_t num_preemptions = 0;
+  int64_t num_deferred_for_prefix = 0;  // admissions put off a step to share an in-flight prefix
   int64_t num_steps = 0;            // steps that ran a batch
   int64_t num_runner_failures = 0;  // steps whose Execute failed
   int64_t num_finished_requests = 0;

@@ -149,6 +149,19 @@ void Scheduler::AddChunk(Sequence* seq, int32_t num_new, const kv::KvAllocation&
   out->chunks.push_back(std::move(chunk));
 }
 
+absl::flat_hash_set<kv::BlockHash> Scheduler::InFlightBlockHashes() const {
+  absl::flat_hash_set<kv::BlockHash> in_flight;
+  const int32_t block_size = kv_.block_size_tokens();
+  for (const Sequence* seq : running_) {
+    // Blocks at or past the first one not yet fully computed.
+    for (size_t b = static_cast<size_t>(seq->num_computed_tokens / block_size); b < seq->admitted_block_hashes.size();
+         ++b) {
+      in_flight.insert(seq->admitted_block_hashes[b]);
+    }
+  }
+  return in_flight;
+}
+
 absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
   SchedulerOutput out;
   int32_t budget = options_.max_num_batched_tokens;
@@ -187,10 +200,21 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
   // 2. Waiting sequences, unless this step had to preempt (the pool is tight: vLLM
   // admits nothing new then either).
   if (out.num_preempted == 0) {
-    while (!waiting_.empty() && budget > 0) {
-      Sequence* seq = waiting_.front();
+    absl::flat_hash_set<kv::BlockHash> in_flight = InFlightBlockHashes();
+    size_t w = 0;
+    while (w < waiting_.size() && budget > 0) {
+      Sequence* seq = waiting_[w];
       if (NumRunningSlots() + seq->request->num_seq_slots_if_unforked() > options_.max_num_seqs) break;
       kv::ComputedPrefix prefix = kv_.FindCachedPrefix(seq->token_ids);
+      // NOTE: in-batch prefix sharing. When the first block this request would compute
+      // is being computed right now by a running sequence (same hash), defer it: a step
+      // later that block is a cache hit instead of duplicate prefill work.
+      const size_t first_uncached = prefix.blocks.size();
+      if (first_uncached < prefix.block_hashes.size() && in_flight.contains(prefix.block_hashes[first_uncached])) {
+        ++stats_.num_deferred_for_prefix;
+        ++w;
+        continue;
+      }
       int32_t pending = seq->num_tokens() - prefix.num_tokens;
       if (options_.enable_chunked_prefill && options_.long_prefill_token_threshold > 0) {
         pending = std::min(pending, options_.long_prefill_token_threshold);
@@ -202,9 +226,13 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
         if (alloc.status().code() == absl::StatusCode::kResourceExhausted) break;  // wait for room
         return KvBroken(alloc.status(), "AllocateSlots for a waiting sequence");
       }
-      waiting_.pop_front();
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
       seq->status = SequenceStatus::kRunning;
       seq->num_computed_tokens = prefix.num_tokens;
+      seq->admitted_block_hashes = std::move(prefix.block_hashes);
+      for (size_t b = first_uncached; b < seq->admitted_block_hashes.size(); ++b) {
+        in_flight.insert(seq->admitted_block_hashes[b]);  // later admissions this step see it too
+      }
       RequestState* request = seq->request;
       if (request->num_cached_prompt_tokens < 0) {
         request->num_cached_prompt_tokens = std::min(prefix.num_tokens, request->num_prompt_tokens());

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/model_runner.h"
@@ -89,6 +90,9 @@ struct SchedulerStats {
   int32_t num_running_seqs = 0;
   int32_t num_waiting_seqs = 0;
   int64_t num_preemptions = 0;
+  // Admissions put off one step because a running sequence was computing the same
+  // prefix block (in-batch prefix sharing).
+  int64_t num_deferred_for_prefix = 0;
   int64_t num_prefill_tokens = 0;  // computed prefill tokens (cache hits excluded, recomputes included)
   int64_t num_decode_tokens = 0;
   int64_t num_finished_requests = 0;  // every end: stop, length, abort, error
@@ -148,6 +152,8 @@ class Scheduler {
   absl::Status CheckInvariants() const;
 
  private:
+  // Hashes of prompt blocks that running sequences have not finished computing.
+  absl::flat_hash_set<kv::BlockHash> InFlightBlockHashes() const;
   Scheduler(const SchedulerOptions& options, kv::KvCacheManager& kv, int32_t vocab_size);
 
   // Pending tokens to schedule for `seq` under `budget` (before the no-chunking rule).

@@ -48,6 +48,10 @@ struct Sequence {
   CompletionFinishReason finish_reason = CompletionFinishReason::kNone;
   std::optional<int32_t> stop_token_id;
   int32_t num_preemptions = 0;
+  // Hashes of the full blocks of token_ids as of admission (empty without prefix
+  // caching): while num_computed_tokens has not reached one of them, a waiting
+  // request with the same block defers instead of computing it twice.
+  std::vector<kv::BlockHash> admitted_block_hashes;
   // Not yet reported in a RequestOutput.
   std::vector<int32_t> pending_token_ids;
   std::vector<SampleResult> pending_logprobs;

@@ -148,9 +148,10 @@ int RunBenchThroughput(int argc, char** argv) {
               static_cast<long long>(stats.prefix_cache_queries), static_cast<long long>(stats.prefix_cache_hits),
               static_cast<long long>(stats.prefix_cache_hit_tokens),
               static_cast<long long>(stats.prefix_cache_query_tokens));
-  std::printf("KV cache         %d blocks: %d used, %d cached, %d free at the end; %lld preemptions; %lld steps\n",
+  std::printf("KV cache         %d blocks: %d used, %d cached, %d free at the end; %lld preemptions; %lld deferred admissions; %lld steps\n",
               stats.num_kv_blocks, stats.num_kv_blocks_used, stats.num_kv_blocks_cached, stats.num_kv_blocks_free,
-              static_cast<long long>(stats.num_preemptions), static_cast<long long>(stats.num_steps));
+              static_cast<long long>(stats.num_preemptions), static_cast<long long>(stats.num_deferred_for_prefix),
+              static_cast<long long>(stats.num_steps));
   return 0;
 }
 

@@ -150,6 +150,39 @@ int LinearSweep(Backend& backend) {
       std::fflush(stdout);
     }
   }
+  // A whole step's linears of the default model (8 layers of qkv, o, gate_up,
+  // down, then lm_head; bf16, ~78 MB: weights come from the LLC, not L2).
+  std::vector<std::unique_ptr<PackedLinear>> linears;
+  double step_flops_per_row = 0.0;
+  for (int layer = 0; layer < 8; ++layer) {
+    for (const Shape& s : shapes) {
+      if (s.n == 32000) continue;
+      const std::vector<uint16_t> w16 = ToBf16(RandomFloats(s.n * s.k, 10 + layer));
+      TensorView wv = TensorView::Contiguous(const_cast<uint16_t*>(w16.data()), DType::kBF16, {s.n, s.k});
+      linears.push_back(backend.PackLinear({&wv, 1}, {}).value());
+      step_flops_per_row += 2.0 * static_cast<double>(s.n * s.k);
+    }
+  }
+  {
+    const std::vector<uint16_t> head = ToBf16(RandomFloats(32000 * 512, 110));
+    TensorView hv = TensorView::Contiguous(const_cast<uint16_t*>(head.data()), DType::kBF16, {32000, 512});
+    linears.push_back(backend.PackLinear({&hv, 1}, {}).value());
+    step_flops_per_row += 2.0 * 32000 * 512;
+  }
+  std::printf("%-18s %5s", "model step", "bf16");
+  for (int64_t m : ms) {
+    const std::vector<float> x = RandomFloats(m * 1408, 3);
+    std::vector<float> y(static_cast<size_t>(m * 32000));
+    auto step = [&] {
+      for (const auto& l : linears) {
+        backend.Linear(TensorView::Contiguous(const_cast<float*>(x.data()), DType::kF32, {m, l->in_features()}), *l,
+                       TensorView::Contiguous(y.data(), DType::kF32, {m, l->out_features()}));
+      }
+    };
+    const double t = MedianSeconds(step, 11);
+    std::printf(" %10.1f", step_flops_per_row * static_cast<double>(m) / t / 1e9);
+  }
+  std::printf("\n");
   return 0;
 }
 

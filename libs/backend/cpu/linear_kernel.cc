@@ -191,7 +191,8 @@ void Gemv(const LinearCtx& c, int64_t p_begin, int64_t p_end) {
 // b: the panel's K block (row k at b + k * 32 elements of T).
 template <ElemType T, int R>
 void Micro(const float* a, int64_t lda, const void* b, int64_t kc, float* out, int64_t ldo, int64_t col0, int64_t n,
-           bool accumulate, const float* bias) {
+           bool accumulate, const float* bias, bool prefetch) {
+  constexpr int64_t kRowBytes = kPanelCols * (T == ElemType::kBF16 ? 2 : 4);
   V acc[R][kNV];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
@@ -203,6 +204,13 @@ void Micro(const float* a, int64_t lda, const void* b, int64_t kc, float* out, i
     }
   }
   for (int64_t k = 0; k < kc; ++k) {
+    // The first tile of a K block streams the panel from the LLC: prefetch
+    // ahead as the GEMV does (the later tiles find it in L1/L2).
+    if (prefetch) {
+#pragma GCC unroll 2
+      for (int64_t off = 0; off < kRowBytes; off += 64)
+        Prefetch(static_cast<const char*>(b) + k * kRowBytes + off + kPrefetchBytes);
+    }
     V w[kNV];
     LoadPanelRow<T>(b, k, w);
 #pragma GCC unroll 16
@@ -217,7 +225,7 @@ void Micro(const float* a, int64_t lda, const void* b, int64_t kc, float* out, i
 }
 
 using MicroFn = void (*)(const float*, int64_t, const void*, int64_t, float*, int64_t, int64_t, int64_t, bool,
-                         const float*);
+                         const float*, bool);
 template <ElemType T>
 struct MicroTable {
 #if defined(KVMESH_CPU_AVX512)
@@ -248,7 +256,7 @@ void Gemm(const LinearCtx& c, int64_t p_begin, int64_t p_end) {
           const int rows = static_cast<int>(mb * (t + 1) / tiles - r0);
           const int64_t row = i0 + r0;
           MicroTable<T>::kFns[rows](c.x + row * c.k + k0, c.k, b, kc, c.out + row * c.n, c.n, p * kPanelCols, c.n,
-                                    k0 > 0, last ? c.bias : nullptr);
+                                    k0 > 0, last ? c.bias : nullptr, t == 0);
         }
       }
     }

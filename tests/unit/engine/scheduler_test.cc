@@ -249,6 +249,38 @@ TEST(SchedulerTest, PrefixCacheHitSkipsCachedTokens) {
   h.ExpectReferenceOutputs();
 }
 
+TEST(SchedulerTest, RequestsArrivingTogetherShareAPrefixBeingComputed) {
+  // b and c share a's 16-token prefix and arrive in the same step. Instead of three
+  // copies of the prefix in one batch, b and c wait one step and hit the cache.
+  Harness h({});
+  std::vector<int32_t> b = Prompt(16), c = Prompt(16);
+  for (int32_t t : {9, 8, 7}) b.push_back(t);
+  for (int32_t t : {5, 6}) c.push_back(t);
+  h.Add(Req("a", Prompt(18), Greedy(3)));
+  h.Add(Req("b", b, Greedy(3)));
+  h.Add(Req("c", c, Greedy(3)));
+  const SchedulerOutput first = h.Step();
+  ASSERT_EQ(first.chunks.size(), 1u);  // only a: b and c are deferred
+  EXPECT_EQ(h.scheduler->stats().num_deferred_for_prefix, 2);
+  const SchedulerOutput second = h.Step();
+  ASSERT_EQ(second.chunks.size(), 3u);  // a's decode, then b and c from position 16
+  EXPECT_EQ(second.chunks[1].start_position, 16);
+  EXPECT_EQ(second.chunks[2].start_position, 16);
+  h.RunToCompletion();
+  EXPECT_EQ(h.scheduler->stats().num_prefill_tokens, 18 + 3 + 2);
+  h.ExpectReferenceOutputs();
+}
+
+TEST(SchedulerTest, NoDeferralWithoutPrefixCaching) {
+  Harness h({}, 64, /*prefix_caching=*/false);
+  h.Add(Req("a", Prompt(18), Greedy(2)));
+  h.Add(Req("b", Prompt(17), Greedy(2)));
+  EXPECT_EQ(h.Step().chunks.size(), 2u);
+  EXPECT_EQ(h.scheduler->stats().num_deferred_for_prefix, 0);
+  h.RunToCompletion();
+  h.ExpectReferenceOutputs();
+}
+
 TEST(SchedulerTest, FcfsPreemptsTheLastAdmittedAndItRecomputesTheSameTokens) {
   // 6 blocks of 4: a and b (8-token prompts) each grow to 3 blocks; at position 12 a
   // needs a fourth and the pool is empty, so b (admitted last) is preempted.
