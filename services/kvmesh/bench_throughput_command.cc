@@ -16,6 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "cli_common.h"
+#include "core/memory_info.h"
 #include "commands.h"
 #include "engine/engine.h"
 #include "engine/paged_model_runner.h"
@@ -27,7 +28,9 @@ ABSL_FLAG(int, shared_prefix_len, 0, "Leading prompt tokens every request shares
 ABSL_FLAG(int, concurrency, 16, "Requests in flight at once.");
 ABSL_FLAG(int, max_num_seqs, 64, "Scheduler: sequences per step.");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "Scheduler: token budget per step.");
-ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{1} << 30, "KV pool size in bytes.");
+ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{1} << 30, "KV pool size in bytes (unless --kv-cache-memory-fraction).");
+ABSL_FLAG(double, kv_cache_memory_fraction, 0.0,
+          "Size the KV pool as this fraction of the host's available memory (0: use --kv-cache-bytes).");
 ABSL_FLAG(int, block_size, 16, "KV block size in tokens.");
 ABSL_FLAG(bool, enable_prefix_caching, true, "Reuse cached KV blocks of shared prefixes.");
 ABSL_FLAG(int, workload_seed, 1, "Seed of the random prompts.");
@@ -67,8 +70,15 @@ int RunBenchThroughput(int argc, char** argv) {
   if (num_prompts < 1 || input_len < 1 || output_len < 1 || shared < 0 || shared > input_len)
     return Fail("need num_prompts, input_len, output_len >= 1 and 0 <= shared_prefix_len <= input_len");
 
+  int64_t kv_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  if (const double fraction = absl::GetFlag(FLAGS_kv_cache_memory_fraction); fraction > 0) {
+    if (fraction >= 1) return Fail("--kv-cache-memory-fraction must be in (0, 1)");
+    auto available = AvailableHostMemoryBytes();
+    if (!available.ok()) return Fail(std::string(available.status().message()));
+    kv_bytes = static_cast<int64_t>(fraction * static_cast<double>(*available));
+  }
   auto runner = engine::PagedModelRunner::Create(
-      model, {.block_size_tokens = absl::GetFlag(FLAGS_block_size), .kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes)});
+      model, {.block_size_tokens = absl::GetFlag(FLAGS_block_size), .kv_cache_bytes = kv_bytes});
   if (!runner.ok()) return Fail(std::string(runner.status().message()));
   engine::EngineOptions options;
   options.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);

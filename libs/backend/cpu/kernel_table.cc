@@ -16,6 +16,7 @@ const KernelTable& Avx2Kernels() {
 #endif
   static constexpr KernelTable kTable = {
       .isa = kIsaName,
+      .amx_bf16 = false,
       .linear = &isa::Linear,
       .embedding = &isa::Embedding,
       .rms_norm = &isa::RmsNorm,

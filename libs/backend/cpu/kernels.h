@@ -13,7 +13,11 @@ namespace kvmesh::backend::cpu {
 // Output columns per weight panel. Both ISAs read the same packed layout.
 inline constexpr int kPanelCols = 32;
 
-enum class ElemType : uint8_t { kF32, kBF16, kF16 };
+// kBF16Amx appears only in PackedPanels packed for a table with amx_bf16 set.
+enum class ElemType : uint8_t { kF32, kBF16, kF16, kBF16Amx };
+
+// AMX (kBF16Amx) panels: K is padded with zeros to a multiple of kAmxK.
+inline constexpr int kAmxK = 32;
 
 // A linear layer packed into panels of kPanelCols output columns.
 // Panel p, reduction index k holds the weights of columns p*32 .. p*32+31:
@@ -21,6 +25,10 @@ enum class ElemType : uint8_t { kF32, kBF16, kF16 };
 //  - kBF16: 16 dwords, dword j = (column j in its low half, column 16+j in its
 //    high half), so that `w << 16` and `w & 0xffff0000` widen to f32 without a
 //    shuffle (see vec.h Bf16Low/Bf16High).
+//  - kBF16Amx (the AMX table only): K padded with zeros to kp = a multiple of
+//    32; per block of 32 k, two 1 KiB AMX B tiles in the VNNI layout, columns
+//    0..15 then 16..31: tile row r (k pair 2r, 2r+1) holds, for column j,
+//    bf16 pair (w[j][k0 + 2r], w[j][k0 + 2r + 1]). A panel is kp * 64 bytes.
 // Columns past `n` in the last panel are zero. Panels are 64-byte aligned.
 struct PackedPanels {
   const void* data = nullptr;  // [num_panels, k, 32]
@@ -50,6 +58,8 @@ struct PagedAttentionParams {
 
 struct KernelTable {
   const char* isa;
+  // Pack bf16 linear weights as kBF16Amx (else kBF16) for `linear`.
+  bool amx_bf16;
   // out[m, :] = x[m, :] . W^T (+ bias). x: [m, k] f32; out: [m, n] f32. Every
   // output element is one FMA chain over k = 0..K-1 in order, then + bias, so a
   // row's result does not depend on m or on its position in the batch.
@@ -79,5 +89,9 @@ struct KernelTable {
 // Defined by the per-ISA builds. Call only when the CPU supports that ISA.
 const KernelTable& Avx512Kernels();
 const KernelTable& Avx2Kernels();
+// The AVX-512 table with an AMX-BF16 linear for bf16 weights. Call only when the
+// CPU has AVX-512 and AMX-BF16 and the process may use AMX tile data
+// (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA succeeded).
+const KernelTable& AmxKernels();
 
 }  // namespace kvmesh::backend::cpu
