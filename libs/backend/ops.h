@@ -116,13 +116,16 @@ std::unique_ptr<Backend> CreateReferenceBackend();
 struct CpuBackendOptions {
   // Threads for the kernels; <= 0 means one per core.
   int num_threads = 0;
-  // "auto" picks AVX-512 when the CPU has it, else AVX2; "avx2" forces the fallback;
-  // "avx512" insists on AVX-512 (F/BW/VL/DQ).
+  // "auto" picks AMX (AVX-512 + AMX-BF16 for bf16 Linear) when the CPU and OS
+  // allow it, else AVX-512 when the CPU has it, else AVX2; "avx2" forces the
+  // fallback; "avx512" insists on AVX-512 (F/BW/VL/DQ) without AMX; "amx" insists on AMX.
   std::string_view isa = "auto";
 };
 // FailedPrecondition if the CPU lacks AVX2+FMA+F16C (or the ISA asked for);
-// InvalidArgument for an unknown `isa`. The backend's name() is "cpu-avx512" or
-// "cpu-avx2". Linear is batch invariant: a row's result is bitwise the same for
+// InvalidArgument for an unknown `isa`. The backend's name() is "cpu-amx",
+// "cpu-avx512" or "cpu-avx2". On AMX, bf16-weight Linear splits each f32
+// activation into two bf16 terms (relative error <= 2^-16 per product, plus f32
+// accumulation). Linear is batch invariant: a row's result is bitwise the same for
 // every M, position in the batch and thread count.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options);
 

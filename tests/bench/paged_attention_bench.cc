@@ -22,6 +22,7 @@
 
 #include "backend/cpu/memory_bandwidth.h"
 #include "backend/ops.h"
+#include "kv/kv_layout.h"
 #include "core/tensor_view.h"
 
 namespace kvmesh::backend {
@@ -56,7 +57,7 @@ constexpr int64_t kBlockSize = 16;
 
 // A pool holding `num_seqs` contexts of `context` tokens in shuffled blocks.
 struct Setup {
-  std::vector<float> cache;
+  std::unique_ptr<kvmesh::kv::KvStorage> cache;  // the engine's own pool type (huge-page advised)
   std::vector<float> q;
   std::vector<float> out;
   std::vector<int32_t> query_start;
@@ -75,9 +76,15 @@ Setup MakeSetup(const Model& m, int64_t num_seqs, int64_t context, int64_t queri
   std::mt19937 rng(seed);
   std::shuffle(pool.begin(), pool.end(), rng);
   s.tables = pool;
-  s.cache.resize(static_cast<size_t>(s.num_blocks * 2 * m.hkv * kBlockSize * m.d));
+  s.cache = kvmesh::kv::KvStorage::Create({.num_layers = 1,
+                                           .num_kv_heads = static_cast<int32_t>(m.hkv),
+                                           .head_dim = static_cast<int32_t>(m.d),
+                                           .block_size_tokens = static_cast<int32_t>(kBlockSize),
+                                           .num_blocks = static_cast<int32_t>(s.num_blocks)})
+                .value();
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (auto& x : s.cache) x = dist(rng);
+  float* cache = reinterpret_cast<float*>(s.cache->data());
+  for (int64_t i = 0; i < s.num_blocks * 2 * m.hkv * kBlockSize * m.d; ++i) cache[i] = dist(rng);
   const int64_t t = num_seqs * queries_per_seq;
   s.q.resize(static_cast<size_t>(t * m.h * m.d));
   for (auto& x : s.q) x = dist(rng);
@@ -94,8 +101,7 @@ double Run(Backend& backend, const Model& m, Setup& s) {
   const int64_t t = s.query_start.back();
   const TensorView q = TensorView::Contiguous(s.q.data(), DType::kF32, {t, m.h, m.d});
   const TensorView out = TensorView::Contiguous(s.out.data(), DType::kF32, {t, m.h, m.d});
-  const TensorView cache =
-      TensorView::Contiguous(s.cache.data(), DType::kF32, {s.num_blocks, 2, m.hkv, kBlockSize, m.d});
+  const TensorView cache = s.cache->LayerView(0);
   const PagedAttentionBatch batch{s.query_start, s.context_lens, s.tables, s.max_blocks};
   const float scale = 1.0f / std::sqrt(static_cast<float>(m.d));
   return MedianSeconds([&] { backend.PagedAttention(q, cache, batch, scale, out); });

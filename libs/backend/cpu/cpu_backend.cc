@@ -1,11 +1,14 @@
-// The CPU backend: picks the AVX-512 or AVX2 kernel table at creation (cpuid),
+// The CPU backend: picks the AMX, AVX-512 or AVX2 kernel table at creation (cpuid),
 // packs linear weights into the panel layout of cpu/kernels.h and forwards
 // each op to the table. This file is compiled without ISA flags: it must run
 // (and fail cleanly) on any x86-64.
 //
 // Thread-safety: the backend holds no mutable state after creation; calls may
 // run concurrently on distinct outputs (each call opens its own OpenMP team).
+#include <cpuid.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -98,9 +101,12 @@ class CpuBackend final : public Backend {
     const int64_t n = info->out_features;
     const int64_t k = info->in_features;
     const bool bf16 = info->dtype == DType::kBF16;
+    const bool amx = bf16 && kernels_.amx_bf16;
     const int64_t num_panels = (n + cpu::kPanelCols - 1) / cpu::kPanelCols;
     const int64_t elem_bytes = bf16 ? 2 : 4;
-    const int64_t panel_elems = k * cpu::kPanelCols;
+    // AMX panels pad K with zeros to whole 32-k blocks (cpu/kernels.h).
+    const int64_t kp = amx ? (k + cpu::kAmxK - 1) / cpu::kAmxK * cpu::kAmxK : k;
+    const int64_t panel_elems = kp * cpu::kPanelCols;
     AlignedBuffer data = AllocateAligned(num_panels * panel_elems * elem_bytes);
     if (data == nullptr) return absl::ResourceExhaustedError("PackLinear: out of memory");
 
@@ -118,7 +124,14 @@ class CpuBackend final : public Backend {
         const int64_t row = p * cpu::kPanelCols + col;
         const TensorView* w = row < n ? rows[row].first : nullptr;
         const int64_t src_row = row < n ? rows[row].second : 0;
-        if (bf16) {
+        if (amx) {
+          // Block kb of 32 k: tile (col / 16), row (k % 32) / 2, pair slot col % 16, half k % 2.
+          uint16_t* dst = static_cast<uint16_t*>(data.get()) + p * panel_elems + (col / 16) * 512 + (col % 16) * 2;
+          const uint16_t* src = w ? static_cast<const uint16_t*>(w->data) + src_row * w->strides[0] : nullptr;
+          for (int64_t kk = 0; kk < kp; ++kk) {
+            dst[(kk / 32) * 1024 + ((kk % 32) / 2) * 32 + kk % 2] = src && kk < k ? src[kk] : 0;
+          }
+        } else if (bf16) {
           // dword j of a k-row = (column j, column 16 + j): see cpu/kernels.h.
           uint16_t* dst = static_cast<uint16_t*>(data.get()) + p * panel_elems;
           const int slot = col < 16 ? 2 * col : 2 * (col - 16) + 1;
@@ -144,7 +157,7 @@ class CpuBackend final : public Backend {
     }
     cpu::PackedPanels panels = {
         .data = data.get(),
-        .type = bf16 ? cpu::ElemType::kBF16 : cpu::ElemType::kF32,
+        .type = amx ? cpu::ElemType::kBF16Amx : bf16 ? cpu::ElemType::kBF16 : cpu::ElemType::kF32,
         .n = n,
         .k = k,
         .num_panels = num_panels,
@@ -278,12 +291,32 @@ bool HasAvx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
+// AVX-512, cpuid AMX-TILE and AMX-BF16, and the kernel's permission to use
+// tile data (Linux >= 5.16: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA),
+// process-wide, asked once). False on any failure, so the AVX-512 table runs.
+bool HasAmx() {
+  static const bool has_amx = [] {
+    if (!HasAvx512()) return false;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const bool amx_bf16 = (edx >> 22) & 1u;
+    const bool amx_tile = (edx >> 24) & 1u;
+    if (!amx_bf16 || !amx_tile) return false;
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return has_amx;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options) {
   const cpu::KernelTable* kernels = nullptr;
   if (options.isa == "auto") {
-    if (HasAvx512()) {
+    if (HasAmx()) {
+      kernels = &cpu::AmxKernels();
+    } else if (HasAvx512()) {
       kernels = &cpu::Avx512Kernels();
     } else if (HasAvx2()) {
       kernels = &cpu::Avx2Kernels();
@@ -292,14 +325,19 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOption
     if (HasAvx512()) kernels = &cpu::Avx512Kernels();
   } else if (options.isa == "avx2") {
     if (HasAvx2()) kernels = &cpu::Avx2Kernels();
+  } else if (options.isa == "amx") {
+    if (HasAmx()) kernels = &cpu::AmxKernels();
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("CreateCpuBackend: unknown isa \"", absl::string_view(options.isa.data(), options.isa.size()),
-                     "\" (want auto, avx512 or avx2)"));
+                     "\" (want auto, amx, avx512 or avx2)"));
   }
   if (kernels == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "CreateCpuBackend: this CPU lacks ", options.isa == "avx512" ? "AVX-512 (F/BW/VL/DQ)" : "AVX2+FMA+F16C"));
+        "CreateCpuBackend: this CPU lacks ",
+        options.isa == "avx512" ? "AVX-512 (F/BW/VL/DQ)"
+        : options.isa == "amx"  ? "AVX-512 + AMX-BF16 (or the kernel denied AMX tile data)"
+                                : "AVX2+FMA+F16C"));
   }
   int threads = options.num_threads;
   if (threads > 0) {
