@@ -119,6 +119,7 @@ struct CpuBackendOptions {
   // "auto" picks AMX (AVX-512 + AMX-BF16 for bf16 Linear) when the CPU and OS
   // allow it, else AVX-512 when the CPU has it, else AVX2; "avx2" forces the
   // fallback; "avx512" insists on AVX-512 (F/BW/VL/DQ) without AMX; "amx" insists on AMX.
+  // The environment variable KVMESH_CPU_ISA, when set, replaces "auto".
   std::string_view isa = "auto";
 };
 // FailedPrecondition if the CPU lacks AVX2+FMA+F16C (or the ISA asked for);

@@ -3,28 +3,28 @@
 // reached only through AmxKernels() (cpu_backend.cc checks cpuid and asks the
 // kernel for tile-data permission first).
 //
-// Activations are not rounded to bf16: each f32 x is split exactly into
-// x = hi + lo + r with hi = bf16(x), lo = bf16(x - hi) (both round to nearest
-// even; x - hi is exact), |r| <= 2^-16 |x|. hi*w and lo*w are exact in f32 for
-// a bf16 weight w, so
-//   out[m, n] = (sum_k hi[m, k] w[n, k]) + (sum_k lo[m, k] w[n, k]) (+ bias[n])
-// misses the f32 product sum by at most 2^-16 sum_k |x w| plus the two chains'
-// f32 rounding (~K 2^-24 sum_k |x w|): the bound the tests check.
+// Activations are not rounded to bf16: each f32 x is split exactly into three
+// bf16 terms, x = t0 + t1 + t2 + r with t0 = bf16(x), t1 = bf16(x - t0),
+// t2 = bf16(x - t0 - t1) (round to nearest even; the differences are exact),
+// |r| <= 2^-24 |x|. A bf16 x bf16 product is exact in f32, so
+//   out[m, n] = sum over k blocks kb of (t0.w + t1.w + t2.w over the block) (+ bias)
+// is one f32 accumulation of 3K exact products: like the AVX-512 FMA chain,
+// its error is at most ~(3K + 2) 2^-24 sum_k |x w|: the bound the tests check.
 //
-// Layout. Eight rows of x form a group: one 16-row AMX A tile holds their hi
-// parts in tile rows 0..7 and their lo parts in rows 8..15 (absent rows are
-// zero), so one TDPBF16PS against a weight tile (32 k x 16 columns, the
-// kBF16Amx layout of kernels.h) yields both partial sums of 8 rows. The
-// micro-kernel takes two groups (16 rows of x) x one 32-column panel: A0, A1,
-// B0, B1 and four C tiles fill the eight tile registers; the weights of a
-// panel are loaded once per 16 rows (once per step for M <= 16).
+// Layout. Rows of x are taken 16 at a time (a "block"); its split is three
+// 16-row AMX A tiles per 32 k (term 0, 1, 2; absent rows zero). The
+// micro-kernel takes two blocks (32 rows of x) x one 32-column panel: two A
+// registers (alternating), B0 and B1 (columns 0..15, 16..31 of the kBF16Amx
+// layout, kernels.h) and four C tiles fill the eight tile registers. Per 32 k
+// the C tile of a row block accumulates TDPBF16PS with term 0, 1, 2 in turn;
+// the weights of a panel are loaded once per 32 rows (once per step for M <= 32).
 //
-// Batch invariance. A C tile row depends only on its A row, the B tiles and
-// the order of the K blocks, which is fixed (k = 0, 32, 64, ...), so every
-// output is the same sequence of operations whatever M, the row's place in
-// its group or batch, or the thread count; then out = (hi sum + lo sum) + bias
-// in that order. Every M >= 1 takes this path (no separate GEMV), so decode
-// rows get the same bits as prefill rows.
+// Batch invariance. A C tile row depends only on its A rows, the B tiles and
+// the fixed order of the products (k blocks ascending; within one, terms 0,
+// 1, 2), so every output is the same sequence of operations whatever M, the
+// row's place in its block or batch, or the thread count; then out = C + bias.
+// Every M >= 1 takes this path (no separate GEMV), so decode rows get the same
+// bits as prefill rows.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -42,12 +42,14 @@ namespace {
 using avx512::Max;
 using avx512::Min;
 
-constexpr int kGroupRows = 8;              // rows of x per A tile (hi + lo = 16 tile rows)
+constexpr int kBlockRows = 16;             // rows of x per A tile
+constexpr int kTerms = 3;                  // bf16 terms per f32 activation
 constexpr int64_t kTileBytes = 1024;       // one 16 x 64-byte tile
 constexpr int64_t kABlockBytes = 1 << 20;  // target size of a block of split x (stays in L2)
-constexpr int64_t kPrefetchBlocks = 2;     // weight prefetch distance, in 32-k blocks of a panel
+constexpr int64_t kPrefetchBlocks = 6;     // weight prefetch distance, in 32-k blocks of a panel
 
-// ldtilecfg's 64-byte operand (palette 1): all eight tiles 16 rows x 64 bytes.
+// ldtilecfg's 64-byte operand (palette 1): tiles 0, 1 (A) and 4..7 (C) have
+// `rows` rows, tiles 2, 3 (B) 16; all 64 bytes wide.
 struct alignas(64) TileConfig {
   uint8_t palette_id;
   uint8_t start_row;
@@ -56,15 +58,26 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 static_assert(sizeof(TileConfig) == 64);
+
+constexpr TileConfig MakeTileConfig(int rows) {
+  TileConfig cfg = {};
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = static_cast<uint8_t>(t == 2 || t == 3 ? 16 : rows);
+  }
+  return cfg;
+}
+
 // Static storage: GCC's _tile_loadconfig declares only 8 bytes of its operand
-// as read, so a stack copy's other stores could be dropped.
-alignas(64) const TileConfig kTileConfig = {
-    .palette_id = 1,
-    .start_row = 0,
-    .reserved = {},
-    .colsb = {64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0},
-    .rows = {16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0},
-};
+// as read, so a stack copy's other stores could be dropped. Index: A/C rows;
+// M < 16 (one row block) uses M rows: a TDPBF16PS costs per row, and a C row's
+// value does not depend on how many rows the tile has.
+alignas(64) constexpr TileConfig kTileConfigs[kBlockRows + 1] = {
+    MakeTileConfig(0),  MakeTileConfig(1),  MakeTileConfig(2),  MakeTileConfig(3),  MakeTileConfig(4),
+    MakeTileConfig(5),  MakeTileConfig(6),  MakeTileConfig(7),  MakeTileConfig(8),  MakeTileConfig(9),
+    MakeTileConfig(10), MakeTileConfig(11), MakeTileConfig(12), MakeTileConfig(13), MakeTileConfig(14),
+    MakeTileConfig(15), MakeTileConfig(16)};
 
 // Per calling thread: the split activations, grown as needed.
 struct Scratch {
@@ -96,8 +109,9 @@ KVMESH_VEC_INLINE __m512i RoundToBf16(__m512i bits) {
   return _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
 }
 
-// One row of x (k floats) -> hi and lo rows of kp bf16 (zero past k).
-void SplitRow(const float* x, int64_t k, int64_t kp, uint16_t* hi, uint16_t* lo) {
+// One row of x (k floats) -> kTerms bf16 rows of kp (zero past k), term t at
+// dst + t * term_stride.
+void SplitRow(const float* x, int64_t k, int64_t kp, uint16_t* dst, int64_t term_stride) {
   for (int64_t i = 0; i < kp; i += 16) {
     __m512 v;
     if (i + 16 <= k) {
@@ -107,17 +121,19 @@ void SplitRow(const float* x, int64_t k, int64_t kp, uint16_t* hi, uint16_t* lo)
     } else {
       v = _mm512_setzero_ps();
     }
-    const __m512i h = RoundToBf16(_mm512_castps_si512(v));
-    const __m512 rest = _mm512_sub_ps(v, _mm512_castsi512_ps(h));  // exact
-    const __m512i l = RoundToBf16(_mm512_castps_si512(rest));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(hi + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lo + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(l, 16)));
+#pragma GCC unroll 3
+    for (int t = 0; t < kTerms; ++t) {
+      const __m512i h = RoundToBf16(_mm512_castps_si512(v));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst + t * term_stride + i),
+                         _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
+      v = _mm512_sub_ps(v, _mm512_castsi512_ps(h));  // exact
+    }
   }
 }
 
 struct AmxCtx {
-  const char* a;     // split x: [groups][16 rows][kp] bf16
-  int64_t a_stride;  // kp * 2 bytes
+  const char* a;     // split x: [blocks][kTerms][16 rows][kp] bf16
+  int64_t a_stride;  // kp * 2 bytes (one split row)
   int64_t kb;        // kp / 32
   int64_t m;
   int64_t n;
@@ -127,11 +143,11 @@ struct AmxCtx {
   float* out;
 };
 
-// Rows of group g (C tiles hi/lo of columns 0..15 and 16..31, [16][16] each)
-// -> out = (hi + lo) + bias, clipped at m and n.
-KVMESH_VEC_INLINE void StoreGroup(const AmxCtx& c, const float (*c0)[16], const float (*c1)[16], int64_t g,
+// Rows of block i (C tiles of columns 0..15 and 16..31) -> out = C + bias,
+// clipped at m and n.
+KVMESH_VEC_INLINE void StoreBlock(const AmxCtx& c, const float (*c0)[16], const float (*c1)[16], int64_t i,
                                   int64_t col0) {
-  const int rows = static_cast<int>(Min<int64_t>(kGroupRows, c.m - g * kGroupRows));
+  const int rows = static_cast<int>(Min<int64_t>(kBlockRows, c.m - i * kBlockRows));
   const int64_t cols = Min<int64_t>(32, c.n - col0);
   const __mmask16 mask0 = cols >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << cols) - 1u);
   const __mmask16 mask1 = cols >= 32 ? __mmask16{0xffff}
@@ -144,9 +160,9 @@ KVMESH_VEC_INLINE void StoreGroup(const AmxCtx& c, const float (*c0)[16], const 
     b1 = _mm512_loadu_ps(c.bias + col0 + 16);
   }
   for (int r = 0; r < rows; ++r) {
-    float* o = c.out + (g * kGroupRows + r) * c.n + col0;
-    __m512 v0 = _mm512_add_ps(_mm512_load_ps(c0[r]), _mm512_load_ps(c0[kGroupRows + r]));
-    __m512 v1 = _mm512_add_ps(_mm512_load_ps(c1[r]), _mm512_load_ps(c1[kGroupRows + r]));
+    float* o = c.out + (i * kBlockRows + r) * c.n + col0;
+    __m512 v0 = _mm512_load_ps(c0[r]);
+    __m512 v1 = _mm512_load_ps(c1[r]);
     if (c.bias != nullptr) {
       v0 = _mm512_add_ps(v0, b0);
       v1 = _mm512_add_ps(v1, b1);
@@ -156,12 +172,13 @@ KVMESH_VEC_INLINE void StoreGroup(const AmxCtx& c, const float (*c0)[16], const 
   }
 }
 
-// Groups g (and g + 1 when kTwo) against panel p.
+// Row blocks i (and i + 1 when kTwo) against panel p.
 template <bool kTwo>
-void AmxBlock(const AmxCtx& c, int64_t p, int64_t g, bool prefetch) {
+void AmxBlock(const AmxCtx& c, int64_t p, int64_t i, bool prefetch) {
   const char* b = c.panels + p * c.panel_bytes;
-  const char* a0 = c.a + g * 16 * c.a_stride;
-  const char* a1 = a0 + 16 * c.a_stride;
+  const int64_t term_bytes = kBlockRows * c.a_stride;
+  const char* a0 = c.a + i * kTerms * term_bytes;
+  const char* a1 = a0 + kTerms * term_bytes;
   _tile_zero(4);
   _tile_zero(5);
   if constexpr (kTwo) {
@@ -178,13 +195,36 @@ void AmxBlock(const AmxCtx& c, int64_t p, int64_t g, bool prefetch) {
     }
     _tile_loadd(2, bk, 64);
     _tile_loadd(3, bk + kTileBytes, 64);
-    _tile_loadd(0, a0 + kb * 64, c.a_stride);
+    const char* ak0 = a0 + kb * 64;
+    const char* ak1 = a1 + kb * 64;
+    // Term 0, 1, 2 in turn; two A registers alternate so a load need not wait
+    // for the previous products.
+    _tile_loadd(0, ak0, c.a_stride);
     _tile_dpbf16ps(4, 0, 2);
     _tile_dpbf16ps(5, 0, 3);
     if constexpr (kTwo) {
-      _tile_loadd(1, a1 + kb * 64, c.a_stride);
+      _tile_loadd(1, ak1, c.a_stride);
       _tile_dpbf16ps(6, 1, 2);
       _tile_dpbf16ps(7, 1, 3);
+      _tile_loadd(0, ak0 + term_bytes, c.a_stride);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_dpbf16ps(5, 0, 3);
+      _tile_loadd(1, ak1 + term_bytes, c.a_stride);
+      _tile_dpbf16ps(6, 1, 2);
+      _tile_dpbf16ps(7, 1, 3);
+      _tile_loadd(0, ak0 + 2 * term_bytes, c.a_stride);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_dpbf16ps(5, 0, 3);
+      _tile_loadd(1, ak1 + 2 * term_bytes, c.a_stride);
+      _tile_dpbf16ps(6, 1, 2);
+      _tile_dpbf16ps(7, 1, 3);
+    } else {
+      _tile_loadd(1, ak0 + term_bytes, c.a_stride);
+      _tile_dpbf16ps(4, 1, 2);
+      _tile_dpbf16ps(5, 1, 3);
+      _tile_loadd(0, ak0 + 2 * term_bytes, c.a_stride);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_dpbf16ps(5, 0, 3);
     }
   }
   alignas(64) float cbuf[4][16][16];
@@ -194,21 +234,21 @@ void AmxBlock(const AmxCtx& c, int64_t p, int64_t g, bool prefetch) {
     _tile_stored(6, cbuf[2], 64);
     _tile_stored(7, cbuf[3], 64);
   }
-  StoreGroup(c, cbuf[0], cbuf[1], g, p * kPanelCols);
-  if constexpr (kTwo) StoreGroup(c, cbuf[2], cbuf[3], g + 1, p * kPanelCols);
+  StoreBlock(c, cbuf[0], cbuf[1], i, p * kPanelCols);
+  if constexpr (kTwo) StoreBlock(c, cbuf[2], cbuf[3], i + 1, p * kPanelCols);
 }
 
-void AmxRange(const AmxCtx& c, int64_t groups, int64_t p_begin, int64_t p_end) {
-  _tile_loadconfig(&kTileConfig);
-  // Blocks of an even number of groups whose split x stays in L2; each panel
-  // is read from the LLC once per block (once per call for M <= ~1000).
-  const int64_t block = Max<int64_t>(2, kABlockBytes / (16 * c.a_stride) / 2 * 2);
-  for (int64_t g0 = 0; g0 < groups; g0 += block) {
-    const int64_t g_end = Min(groups, g0 + block);
+void AmxRange(const AmxCtx& c, int64_t blocks, int64_t p_begin, int64_t p_end) {
+  _tile_loadconfig(&kTileConfigs[Min<int64_t>(kBlockRows, c.m)]);
+  // Chunks of an even number of row blocks whose split x stays in L2; each
+  // panel is read from the LLC once per chunk (once per call for M <= ~300).
+  const int64_t chunk = Max<int64_t>(2, kABlockBytes / (kTerms * kBlockRows * c.a_stride) / 2 * 2);
+  for (int64_t i0 = 0; i0 < blocks; i0 += chunk) {
+    const int64_t i_end = Min(blocks, i0 + chunk);
     for (int64_t p = p_begin; p < p_end; ++p) {
-      int64_t g = g0;
-      for (; g + 2 <= g_end; g += 2) AmxBlock<true>(c, p, g, g == g0);
-      if (g < g_end) AmxBlock<false>(c, p, g, g == g0);
+      int64_t i = i0;
+      for (; i + 2 <= i_end; i += 2) AmxBlock<true>(c, p, i, i == i0);
+      if (i < i_end) AmxBlock<false>(c, p, i, i == i0);
     }
   }
   _tile_release();
@@ -216,18 +256,16 @@ void AmxRange(const AmxCtx& c, int64_t groups, int64_t p_begin, int64_t p_end) {
 
 void LinearAmx(const float* x, int64_t m, const PackedPanels& w, float* out, int num_threads) {
   const int64_t kp = (w.k + kAmxK - 1) / kAmxK * kAmxK;
-  const int64_t groups = (m + kGroupRows - 1) / kGroupRows;
-  uint16_t* a = GetScratch(groups * 16 * kp * 2);
-  for (int64_t g = 0; g < groups; ++g) {
-    for (int r = 0; r < kGroupRows; ++r) {
-      uint16_t* hi = a + (g * 16 + r) * kp;
-      uint16_t* lo = hi + kGroupRows * kp;
-      const int64_t row = g * kGroupRows + r;
+  const int64_t blocks = (m + kBlockRows - 1) / kBlockRows;
+  uint16_t* a = GetScratch(blocks * kTerms * kBlockRows * kp * 2);
+  for (int64_t i = 0; i < blocks; ++i) {
+    for (int r = 0; r < kBlockRows; ++r) {
+      uint16_t* dst = a + (i * kTerms * kBlockRows + r) * kp;
+      const int64_t row = i * kBlockRows + r;
       if (row < m) {
-        SplitRow(x + row * w.k, w.k, kp, hi, lo);
+        SplitRow(x + row * w.k, w.k, kp, dst, kBlockRows * kp);
       } else {
-        std::memset(hi, 0, static_cast<size_t>(kp) * 2);
-        std::memset(lo, 0, static_cast<size_t>(kp) * 2);
+        for (int t = 0; t < kTerms; ++t) std::memset(dst + t * kBlockRows * kp, 0, static_cast<size_t>(kp) * 2);
       }
     }
   }
@@ -246,14 +284,14 @@ void LinearAmx(const float* x, int64_t m, const PackedPanels& w, float* out, int
   const int64_t work = m * w.n * w.k;
   const int threads = work < (1 << 16) ? 1 : static_cast<int>(Min<int64_t>(num_threads, panels));
   if (threads <= 1) {
-    AmxRange(c, groups, 0, panels);
+    AmxRange(c, blocks, 0, panels);
     return;
   }
 #pragma omp parallel num_threads(threads)
   {
     const int64_t nt = omp_get_num_threads();
     const int64_t tid = omp_get_thread_num();
-    AmxRange(c, groups, panels * tid / nt, panels * (tid + 1) / nt);
+    AmxRange(c, blocks, panels * tid / nt, panels * (tid + 1) / nt);
   }
 }
 

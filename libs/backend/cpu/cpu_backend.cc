@@ -311,7 +311,13 @@ bool HasAmx() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& given) {
+  CpuBackendOptions options = given;
+  // KVMESH_CPU_ISA=amx|avx512|avx2 overrides "auto" (A/B runs of the whole
+  // server, e.g. the AVX-512 path on an AMX machine).
+  if (options.isa == "auto") {
+    if (const char* env = std::getenv("KVMESH_CPU_ISA"); env != nullptr && env[0] != '\0') options.isa = env;
+  }
   const cpu::KernelTable* kernels = nullptr;
   if (options.isa == "auto") {
     if (HasAmx()) {
