@@ -2,6 +2,8 @@
 # See ../shared/DEPENDENCIES.md for why each line looks the way it does.
 find_package(Threads REQUIRED)
 find_package(absl CONFIG REQUIRED)
+find_package(Protobuf REQUIRED)  # CMake's module: Debian ships no protobuf config
+find_package(gRPC CONFIG REQUIRED)
 find_package(nlohmann_json 3.11 CONFIG REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)

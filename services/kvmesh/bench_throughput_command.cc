@@ -16,8 +16,8 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "cli_common.h"
-#include "core/memory_info.h"
 #include "commands.h"
+#include "engine_flags.h"
 #include "engine/engine.h"
 #include "engine/paged_model_runner.h"
 
@@ -26,13 +26,6 @@ ABSL_FLAG(int, input_len, 128, "Prompt tokens per request (including the shared 
 ABSL_FLAG(int, output_len, 128, "Generated tokens per request.");
 ABSL_FLAG(int, shared_prefix_len, 0, "Leading prompt tokens every request shares (prefix-cache workload).");
 ABSL_FLAG(int, concurrency, 16, "Requests in flight at once.");
-ABSL_FLAG(int, max_num_seqs, 64, "Scheduler: sequences per step.");
-ABSL_FLAG(int, max_num_batched_tokens, 2048, "Scheduler: token budget per step.");
-ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{1} << 30, "KV pool size in bytes (unless --kv-cache-memory-fraction).");
-ABSL_FLAG(double, kv_cache_memory_fraction, 0.0,
-          "Size the KV pool as this fraction of the host's available memory (0: use --kv-cache-bytes).");
-ABSL_FLAG(int, block_size, 16, "KV block size in tokens.");
-ABSL_FLAG(bool, enable_prefix_caching, true, "Reuse cached KV blocks of shared prefixes.");
 ABSL_FLAG(int, workload_seed, 1, "Seed of the random prompts.");
 
 namespace kvmesh::cli {
@@ -58,7 +51,7 @@ int RunBenchThroughput(int argc, char** argv) {
   ParseSubcommandFlags(argc, argv,
                        "kvmesh bench throughput [--num-prompts N --input-len L --output-len L "
                        "--shared-prefix-len P --concurrency C]: offline engine throughput",
-                       {"bench_throughput_command"});
+                       {"bench_throughput_command", kEngineFlagsFile});
   auto loaded = LoadModelFromFlags(/*quiet=*/false);
   if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
   engine::LlamaModel& model = *loaded->model;
@@ -70,24 +63,11 @@ int RunBenchThroughput(int argc, char** argv) {
   if (num_prompts < 1 || input_len < 1 || output_len < 1 || shared < 0 || shared > input_len)
     return Fail("need num_prompts, input_len, output_len >= 1 and 0 <= shared_prefix_len <= input_len");
 
-  int64_t kv_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
-  if (const double fraction = absl::GetFlag(FLAGS_kv_cache_memory_fraction); fraction > 0) {
-    if (fraction >= 1) return Fail("--kv-cache-memory-fraction must be in (0, 1)");
-    auto available = AvailableHostMemoryBytes();
-    if (!available.ok()) return Fail(std::string(available.status().message()));
-    kv_bytes = static_cast<int64_t>(fraction * static_cast<double>(*available));
-  }
-  auto runner = engine::PagedModelRunner::Create(
-      model, {.block_size_tokens = absl::GetFlag(FLAGS_block_size), .kv_cache_bytes = kv_bytes});
-  if (!runner.ok()) return Fail(std::string(runner.status().message()));
-  engine::EngineOptions options;
-  options.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
-  options.scheduler.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
-  options.kv.block_size_tokens = absl::GetFlag(FLAGS_block_size);
-  options.kv.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
-  options.kv.record_events = false;
-  options.max_model_len = static_cast<int32_t>(model.config().max_position_embeddings);
-  auto engine = engine::Engine::Create(options, **runner);
+  auto built = BuildEngineFromFlags(model);
+  if (!built.ok()) return Fail(std::string(built.status().message()));
+  std::unique_ptr<engine::PagedModelRunner>& runner = built->runner;
+  const engine::EngineOptions& options = built->options;
+  auto engine = engine::Engine::Create(options, *runner);
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
 
   // The workload: random tokens from the tokenizer's range, a common prefix if asked.
@@ -145,8 +125,8 @@ int RunBenchThroughput(int argc, char** argv) {
   std::printf("workload         %d requests x (%d prompt + %d output tokens), shared prefix %d, concurrency %d\n",
               num_prompts, input_len, output_len, shared, concurrency);
   std::printf("engine           max_num_seqs %d, max_num_batched_tokens %d, KV %d blocks x %d tokens, %s\n",
-              options.scheduler.max_num_seqs, options.scheduler.max_num_batched_tokens, (*runner)->num_blocks(),
-              (*runner)->block_size_tokens(), std::string(loaded->backend->name()).c_str());
+              options.scheduler.max_num_seqs, options.scheduler.max_num_batched_tokens, runner->num_blocks(),
+              runner->block_size_tokens(), std::string(loaded->backend->name()).c_str());
   std::printf("throughput       %.2f requests/s, %.1f output tokens/s, %.1f total tokens/s (%.2f s)\n",
               num_prompts / seconds, output_tokens / seconds, (prompt_tokens + output_tokens) / seconds, seconds);
   std::printf("TTFT             p50 %.1f ms, p90 %.1f ms\n", 1e3 * Percentile(ttft, 50), 1e3 * Percentile(ttft, 90));

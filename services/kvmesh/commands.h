@@ -4,6 +4,7 @@
 
 namespace kvmesh::cli {
 
+int RunServe(int argc, char** argv);
 int RunGenerate(int argc, char** argv);
 int RunTokenize(int argc, char** argv);
 int RunBench(int argc, char** argv);

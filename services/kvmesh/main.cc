@@ -13,6 +13,7 @@ constexpr char kUsage[] =
     "Usage: kvmesh <command> [flags]      (kvmesh <command> --help for its flags)\n"
     "\n"
     "Commands:\n"
+    "  serve      The OpenAI-compatible server (REST) with the continuous-batching engine\n"
     "  generate   Generate text from a prompt and stream it to stdout (--json: one object per token)\n"
     "  tokenize   Print the token ids of --text (or standard input) as a JSON array\n"
     "  bench      Measure prefill and decode speed against the memory-bandwidth roofline\n"
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   // The subcommand sees argv[1..]: its own name as program name, then its flags.
+  if (command == "serve") return kvmesh::cli::RunServe(argc - 1, argv + 1);
   if (command == "generate") return kvmesh::cli::RunGenerate(argc - 1, argv + 1);
   if (command == "tokenize") return kvmesh::cli::RunTokenize(argc - 1, argv + 1);
   if (command == "bench") return kvmesh::cli::RunBench(argc - 1, argv + 1);

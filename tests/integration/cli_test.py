@@ -21,7 +21,7 @@ def run(*args, check=True, **kwargs):
 
 def test_help_lists_subcommands():
     out = run("--help").stdout
-    for cmd in ("generate", "tokenize", "bench"):
+    for cmd in ("serve", "generate", "tokenize", "bench"):
         assert cmd in out
 
 

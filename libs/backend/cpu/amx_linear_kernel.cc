@@ -18,6 +18,9 @@
 // layout, kernels.h) and four C tiles fill the eight tile registers. Per 32 k
 // the C tile of a row block accumulates TDPBF16PS with term 0, 1, 2 in turn;
 // the weights of a panel are loaded once per 32 rows (once per step for M <= 32).
+// For M <= 32 (batched decode) K is also cut into slabs whose split x stays in
+// L1 (AmxRangeSlabs); otherwise the tile loads of x from L2, not the products,
+// bound the step.
 //
 // Batch invariance. A C tile row depends only on its A rows, the B tiles and
 // the fixed order of the products (k blocks ascending; within one, terms 0,
@@ -238,8 +241,130 @@ void AmxBlock(const AmxCtx& c, int64_t p, int64_t i, bool prefetch) {
   if constexpr (kTwo) StoreBlock(c, cbuf[2], cbuf[3], i + 1, p * kPanelCols);
 }
 
+// ---- Small M (one or two row blocks, the batched-decode range): k slabs.
+//
+// The split x of all 32 k blocks is too big for L1 (48 KiB per row block at
+// K = 512), so the panel-major loop above re-reads it from L2 for every panel
+// and the tile loads, not the TDPBF16PS, bound the step. Here K is cut into
+// slabs whose split x fits L1 (kSlabBytes); a group of kGroupPanels panels runs
+// slab by slab, each panel's C tiles parked in a per-thread buffer between
+// slabs. Parking C is an exact f32 store and reload and the products are still
+// accumulated k blocks ascending, terms 0, 1, 2, so every output has the same
+// bits as on the panel-major path (batch invariance across M holds).
+constexpr int64_t kSlabBytes = 32 << 10;  // split x of one slab, all terms and row blocks
+constexpr int64_t kGroupPanels = 8;
+constexpr int64_t kSlabPrefetchBlocks = 6;  // weight prefetch distance, in 32-k blocks of the visit order
+
+alignas(64) thread_local float tls_cpark[kGroupPanels][4][16][16];  // C tiles per panel of a group (pairs of row blocks)
+
+// Panel p, k blocks [kb0, kb1) for row block 0 (and 1 when kTwo); C from / to park.
+// `pf` walks the weights this thread reads next (kb1 - kb0 blocks of this visit
+// are followed by those at pf_next).
+template <bool kTwo>
+void AmxSlab(const AmxCtx& c, int64_t p, int64_t kb0, int64_t kb1, bool first, float (*park)[16][16],
+             const char* pf_next) {
+  const char* b = c.panels + p * c.panel_bytes;
+  const int64_t term_bytes = kBlockRows * c.a_stride;
+  const char* a0 = c.a;
+  const char* a1 = a0 + kTerms * term_bytes;
+  if (first) {
+    _tile_zero(4);
+    _tile_zero(5);
+    if constexpr (kTwo) {
+      _tile_zero(6);
+      _tile_zero(7);
+    }
+  } else {
+    _tile_loadd(4, park[0], 64);
+    _tile_loadd(5, park[1], 64);
+    if constexpr (kTwo) {
+      _tile_loadd(6, park[2], 64);
+      _tile_loadd(7, park[3], 64);
+    }
+  }
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    const char* bk = b + kb * 2 * kTileBytes;
+    {
+      const int64_t ahead = kb + kSlabPrefetchBlocks;
+      const char* pf = ahead < kb1 ? b + ahead * 2 * kTileBytes : pf_next + (ahead - kb1) * 2 * kTileBytes;
+#pragma GCC unroll 32
+      for (int l = 0; l < 2 * kTileBytes / 64; ++l) _mm_prefetch(pf + l * 64, _MM_HINT_T0);
+    }
+    _tile_loadd(2, bk, 64);
+    _tile_loadd(3, bk + kTileBytes, 64);
+    const char* ak0 = a0 + kb * 64;
+    const char* ak1 = a1 + kb * 64;
+    _tile_loadd(0, ak0, c.a_stride);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_dpbf16ps(5, 0, 3);
+    if constexpr (kTwo) {
+      _tile_loadd(1, ak1, c.a_stride);
+      _tile_dpbf16ps(6, 1, 2);
+      _tile_dpbf16ps(7, 1, 3);
+      _tile_loadd(0, ak0 + term_bytes, c.a_stride);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_dpbf16ps(5, 0, 3);
+      _tile_loadd(1, ak1 + term_bytes, c.a_stride);
+      _tile_dpbf16ps(6, 1, 2);
+      _tile_dpbf16ps(7, 1, 3);
+      _tile_loadd(0, ak0 + 2 * term_bytes, c.a_stride);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_dpbf16ps(5, 0, 3);
+      _tile_loadd(1, ak1 + 2 * term_bytes, c.a_stride);
+      _tile_dpbf16ps(6, 1, 2);
+      _tile_dpbf16ps(7, 1, 3);
+    } else {
+      _tile_loadd(1, ak0 + term_bytes, c.a_stride);
+      _tile_dpbf16ps(4, 1, 2);
+      _tile_dpbf16ps(5, 1, 3);
+      _tile_loadd(0, ak0 + 2 * term_bytes, c.a_stride);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_dpbf16ps(5, 0, 3);
+    }
+  }
+  _tile_stored(4, park[0], 64);
+  _tile_stored(5, park[1], 64);
+  if constexpr (kTwo) {
+    _tile_stored(6, park[2], 64);
+    _tile_stored(7, park[3], 64);
+  }
+  if (kb1 == c.kb) {
+    StoreBlock(c, park[0], park[1], 0, p * kPanelCols);
+    if constexpr (kTwo) StoreBlock(c, park[2], park[3], 1, p * kPanelCols);
+  }
+}
+
+template <bool kTwo>
+void AmxRangeSlabs(const AmxCtx& c, int64_t p_begin, int64_t p_end) {
+  const int64_t blocks = kTwo ? 2 : 1;
+  const int64_t slab = Max<int64_t>(1, kSlabBytes / (blocks * kTerms * kBlockRows * 64));
+  for (int64_t g0 = p_begin; g0 < p_end; g0 += kGroupPanels) {
+    const int64_t g1 = Min(p_end, g0 + kGroupPanels);
+    for (int64_t kb0 = 0; kb0 < c.kb; kb0 += slab) {
+      const int64_t kb1 = Min(c.kb, kb0 + slab);
+      for (int64_t p = g0; p < g1; ++p) {
+        // The next visit: the next panel of this slab, else the group's first
+        // panel at the next slab, else the next group's first slab.
+        const char* next = p + 1 < g1   ? c.panels + (p + 1) * c.panel_bytes + kb0 * 2 * kTileBytes
+                           : kb1 < c.kb ? c.panels + g0 * c.panel_bytes + kb1 * 2 * kTileBytes
+                                        : c.panels + g1 * c.panel_bytes;
+        AmxSlab<kTwo>(c, p, kb0, kb1, kb0 == 0, tls_cpark[p - g0], next);
+      }
+    }
+  }
+}
+
 void AmxRange(const AmxCtx& c, int64_t blocks, int64_t p_begin, int64_t p_end) {
   _tile_loadconfig(&kTileConfigs[Min<int64_t>(kBlockRows, c.m)]);
+  if (blocks <= 2) {
+    if (blocks == 2) {
+      AmxRangeSlabs<true>(c, p_begin, p_end);
+    } else {
+      AmxRangeSlabs<false>(c, p_begin, p_end);
+    }
+    _tile_release();
+    return;
+  }
   // Chunks of an even number of row blocks whose split x stays in L2; each
   // panel is read from the LLC once per chunk (once per call for M <= ~300).
   const int64_t chunk = Max<int64_t>(2, kABlockBytes / (kTerms * kBlockRows * c.a_stride) / 2 * 2);

@@ -1,0 +1,156 @@
+#include "cluster/placement_policy.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "kv/block_hash.h"
+
+namespace kvmesh::cluster {
+namespace {
+
+struct Scored {
+  const WorkerCandidate* candidate;
+  WorkerScore score;
+  int32_t pending;  // tie-break
+};
+
+// The best of `pool` per the header's rule; nullopt when empty.
+std::optional<Scored> Best(const std::vector<Scored>& pool) {
+  const bool any_ok = std::any_of(pool.begin(), pool.end(), [](const Scored& s) { return !s.score.overloaded; });
+  std::optional<Scored> best;
+  for (const Scored& s : pool) {
+    if (any_ok && s.score.overloaded) continue;
+    if (!best.has_value()) {
+      best = s;
+      continue;
+    }
+    // Candidates arrive ordered by worker id, so keeping the first of equals prefers the lower id.
+    constexpr double kEpsilon = 1e-9;
+    if (s.score.score > best->score.score + kEpsilon ||
+        (s.score.score > best->score.score - kEpsilon && s.pending < best->pending)) {
+      best = s;
+    }
+  }
+  return best;
+}
+
+std::string Describe(const Scored& s) {
+  return absl::StrFormat("%s(score=%.3f cached=%d pending=%.2f kv=%.2f%s)",
+                         s.candidate->worker.registration.worker_id, s.score.score, s.score.cached_tokens,
+                         s.score.pending_ratio, s.score.kv_usage, s.score.overloaded ? " overloaded" : "");
+}
+
+}  // namespace
+
+PlacementPolicy::PlacementPolicy(const PlacementOptions& options) : options_(options) {}
+
+WorkerScore PlacementPolicy::Score(const WorkerCandidate& candidate, int32_t prompt_length_tokens,
+                                   int32_t block_size_tokens) const {
+  WorkerScore s;
+  const PrefixMatch& m = candidate.prefix;
+  const int64_t bs = std::max(block_size_tokens, 1);
+  const int64_t prompt = std::max(prompt_length_tokens, 0);
+  s.cached_tokens = static_cast<int32_t>(std::min<int64_t>(m.num_blocks * bs, prompt));
+  if (prompt > 0) {
+    const double weighted_blocks = m.num_blocks_by_tier[static_cast<int>(kv::Tier::kDevice)] +
+                                   options_.host_tier_weight * m.num_blocks_by_tier[static_cast<int>(kv::Tier::kHost)] +
+                                   options_.disk_tier_weight * m.num_blocks_by_tier[static_cast<int>(kv::Tier::kDisk)];
+    s.cached_fraction = std::clamp(weighted_blocks * static_cast<double>(bs) / static_cast<double>(prompt), 0.0, 1.0);
+  }
+  const WorkerSnapshot& w = candidate.worker;
+  const int32_t max_seqs =
+      w.registration.capacity.max_num_seqs > 0 ? w.registration.capacity.max_num_seqs : options_.default_max_num_seqs;
+  s.pending_ratio = static_cast<double>(w.load.num_pending() + w.num_recent_placements) / std::max(max_seqs, 1);
+  s.kv_usage = w.load.kv_usage();
+  s.overloaded = s.kv_usage >= options_.overload_kv_usage || s.pending_ratio >= options_.overload_pending_ratio;
+  s.score = options_.overlap_weight * s.cached_fraction - options_.queue_weight * s.pending_ratio -
+            options_.kv_usage_weight * s.kv_usage;
+  return s;
+}
+
+absl::StatusOr<Placement> PlacementPolicy::Choose(int32_t prompt_length_tokens, int32_t block_size_tokens,
+                                                  std::span<const WorkerCandidate> candidates) const {
+  std::vector<Scored> decode_pool;
+  std::vector<Scored> prefill_pool;
+  for (const WorkerCandidate& c : candidates) {
+    Scored s{.candidate = &c,
+             .score = Score(c, prompt_length_tokens, block_size_tokens),
+             .pending = c.worker.load.num_pending() + c.worker.num_recent_placements};
+    if (CanDecode(c.worker.registration.role)) decode_pool.push_back(s);
+    if (CanPrefill(c.worker.registration.role)) prefill_pool.push_back(s);
+  }
+  // 1. The decode worker.
+  const std::optional<Scored> decode = Best(decode_pool);
+  if (!decode.has_value()) {
+    return absl::UnavailableError(absl::StrCat("no decode-capable worker among ", candidates.size(), " live workers"));
+  }
+  const WorkerRegistration& d = decode->candidate->worker.registration;
+  Placement placement;
+  placement.decode_worker_id = d.worker_id;
+  placement.decode_address = d.address;
+  placement.decode_cached_tokens = decode->score.cached_tokens;
+  auto local = [&](std::string why) {
+    placement.prefill_locally = true;
+    placement.prefill_worker_id = d.worker_id;
+    placement.prefill_address = d.address;
+    placement.prefill_cached_tokens = decode->score.cached_tokens;
+    placement.reason = absl::StrCat("decode=", Describe(*decode), "; prefill locally: ", why);
+    return placement;
+  };
+  // 2. Conditional disaggregation.
+  const int32_t uncached = std::max(prompt_length_tokens - decode->score.cached_tokens, 0);
+  if (uncached < options_.disaggregation_threshold_tokens) {
+    return local(absl::StrCat("uncached ", uncached, " tokens < threshold ", options_.disaggregation_threshold_tokens));
+  }
+  // 3. The prefill worker.
+  const std::optional<Scored> prefill = Best(prefill_pool);
+  if (!prefill.has_value()) return local("no prefill-capable worker");
+  const WorkerRegistration& p = prefill->candidate->worker.registration;
+  if (p.worker_id == d.worker_id) return local("the best prefill worker is the decode worker");
+  placement.prefill_worker_id = p.worker_id;
+  placement.prefill_address = p.address;
+  placement.prefill_cached_tokens = prefill->score.cached_tokens;
+  placement.reason = absl::StrCat("prefill=", Describe(*prefill), "; decode=", Describe(*decode));
+  return placement;
+}
+
+absl::StatusOr<Placement> PlacementPolicy::Place(const PlacementRequest& request, WorkerRegistry& registry) const {
+  if (request.model.empty()) return absl::InvalidArgumentError("model: empty");
+  const bool has_tokens = !request.prompt_token_ids.empty();
+  const bool has_hashes = !request.prompt_block_hashes.empty();
+  if (has_tokens && has_hashes) {
+    return absl::InvalidArgumentError("give either prompt_token_ids or prompt_block_hashes, not both");
+  }
+  if (!has_tokens && request.prompt_length_tokens <= 0) {
+    return absl::InvalidArgumentError("no prompt: prompt_token_ids empty and prompt_length_tokens <= 0");
+  }
+  KVMESH_ASSIGN_OR_RETURN(const KvCacheSpec spec, registry.ModelKvCacheSpec(request.model));
+  std::vector<kv::BlockHash> computed;
+  std::span<const kv::BlockHash> hashes = request.prompt_block_hashes;
+  int32_t prompt_length = request.prompt_length_tokens;
+  if (has_tokens) {
+    computed = kv::HashFullBlocks(request.prompt_token_ids, spec.block_size_tokens, spec.block_hash_salt);
+    hashes = computed;
+    prompt_length = static_cast<int32_t>(request.prompt_token_ids.size());
+  } else if (static_cast<int64_t>(hashes.size()) * spec.block_size_tokens > prompt_length) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_block_hashes: ", hashes.size(), " full blocks of ",
+                                                   spec.block_size_tokens, " tokens exceed prompt_length_tokens ",
+                                                   prompt_length));
+  }
+  const std::vector<WorkerCandidate> candidates =
+      registry.Candidates(request.model, hashes, request.exclude_worker_ids);
+  if (candidates.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("no worker for model \"", request.model, "\" is accepting requests (all draining or excluded)"));
+  }
+  KVMESH_ASSIGN_OR_RETURN(Placement placement, Choose(prompt_length, spec.block_size_tokens, candidates));
+  registry.NotePlacement(placement.decode_worker_id);
+  if (!placement.prefill_locally) registry.NotePlacement(placement.prefill_worker_id);
+  return placement;
+}
+
+}  // namespace kvmesh::cluster

@@ -1,0 +1,109 @@
+// PlacementPolicy: which prefill worker and which decode worker take a request.
+//
+// Each live, non-draining worker of the model gets a score:
+//
+//   score = overlap_weight  * cached_fraction      (prompt tokens it holds, tier-weighted)
+//         - queue_weight    * pending_ratio        ((waiting + queued + placed since its
+//                                                   last heartbeat) / max_num_seqs)
+//         - kv_usage_weight * kv_usage             (used / total KV blocks)
+//
+// and a worker is *overloaded* when kv_usage >= overload_kv_usage or pending_ratio >=
+// overload_pending_ratio. The decision:
+//   1. The decode worker is the best-scoring decode-capable worker that is not
+//      overloaded (the best overall when all are). None: Unavailable.
+//   2. Conditional disaggregation: if the prompt's part the decode worker has not cached
+//      is shorter than disaggregation_threshold_tokens, it prefills locally (a transfer
+//      would cost more than the compute).
+//   3. Else the prefill worker is the best-scoring prefill-capable worker, chosen the
+//      same way. None, or the decode worker itself: local prefill.
+// Ties go to the worker with less pending work, then the lower worker id.
+//
+// Thread-safety: immutable after construction; Place() is safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cluster/worker_registry.h"
+#include "kv/kv_types.h"
+
+namespace kvmesh::cluster {
+
+struct PlacementOptions {
+  double overlap_weight = 1.0;
+  double queue_weight = 0.5;
+  double kv_usage_weight = 0.5;
+  // A cached block on a lower tier must be onboarded first: it counts this much of a
+  // device-tier hit.
+  double host_tier_weight = 0.8;
+  double disk_tier_weight = 0.5;
+  double overload_kv_usage = 0.95;
+  double overload_pending_ratio = 1.0;
+  // For workers that did not report max_num_seqs.
+  int32_t default_max_num_seqs = 256;
+  // Uncached prompt tokens below which the decode worker prefills itself. 0: always
+  // disaggregate (when a prefill worker exists).
+  int32_t disaggregation_threshold_tokens = 256;
+};
+
+struct PlacementRequest {
+  std::string request_id;  // for the reason / logs
+  std::string model;
+  // Either the prompt's token ids (hashed with the model's KvCacheSpec) or its chained
+  // full-block hashes plus prompt_length_tokens.
+  std::vector<int32_t> prompt_token_ids;
+  std::vector<kv::BlockHash> prompt_block_hashes;
+  int32_t prompt_length_tokens = 0;
+  std::vector<std::string> exclude_worker_ids;
+};
+
+struct Placement {
+  std::string prefill_worker_id;  // == decode_worker_id when prefill_locally
+  std::string prefill_address;
+  std::string decode_worker_id;
+  std::string decode_address;
+  bool prefill_locally = false;
+  int32_t prefill_cached_tokens = 0;
+  int32_t decode_cached_tokens = 0;
+  std::string reason;
+};
+
+// One worker's score and its parts, for tests and the reason string.
+struct WorkerScore {
+  double score = 0.0;
+  int32_t cached_tokens = 0;  // leading prompt tokens it holds on any tier
+  double cached_fraction = 0.0;  // tier-weighted, in [0, 1]
+  double pending_ratio = 0.0;
+  double kv_usage = 0.0;
+  bool overloaded = false;
+};
+
+class PlacementPolicy {
+ public:
+  explicit PlacementPolicy(const PlacementOptions& options = {});
+
+  // Hashes the prompt when needed, takes the candidates from `registry`, chooses and
+  // records the placement as provisional load (WorkerRegistry::NotePlacement).
+  // InvalidArgument: no model, no prompt, both token ids and hashes, or hashes longer
+  // than prompt_length_tokens. Unavailable: no live, non-draining, non-excluded worker
+  // of the model can decode.
+  absl::StatusOr<Placement> Place(const PlacementRequest& request, WorkerRegistry& registry) const;
+
+  // The decision of Place() over given candidates (pure). `block_size_tokens` converts
+  // matched blocks to tokens.
+  absl::StatusOr<Placement> Choose(int32_t prompt_length_tokens, int32_t block_size_tokens,
+                                   std::span<const WorkerCandidate> candidates) const;
+
+  WorkerScore Score(const WorkerCandidate& candidate, int32_t prompt_length_tokens,
+                    int32_t block_size_tokens) const;
+
+  const PlacementOptions& options() const { return options_; }
+
+ private:
+  const PlacementOptions options_;
+};
+
+}  // namespace kvmesh::cluster

@@ -1,0 +1,95 @@
+// What the scheduler knows about one worker: its registration (identity, role, model,
+// KV-cache shape, capacity) and its last reported load. Plain values, no protobuf
+// (services/scheduler converts from kvmesh.v1 messages).
+//
+// Thread-safety: plain values; no shared state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "core/dtype.h"
+#include "kv/kv_types.h"
+
+namespace kvmesh::cluster {
+
+// What a worker may be asked to do. Every worker can prefill its own requests; only
+// kPrefill / kBoth workers take remote Prefill() calls, only kDecode / kBoth workers
+// take Generate().
+enum class WorkerRole : uint8_t { kPrefill, kDecode, kBoth };
+
+// "prefill", "decode", "both".
+std::string_view WorkerRoleName(WorkerRole role);
+inline bool CanPrefill(WorkerRole role) { return role != WorkerRole::kDecode; }
+inline bool CanDecode(WorkerRole role) { return role != WorkerRole::kPrefill; }
+
+// The shape of a worker's paged KV cache. All live workers of one model must have equal
+// specs: block hashes (block size, salt) and transferred blocks (layers, heads, dtype,
+// TP size) are only comparable between equal specs.
+struct KvCacheSpec {
+  int32_t block_size_tokens = kv::kDefaultBlockSizeTokens;
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;  // of the model, before TP sharding
+  int32_t head_dim = 0;
+  DType dtype = DType::kBF16;
+  int32_t tp_size = 1;
+  uint64_t block_hash_salt = 0;  // kv/block_hash.h's salt
+
+  bool operator==(const KvCacheSpec&) const = default;
+  // InvalidArgument naming the field: block_size_tokens and tp_size >= 1, others >= 0.
+  absl::Status Validate() const;
+  // "block_size=16 layers=32 kv_heads=8 head_dim=128 dtype=bf16 tp=2 salt=0x0".
+  std::string DebugString() const;
+};
+
+// Limits a worker reported at registration; 0 = unknown.
+struct WorkerCapacity {
+  int32_t max_num_seqs = 0;
+  int32_t max_num_batched_tokens = 0;
+  int32_t max_model_len = 0;
+};
+
+// A worker's load as of its last heartbeat.
+struct WorkerLoad {
+  int32_t num_running_seqs = 0;
+  int32_t num_waiting_seqs = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t kv_blocks_free = 0;
+  int64_t kv_blocks_cached = 0;
+  int32_t queue_depth = 0;  // received, not yet handed to the engine
+
+  // kv_blocks_used / kv_blocks_total in [0, 1]; 0 when the total is unknown.
+  double kv_usage() const;
+  // Requests waiting anywhere on the worker (engine queue + receive queue).
+  int32_t num_pending() const { return num_waiting_seqs + queue_depth; }
+};
+
+struct WorkerRegistration {
+  std::string worker_id;  // unique, stable across restarts
+  std::string address;    // host:port of its Worker service
+  WorkerRole role = WorkerRole::kBoth;
+  std::string model;
+  KvCacheSpec kv_cache_spec;
+  WorkerCapacity capacity;
+
+  // InvalidArgument for an empty id, address or model, or a bad spec.
+  absl::Status Validate() const;
+};
+
+// A consistent copy of one live worker's state.
+struct WorkerSnapshot {
+  WorkerRegistration registration;
+  WorkerLoad load;
+  absl::Time registered_at = absl::InfinitePast();
+  absl::Time last_heartbeat_at = absl::InfinitePast();
+  bool draining = false;
+  // Requests placed on it since its last heartbeat (load it has not reported yet).
+  int32_t num_recent_placements = 0;
+  int64_t num_indexed_blocks = 0;  // distinct hashes the prefix index holds for it
+};
+
+}  // namespace kvmesh::cluster

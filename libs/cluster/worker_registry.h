@@ -1,0 +1,114 @@
+// WorkerRegistry: the scheduler's view of the cluster. Workers Register, then
+// Heartbeat with their load and KV events; a worker whose last heartbeat is older than
+// the lease TTL is expired (dropped with its prefix-index entries) and must Register
+// again. The registry owns the GlobalPrefixIndex, so a placement sees workers and
+// their cached blocks consistently.
+//
+// Expiry is lazy (every call first drops the workers whose lease ended, by the
+// injected clock) and may be driven by ExpireStale() from a sweeper to log it.
+//
+// Thread-safety: thread-safe. All state sits under one mutex; no callback runs under it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "cluster/clock.h"
+#include "cluster/prefix_index.h"
+#include "cluster/worker_info.h"
+#include "kv/kv_types.h"
+
+namespace kvmesh::cluster {
+
+struct WorkerRegistryOptions {
+  int64_t heartbeat_interval_ms = 1'000;  // what workers are told to use
+  int64_t worker_ttl_ms = 5'000;          // a lease lasts this long past the last heartbeat
+  Clock* clock = nullptr;                 // nullptr: Clock::Real(); must outlive the registry
+};
+
+// One heartbeat's report.
+struct HeartbeatReport {
+  WorkerLoad load;
+  std::vector<kv::KvEvent> kv_events;  // since the previous heartbeat, in order
+  // kv_events is the worker's complete block set: forget what was known first.
+  bool kv_events_snapshot = false;
+  bool draining = false;  // no new placements
+};
+
+// A live worker of the requested model with its match against a prompt.
+struct WorkerCandidate {
+  WorkerSnapshot worker;
+  PrefixMatch prefix;
+};
+
+class WorkerRegistry {
+ public:
+  explicit WorkerRegistry(const WorkerRegistryOptions& options = {});
+  WorkerRegistry(const WorkerRegistry&) = delete;
+  WorkerRegistry& operator=(const WorkerRegistry&) = delete;
+
+  // Adds the worker, or replaces a live one with the same id (a restart: its indexed
+  // blocks are forgotten, the worker reports them again). InvalidArgument for a bad
+  // registration; FailedPrecondition if its KV-cache spec differs from the other live
+  // workers of its model.
+  absl::Status Register(const WorkerRegistration& registration) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Renews the worker's lease, records its load and applies its KV events. NotFound for
+  // an unknown or expired worker (it must Register again).
+  absl::Status Heartbeat(std::string_view worker_id, const HeartbeatReport& report) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Removes the worker now. NotFound if unknown.
+  absl::Status Deregister(std::string_view worker_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Drops the workers whose lease has ended; returns their ids.
+  std::vector<std::string> ExpireStale() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Live workers (of `model`, or all when empty), ordered by worker id.
+  std::vector<WorkerSnapshot> List(std::string_view model = {}) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The KV-cache spec the live workers of `model` share. Unavailable when none is live.
+  absl::StatusOr<KvCacheSpec> ModelKvCacheSpec(std::string_view model) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The live, non-draining workers of `model` not in `exclude_worker_ids`, each with its
+  // leading match against `prompt_hashes`, ordered by worker id.
+  std::vector<WorkerCandidate> Candidates(std::string_view model, std::span<const kv::BlockHash> prompt_hashes,
+                                          std::span<const std::string> exclude_worker_ids = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Counts a request placed on the worker as load until its next heartbeat (heartbeats
+  // lag: without this, a burst would all go to the worker that looked idlest). No-op for
+  // an unknown worker.
+  void NotePlacement(std::string_view worker_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  int64_t heartbeat_interval_ms() const { return options_.heartbeat_interval_ms; }
+  int64_t worker_ttl_ms() const { return options_.worker_ttl_ms; }
+  int32_t num_workers() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct WorkerState {
+    WorkerSnapshot snapshot;  // num_indexed_blocks is filled on copy-out
+  };
+
+  std::vector<std::string> ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  WorkerSnapshot SnapshotLocked(const WorkerState& state) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const WorkerRegistryOptions options_;
+  const absl::Duration ttl_;
+  Clock& clock_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, WorkerState> workers_ ABSL_GUARDED_BY(mu_);
+  GlobalPrefixIndex index_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvmesh::cluster

@@ -1,0 +1,433 @@
+#include "serving/openai_service.h"
+
+#include <chrono>
+#include <mutex>
+#include <variant>
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "engine/request_validator.h"
+#include "http/api_error.h"
+#include "http/openai_protocol.h"
+#include "serving/text_generation_stream.h"
+
+namespace kvmesh::serving {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::string_view ChatRole(const std::string& role) {
+  return role == "developer" ? std::string_view("system") : std::string_view(role);
+}
+
+}  // namespace
+
+// One client request: its engine requests (one per prompt), the text streams that
+// turn their tokens into text, and the response being built or streamed.
+struct OpenAiService::Call {
+  OpenAiService* service = nullptr;
+  std::shared_ptr<http::ResponseWriter> writer;
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;
+  int32_t n = 1;
+  bool want_logprobs = false;
+  http::ResponseMeta meta;
+  Clock::time_point start = Clock::now();
+
+  struct Sub {
+    std::string engine_id;
+    std::unique_ptr<TextGenerationStream> text;
+    bool done = false;
+    int32_t prompt_tokens = 0;
+    Clock::time_point last_token;
+    bool saw_token = false;
+  };
+
+  std::mutex mu;
+  std::vector<Sub> subs;                  // guarded by mu
+  std::vector<http::Choice> choices;      // guarded by mu: accumulated (non-stream) or per-choice state
+  std::vector<bool> role_sent;            // guarded by mu (chat streaming)
+  int32_t remaining = 0;                  // guarded by mu: subs not done
+  bool first_token_seen = false;          // guarded by mu
+  std::optional<http::ApiError> failure;  // guarded by mu
+  bool responded = false;                 // guarded by mu
+
+  std::vector<http::TokenLogprob> RenderLogprobs(const std::vector<engine::SampleResult>& samples) const {
+    std::vector<http::TokenLogprob> out;
+    const model::Tokenizer& tok = service->tokenizer_;
+    for (const engine::SampleResult& s : samples) {
+      http::TokenLogprob lp;
+      const int32_t id = s.token_id;
+      lp.token = tok.Decode({&id, 1}, /*skip_special_tokens=*/false);
+      lp.logprob = s.logprob.value_or(0.0f);
+      for (const engine::TokenLogprob& t : s.top_logprobs) {
+        const int32_t tid = t.token_id;
+        lp.top.push_back({tok.Decode({&tid, 1}, false), t.logprob});
+      }
+      out.push_back(std::move(lp));
+    }
+    return out;
+  }
+
+  // Engine thread: one output of prompt `p`'s engine request.
+  void OnOutput(size_t p, const engine::RequestOutput& out) {
+    std::lock_guard<std::mutex> lock(mu);
+    Sub& sub = subs[p];
+    if (sub.done) return;
+    const Clock::time_point now = Clock::now();
+    ServingMetrics* metrics = service->metrics_;
+    std::vector<SampleDelta> deltas = sub.text->Consume(out);
+    for (const SampleDelta& d : deltas) {
+      if (!d.token_ids.empty()) {
+        if (metrics) {
+          if (!first_token_seen) metrics->ObserveTimeToFirstToken(SecondsBetween(start, now));
+          if (sub.saw_token) metrics->ObserveInterTokenLatency(SecondsBetween(sub.last_token, now) / d.token_ids.size());
+        }
+        first_token_seen = true;
+        sub.saw_token = true;
+        sub.last_token = now;
+      }
+      const size_t index = p * n + d.index;
+      http::Choice& acc = choices[index];
+      http::Choice delta;
+      delta.index = static_cast<int32_t>(index);
+      delta.text = d.text;
+      delta.text_offset = static_cast<int32_t>(acc.text.size());
+      if (want_logprobs && !d.logprobs.empty()) delta.logprobs = RenderLogprobs(d.logprobs);
+      if (d.finish_reason) delta.finish_reason = *d.finish_reason;
+      acc.text += d.text;
+      if (delta.logprobs) {
+        if (!acc.logprobs) acc.logprobs.emplace();
+        acc.logprobs->insert(acc.logprobs->end(), delta.logprobs->begin(), delta.logprobs->end());
+      }
+      if (d.finish_reason) {
+        acc.finish_reason = *d.finish_reason;
+        if (metrics) metrics->CountFinished(*d.finish_reason);
+      }
+      if (stream) WriteChunk(delta);
+    }
+    if (sub.text->needs_abort()) service->engine_.Abort(sub.engine_id);  // a stop string ended it
+    if (out.finished) {
+      sub.done = true;
+      sub.prompt_tokens = out.num_prompt_tokens;
+      if (!out.status.ok() && !failure) failure = http::ApiErrorFromStatus(out.status);
+      if (--remaining == 0) Respond();
+    }
+  }
+
+  void WriteChunk(const http::Choice& delta) {
+    if (chat) {
+      const bool first = !role_sent[delta.index];
+      if (delta.text.empty() && !first && delta.finish_reason.empty() && !delta.logprobs) return;
+      if (first && !delta.finish_reason.empty() && !delta.text.empty()) {
+        // Content and finish in one delta: send the content first, then the finish alone.
+        http::Choice content = delta;
+        content.finish_reason.clear();
+        writer->Write(http::ChatCompletionChunkEvent(meta, content, true, include_usage));
+        http::Choice finish;
+        finish.index = delta.index;
+        finish.finish_reason = delta.finish_reason;
+        writer->Write(http::ChatCompletionChunkEvent(meta, finish, false, include_usage));
+      } else {
+        writer->Write(http::ChatCompletionChunkEvent(meta, delta, first, include_usage));
+      }
+      role_sent[delta.index] = true;
+    } else {
+      if (delta.text.empty() && delta.finish_reason.empty() && !delta.logprobs) return;
+      writer->Write(http::CompletionChunkEvent(meta, delta, include_usage));
+    }
+  }
+
+  http::Usage Usage() const {
+    http::Usage usage;
+    int32_t cached = 0;
+    for (const Sub& s : subs) {
+      usage.prompt_tokens += s.text->num_prompt_tokens();
+      usage.completion_tokens += s.text->num_completion_tokens();
+      cached += s.text->num_cached_prompt_tokens();
+    }
+    usage.cached_tokens = cached;
+    return usage;
+  }
+
+  // Called once, with mu held, when every engine request has ended.
+  void Respond() {
+    if (responded) return;
+    responded = true;
+    const http::Usage usage = Usage();
+    if (ServingMetrics* metrics = service->metrics_) {
+      metrics->ObserveEndToEnd(SecondsBetween(start, Clock::now()));
+      metrics->AddPromptTokens(usage.prompt_tokens);
+      metrics->AddGenerationTokens(usage.completion_tokens);
+    }
+    if (stream) {
+      if (failure) writer->Write(http::ErrorEvent(*failure));
+      if (include_usage) {
+        writer->Write(chat ? http::ChatCompletionUsageChunkEvent(meta, usage)
+                           : http::CompletionUsageChunkEvent(meta, usage));
+      }
+      writer->Write(http::DoneEvent());
+      writer->Finish();
+    } else if (failure) {
+      (void)writer->Send(http::ApiErrorResponse(*failure));
+    } else {
+      (void)writer->Send(http::HttpResponse::Json(200, chat ? http::ChatCompletionResponseJson(meta, choices, usage)
+                                                            : http::CompletionResponseJson(meta, choices, usage)));
+    }
+    service->inflight_.fetch_sub(1);
+  }
+};
+
+OpenAiService::OpenAiService(const OpenAiServiceOptions& options, const model::Tokenizer& tokenizer,
+                             std::optional<model::ChatTemplate> chat_template, engine::AsyncEngine& engine,
+                             ServingMetrics* metrics)
+    : options_(options),
+      tokenizer_(tokenizer),
+      chat_template_(std::move(chat_template)),
+      engine_(engine),
+      metrics_(metrics),
+      created_unix_(std::chrono::duration_cast<std::chrono::seconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count()) {}
+
+bool OpenAiService::Authorize(const http::HttpRequest& request, http::ResponseWriter& writer) const {
+  if (options_.api_keys.empty()) return true;
+  const std::optional<std::string_view> header = request.headers.Get("Authorization");
+  constexpr std::string_view kBearer = "Bearer ";
+  if (header && header->substr(0, kBearer.size()) == kBearer) {
+    const std::string_view key = header->substr(kBearer.size());
+    for (const std::string& k : options_.api_keys) {
+      if (key == k) return true;
+    }
+  }
+  http::ApiError error;
+  error.http_status = 401;
+  error.type = "authentication_error";
+  error.message = "Incorrect or missing API key: pass it as 'Authorization: Bearer <key>'.";
+  error.code = "invalid_api_key";
+  if (metrics_) metrics_->CountRejected(401);
+  (void)writer.Send(http::ApiErrorResponse(error));
+  return false;
+}
+
+bool OpenAiService::CheckModel(const std::string& model, http::ResponseWriter& writer) const {
+  if (model.empty() || model == options_.model_name) return true;
+  http::ApiError error;
+  error.http_status = 404;
+  error.type = "not_found_error";
+  error.param = "model";
+  error.code = "model_not_found";
+  error.message = absl::StrCat("The model `", model, "` does not exist. This server serves `", options_.model_name, "`.");
+  if (metrics_) metrics_->CountRejected(404);
+  (void)writer.Send(http::ApiErrorResponse(error));
+  return false;
+}
+
+namespace {
+
+engine::SamplingParams ToSamplingParams(const http::SamplingFields& f, int32_t default_max_tokens) {
+  engine::SamplingParams p;
+  p.max_tokens = f.max_tokens.value_or(default_max_tokens);
+  p.min_tokens = f.min_tokens.value_or(0);
+  p.temperature = static_cast<float>(f.temperature.value_or(1.0));
+  p.top_p = static_cast<float>(f.top_p.value_or(1.0));
+  p.top_k = f.top_k.value_or(-1);
+  if (p.top_k == 0) p.top_k = -1;
+  p.min_p = static_cast<float>(f.min_p.value_or(0.0));
+  if (f.seed) p.seed = static_cast<uint64_t>(*f.seed);
+  p.presence_penalty = static_cast<float>(f.presence_penalty);
+  p.frequency_penalty = static_cast<float>(f.frequency_penalty);
+  p.repetition_penalty = static_cast<float>(f.repetition_penalty);
+  p.stop_token_ids = f.stop_token_ids;
+  p.ignore_eos = f.ignore_eos;
+  return p;
+}
+
+}  // namespace
+
+void OpenAiService::Start(std::shared_ptr<Call> call, std::vector<std::vector<int32_t>> prompts,
+                          const engine::SamplingParams& params) {
+  http::ResponseWriter& writer = *call->writer;
+  if (inflight_.fetch_add(1) >= options_.max_inflight_requests) {
+    inflight_.fetch_sub(1);
+    http::ApiError error;
+    error.http_status = 429;
+    error.type = "rate_limit_error";
+    error.code = "server_busy";
+    error.message = absl::StrCat("The server is handling ", options_.max_inflight_requests,
+                                 " requests, its limit; retry shortly.");
+    http::HttpResponse response = http::ApiErrorResponse(error);
+    response.headers.Set("Retry-After", "1");
+    if (metrics_) metrics_->CountRejected(429);
+    (void)writer.Send(std::move(response));
+    return;
+  }
+  // Build and validate every engine request before any runs, so that an invalid
+  // prompt in a batch is a plain 400 with nothing started.
+  std::vector<engine::EngineRequest> requests;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    engine::EngineRequest& r = requests.emplace_back();
+    r.request_id = absl::StrCat(call->meta.id, "-", p);
+    r.prompt_token_ids = std::move(prompts[p]);
+    r.sampling_params = params;
+    r.n = call->n;
+    r.eos_token_ids = options_.eos_token_ids;
+    absl::Status s = engine::ValidateEngineRequest(r, engine_.limits());
+    if (s.ok() && r.prompt_token_ids.empty()) s = absl::InvalidArgumentError("the prompt is empty");
+    if (!s.ok()) {
+      inflight_.fetch_sub(1);
+      const http::ApiError error = http::ApiErrorFromStatus(s, r.prompt_token_ids.empty() ? "prompt" : "");
+      if (metrics_) metrics_->CountRejected(error.http_status);
+      (void)writer.Send(http::ApiErrorResponse(error));
+      return;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(call->mu);
+    call->remaining = static_cast<int32_t>(requests.size());
+    call->choices.resize(requests.size() * call->n);
+    call->role_sent.assign(call->choices.size(), false);
+    for (size_t i = 0; i < call->choices.size(); ++i) call->choices[i].index = static_cast<int32_t>(i);
+  }
+  if (call->stream) {
+    http::HttpHeaders headers;
+    headers.Set("Content-Type", "text/event-stream");
+    headers.Set("Cache-Control", "no-cache");
+    if (!writer.StartStream(200, std::move(headers)).ok()) {
+      inflight_.fetch_sub(1);
+      return;  // the client is gone
+    }
+  }
+  std::weak_ptr<Call> weak = call;
+  std::vector<std::string> ids;
+  for (const engine::EngineRequest& r : requests) ids.push_back(r.request_id);
+  // A client that goes away aborts its engine requests: their KV is freed at once.
+  call->writer->SetOnDisconnect([this, ids] {
+    for (const std::string& id : ids) engine_.Abort(id);
+  });
+  for (size_t p = 0; p < requests.size(); ++p) {
+    engine::EngineRequest& r = requests[p];
+    r.on_output = [call, p](const engine::RequestOutput& out) { call->OnOutput(p, out); };
+    if (absl::Status s = engine_.Submit(std::move(r)); !s.ok()) {
+      // Only possible while draining: end this prompt as failed.
+      engine::RequestOutput out;
+      out.request_id = ids[p];
+      out.finished = true;
+      out.status = absl::UnavailableError(absl::StrCat("the server is shutting down: ", s.message()));
+      call->OnOutput(p, out);
+    }
+  }
+}
+
+void OpenAiService::HandleCompletions(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {
+  if (!Authorize(request, *writer)) return;
+  auto parsed = http::ParseCompletionRequest(request.body);
+  if (auto* error = std::get_if<http::ApiError>(&parsed)) {
+    if (metrics_) metrics_->CountRejected(error->http_status);
+    (void)writer->Send(http::ApiErrorResponse(*error));
+    return;
+  }
+  http::CompletionRequest& req = std::get<http::CompletionRequest>(parsed);
+  if (!CheckModel(req.model, *writer)) return;
+  auto call = std::make_shared<Call>();
+  call->service = this;
+  call->writer = std::move(writer);
+  call->stream = req.sampling.stream;
+  call->include_usage = req.sampling.include_usage;
+  call->n = req.sampling.n;
+  call->meta = {absl::StrCat("cmpl-", next_id_.fetch_add(1)), created_unix_, options_.model_name};
+  engine::SamplingParams params = ToSamplingParams(req.sampling, options_.default_completion_max_tokens);
+  if (req.logprobs) {
+    params.logprobs = *req.logprobs;
+    call->want_logprobs = true;
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  for (const http::Prompt& p : req.prompts) {
+    if (p.is_token_ids ? p.token_ids.empty() : p.text.empty()) {
+      if (metrics_) metrics_->CountRejected(400);
+      (void)call->writer->Send(http::ApiErrorResponse(http::ApiError::Invalid("prompt", "the prompt is empty")));
+      return;
+    }
+    prompts.push_back(p.is_token_ids ? p.token_ids : tokenizer_.Encode(p.text, /*add_special_tokens=*/true));
+  }
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    TextGenerationOptions text{.n = call->n, .stop = req.sampling.stop,
+                               .skip_special_tokens = req.sampling.skip_special_tokens};
+    Call::Sub sub;
+    sub.text = std::make_unique<TextGenerationStream>(tokenizer_, text);
+    call->subs.push_back(std::move(sub));
+  }
+  Start(std::move(call), std::move(prompts), params);
+}
+
+void OpenAiService::HandleChatCompletions(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {
+  if (!Authorize(request, *writer)) return;
+  auto parsed = http::ParseChatCompletionRequest(request.body);
+  if (auto* error = std::get_if<http::ApiError>(&parsed)) {
+    if (metrics_) metrics_->CountRejected(error->http_status);
+    (void)writer->Send(http::ApiErrorResponse(*error));
+    return;
+  }
+  http::ChatCompletionRequest& req = std::get<http::ChatCompletionRequest>(parsed);
+  if (!CheckModel(req.model, *writer)) return;
+  if (!chat_template_) {
+    (void)writer->Send(http::ApiErrorResponse(
+        http::ApiError::Invalid("messages", "this model has no chat template; use /v1/completions")));
+    return;
+  }
+  std::vector<model::ChatMessage> messages;
+  for (const http::ChatMessage& m : req.messages) messages.push_back({std::string(ChatRole(m.role)), m.content});
+  const auto bos = tokenizer_.bos_token_id();
+  const auto eos = tokenizer_.eos_token_id();
+  absl::StatusOr<std::string> text = chat_template_->Apply(messages, req.add_generation_prompt,
+                                                            bos ? tokenizer_.IdToToken(*bos) : "",
+                                                            eos ? tokenizer_.IdToToken(*eos) : "</s>");
+  if (!text.ok()) {
+    (void)writer->Send(http::ApiErrorResponse(http::ApiErrorFromStatus(text.status(), "messages")));
+    return;
+  }
+  std::vector<int32_t> prompt = tokenizer_.Encode(*text, /*add_special_tokens=*/false);
+  auto call = std::make_shared<Call>();
+  call->service = this;
+  call->writer = std::move(writer);
+  call->chat = true;
+  call->stream = req.sampling.stream;
+  call->include_usage = req.sampling.include_usage;
+  call->n = req.sampling.n;
+  call->meta = {absl::StrCat("chatcmpl-", next_id_.fetch_add(1)), created_unix_, options_.model_name};
+  // vLLM's default for chat: whatever room the context leaves.
+  const int32_t room = std::max<int32_t>(1, options_.max_model_len - static_cast<int32_t>(prompt.size()));
+  engine::SamplingParams params = ToSamplingParams(req.sampling, room);
+  if (req.logprobs) {
+    params.logprobs = req.top_logprobs.value_or(0);
+    call->want_logprobs = true;
+  }
+  TextGenerationOptions text_options{.n = call->n, .stop = req.sampling.stop,
+                                     .skip_special_tokens = req.sampling.skip_special_tokens};
+  Call::Sub sub;
+  sub.text = std::make_unique<TextGenerationStream>(tokenizer_, text_options);
+  call->subs.push_back(std::move(sub));
+  std::vector<std::vector<int32_t>> prompts;
+  prompts.push_back(std::move(prompt));
+  Start(std::move(call), std::move(prompts), params);
+}
+
+void OpenAiService::HandleModels(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {
+  if (!Authorize(request, *writer)) return;
+  http::ModelCard card;
+  card.id = options_.model_name;
+  card.created = created_unix_;
+  card.max_model_len = options_.max_model_len;
+  (void)writer->Send(http::HttpResponse::Json(200, http::ModelListJson({card})));
+}
+
+void OpenAiService::HandleHealth(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {
+  (void)writer->Send(http::HttpResponse::Json(200, "{\"status\":\"ok\"}"));
+}
+
+}  // namespace kvmesh::serving

@@ -1,0 +1,37 @@
+#include "engine_flags.h"
+
+#include "absl/flags/flag.h"
+#include "core/memory_info.h"
+#include "core/status_macros.h"
+
+ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{1} << 30, "KV cache pool size in bytes (unless --kv-cache-memory-fraction).");
+ABSL_FLAG(double, kv_cache_memory_fraction, 0.0,
+          "Size the KV pool as this fraction of the host's available memory (0: use --kv-cache-bytes).");
+ABSL_FLAG(int, block_size, 16, "KV block size in tokens.");
+ABSL_FLAG(bool, enable_prefix_caching, true, "Reuse the KV blocks of shared prompt prefixes.");
+ABSL_FLAG(int, max_num_seqs, 64, "Scheduler: sequences per engine step.");
+ABSL_FLAG(int, max_num_batched_tokens, 2048, "Scheduler: tokens per engine step (chunked-prefill budget).");
+
+namespace kvmesh::cli {
+
+absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model) {
+  int64_t kv_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  if (const double fraction = absl::GetFlag(FLAGS_kv_cache_memory_fraction); fraction != 0) {
+    if (!(fraction > 0 && fraction < 1)) return absl::InvalidArgumentError("--kv-cache-memory-fraction must be in (0, 1)");
+    KVMESH_ASSIGN_OR_RETURN(const int64_t available, AvailableHostMemoryBytes());
+    kv_bytes = static_cast<int64_t>(fraction * static_cast<double>(available));
+  }
+  EngineFromFlags out;
+  KVMESH_ASSIGN_OR_RETURN(out.runner,
+                          engine::PagedModelRunner::Create(
+                              model, {.block_size_tokens = absl::GetFlag(FLAGS_block_size), .kv_cache_bytes = kv_bytes}));
+  out.options.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  out.options.scheduler.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
+  out.options.kv.block_size_tokens = absl::GetFlag(FLAGS_block_size);
+  out.options.kv.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  out.options.kv.record_events = false;  // nothing consumes KV events in one process
+  out.options.max_model_len = static_cast<int32_t>(model.config().max_position_embeddings);
+  return out;
+}
+
+}  // namespace kvmesh::cli

@@ -1,0 +1,139 @@
+// `kvmesh serve`: the whole system in one process (aggregated mode) — the
+// OpenAI-compatible REST front door, the continuous-batching engine over the
+// paged KV cache, and /metrics — on the embedded default model unless --model
+// says otherwise.
+//
+// SIGTERM/SIGINT drain gracefully: new requests get 503, running ones finish
+// (until --drain-timeout-ms, then they are aborted), then the server stops.
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_split.h"
+#include "cli_common.h"
+#include "commands.h"
+#include "engine_flags.h"
+#include "core/logging.h"
+#include "engine/async_engine.h"
+#include "engine/paged_model_runner.h"
+#include "http/http_server.h"
+#include "metrics/registry.h"
+#include "serving/openai_service.h"
+#include "serving/serving_metrics.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all interfaces).");
+ABSL_FLAG(int, port, 8000, "Port to listen on; 0 picks a free one (printed at start).");
+ABSL_FLAG(std::string, served_model_name, "", "Model name clients use (default: the model directory's name).");
+ABSL_FLAG(std::string, api_keys, "", "Comma-separated API keys; when set, requests need 'Authorization: Bearer KEY'.");
+ABSL_FLAG(int, max_model_len, 0, "Context length (prompt + completion); 0: the model's max_position_embeddings.");
+ABSL_FLAG(int, max_inflight_requests, 256, "Requests in flight before new ones get 429.");
+ABSL_FLAG(int, http_threads, 2, "HTTP I/O threads.");
+ABSL_FLAG(int64_t, drain_timeout_ms, 30000, "On SIGTERM: how long running requests may take to finish.");
+
+namespace kvmesh::cli {
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvmesh serve: %s\n", message.c_str());
+  return 1;
+}
+
+std::string BaseName(std::string path) {
+  while (!path.empty() && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+int RunServe(int argc, char** argv) {
+  // Block the stop signals in every thread (the HTTP and engine threads inherit the
+  // mask) so that this thread receives them with sigwait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  ParseSubcommandFlags(argc, argv,
+                       "kvmesh serve [--model DIR] [--host H --port P]: the OpenAI-compatible server (REST) "
+                       "with the continuous-batching engine in one process",
+                       {"serve_command", kEngineFlagsFile});
+  auto loaded = LoadModelFromFlags(/*quiet=*/false);
+  if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
+  engine::LlamaModel& model = *loaded->model;
+  const auto& config = model.config();
+
+  auto built = BuildEngineFromFlags(model);
+  if (!built.ok()) return Fail(std::string(built.status().message()));
+  std::unique_ptr<engine::PagedModelRunner> runner = std::move(built->runner);
+  int32_t max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  if (max_model_len <= 0) max_model_len = static_cast<int32_t>(config.max_position_embeddings);
+  if (max_model_len > config.max_position_embeddings)
+    return Fail("--max-model-len exceeds the model's max_position_embeddings");
+  engine::EngineOptions options = built->options;
+  options.max_model_len = max_model_len;
+  auto engine = engine::Engine::Create(options, *runner);
+  if (!engine.ok()) return Fail(std::string(engine.status().message()));
+  engine::AsyncEngine async_engine(std::move(engine).value());
+
+  metrics::Registry registry;
+  auto metrics = serving::ServingMetrics::Create(registry, [&async_engine] { return async_engine.stats(); });
+  if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
+
+  std::optional<model::ChatTemplate> chat_template;
+  if (auto t = model::ChatTemplate::FromModelDirectory(ModelDirFlag()); t.ok()) {
+    chat_template = *t;
+  } else {
+    KVMESH_LOG(kWarning) << "no chat template; /v1/chat/completions will refuse requests"
+                         << LogKv("reason", t.status().message());
+  }
+  serving::OpenAiServiceOptions service_options;
+  service_options.model_name = absl::GetFlag(FLAGS_served_model_name);
+  if (service_options.model_name.empty()) service_options.model_name = BaseName(ModelDirFlag());
+  service_options.max_model_len = max_model_len;
+  service_options.max_inflight_requests = absl::GetFlag(FLAGS_max_inflight_requests);
+  for (absl::string_view key : absl::StrSplit(absl::GetFlag(FLAGS_api_keys), ',', absl::SkipEmpty())) {
+    service_options.api_keys.emplace_back(key);
+  }
+  service_options.eos_token_ids = config.eos_token_ids;
+  if (auto id = loaded->tokenizer->eos_token_id();
+      id && std::find(service_options.eos_token_ids.begin(), service_options.eos_token_ids.end(), *id) ==
+                service_options.eos_token_ids.end()) {
+    service_options.eos_token_ids.push_back(*id);
+  }
+  serving::OpenAiService service(service_options, *loaded->tokenizer, chat_template, async_engine, metrics->get());
+
+  auto server = http::HttpServer::Create({.address = absl::GetFlag(FLAGS_host),
+                                          .port = static_cast<uint16_t>(absl::GetFlag(FLAGS_port)),
+                                          .num_threads = absl::GetFlag(FLAGS_http_threads)});
+  if (!server.ok()) return Fail(std::string(server.status().message()));
+  using std::placeholders::_1;
+  using std::placeholders::_2;
+  (*server)->Handle("POST", "/v1/completions", std::bind(&serving::OpenAiService::HandleCompletions, &service, _1, _2));
+  (*server)->Handle("POST", "/v1/chat/completions",
+                    std::bind(&serving::OpenAiService::HandleChatCompletions, &service, _1, _2));
+  (*server)->Handle("GET", "/v1/models", std::bind(&serving::OpenAiService::HandleModels, &service, _1, _2));
+  (*server)->Handle("GET", "/health", std::bind(&serving::OpenAiService::HandleHealth, &service, _1, _2));
+  (*server)->Handle("GET", "/metrics", [&registry](http::HttpRequest, std::shared_ptr<http::ResponseWriter> w) {
+    (void)w->Send(http::HttpResponse::Text(200, registry.Exposition(), std::string(metrics::kExpositionContentType)));
+  });
+  if (auto s = (*server)->Start(); !s.ok()) return Fail(std::string(s.message()));
+  KVMESH_LOG(kInfo) << "listening on http://" << absl::GetFlag(FLAGS_host) << ":" << (*server)->port()
+                    << LogKv("model", service_options.model_name) << LogKv("kv_blocks", runner->num_blocks())
+                    << LogKv("max_model_len", max_model_len) << LogKv("backend", loaded->backend->name());
+
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  KVMESH_LOG(kInfo) << "draining" << LogKv("signal", signal)
+                    << LogKv("timeout_ms", absl::GetFlag(FLAGS_drain_timeout_ms));
+  async_engine.Drain(absl::GetFlag(FLAGS_drain_timeout_ms));
+  // Every request has its final output now; give the last bytes time to reach clients.
+  (*server)->Shutdown(std::chrono::milliseconds(5000));
+  KVMESH_LOG(kInfo) << "stopped";
+  return 0;
+}
+
+}  // namespace kvmesh::cli

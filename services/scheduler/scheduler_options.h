@@ -1,0 +1,19 @@
+// Options of the scheduler service (from flags / KVMESH_<FLAG> in main.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cluster/placement_policy.h"
+
+namespace kvmesh::scheduler {
+
+struct SchedulerOptions {
+  std::string listen_address = "0.0.0.0:50052";
+  int64_t heartbeat_interval_ms = 1'000;
+  int64_t worker_ttl_ms = 5'000;
+  int64_t shutdown_grace_ms = 5'000;
+  cluster::PlacementOptions placement;
+};
+
+}  // namespace kvmesh::scheduler

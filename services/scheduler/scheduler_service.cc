@@ -1,0 +1,83 @@
+#include "scheduler_service.h"
+
+#include <utility>
+
+#include "core/logging.h"
+#include "core/status_macros.h"
+#include "rpc/status_conversion.h"
+#include "scheduler_conversions.h"
+
+namespace kvmesh::scheduler {
+
+SchedulerService::SchedulerService(cluster::WorkerRegistry& registry, const cluster::PlacementPolicy& policy)
+    : registry_(registry), policy_(policy) {}
+
+grpc::ServerUnaryReactor* SchedulerService::Register(grpc::CallbackServerContext* context,
+                                                     const v1::RegisterRequest* request,
+                                                     v1::RegisterResponse* response) {
+  absl::StatusOr<cluster::WorkerRegistration> registration = RegistrationFromProto(*request);
+  absl::Status status = registration.status();
+  if (status.ok()) status = registry_.Register(*registration);
+  if (!status.ok()) {
+    KVMESH_LOG(kWarning) << "register rejected" << LogKv("worker", request->worker_id())
+                         << LogKv("error", status.ToString());
+    return rpc::FinishUnary(context, status);
+  }
+  KVMESH_LOG(kInfo) << "worker registered" << LogKv("worker", registration->worker_id)
+                    << LogKv("address", registration->address)
+                    << LogKv("role", cluster::WorkerRoleName(registration->role))
+                    << LogKv("model", registration->model);
+  response->set_heartbeat_interval_ms(static_cast<uint32_t>(registry_.heartbeat_interval_ms()));
+  response->set_lease_ttl_ms(static_cast<uint32_t>(registry_.worker_ttl_ms()));
+  return rpc::FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* SchedulerService::Heartbeat(grpc::CallbackServerContext* context,
+                                                      const v1::HeartbeatRequest* request,
+                                                      v1::HeartbeatResponse* response) {
+  absl::StatusOr<cluster::HeartbeatReport> report = HeartbeatReportFromProto(*request);
+  absl::Status status = report.status();
+  if (status.ok()) status = registry_.Heartbeat(request->worker_id(), *report);
+  if (!status.ok()) {
+    KVMESH_LOG(kDebug) << "heartbeat rejected" << LogKv("worker", request->worker_id())
+                       << LogKv("error", status.ToString());
+    return rpc::FinishUnary(context, status);
+  }
+  response->set_heartbeat_interval_ms(static_cast<uint32_t>(registry_.heartbeat_interval_ms()));
+  return rpc::FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* SchedulerService::Deregister(grpc::CallbackServerContext* context,
+                                                       const v1::DeregisterRequest* request,
+                                                       v1::DeregisterResponse* /*response*/) {
+  const absl::Status status = registry_.Deregister(request->worker_id());
+  if (status.ok()) {
+    KVMESH_LOG(kInfo) << "worker deregistered" << LogKv("worker", request->worker_id());
+  }
+  return rpc::FinishUnary(context, status);
+}
+
+grpc::ServerUnaryReactor* SchedulerService::Place(grpc::CallbackServerContext* context,
+                                                  const v1::PlaceRequest* request, v1::PlaceResponse* response) {
+  const absl::StatusOr<cluster::Placement> placement =
+      policy_.Place(PlacementRequestFromProto(*request), registry_);
+  if (!placement.ok()) {
+    KVMESH_LOG(kWarning) << "place failed" << LogKv("request", request->request_id())
+                         << LogKv("model", request->model()) << LogKv("error", placement.status().ToString());
+    return rpc::FinishUnary(context, placement.status());
+  }
+  KVMESH_LOG(kDebug) << "placed" << LogKv("request", request->request_id()) << LogKv("reason", placement->reason);
+  PlacementToProto(*placement, response);
+  return rpc::FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* SchedulerService::ListWorkers(grpc::CallbackServerContext* context,
+                                                        const v1::ListWorkersRequest* request,
+                                                        v1::ListWorkersResponse* response) {
+  for (const cluster::WorkerSnapshot& snapshot : registry_.List(request->model())) {
+    WorkerSnapshotToProto(snapshot, response->add_workers());
+  }
+  return rpc::FinishUnary(context, absl::OkStatus());
+}
+
+}  // namespace kvmesh::scheduler

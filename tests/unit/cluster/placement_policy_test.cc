@@ -1,0 +1,335 @@
+#include "cluster/placement_policy.h"
+
+#include <atomic>
+#include <chrono>
+#include <numeric>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+
+#include "kv/block_hash.h"
+
+namespace kvmesh::cluster {
+namespace {
+
+constexpr int32_t kBlock = 16;
+
+std::vector<int32_t> Prompt(int32_t num_tokens, int32_t first = 1) {
+  std::vector<int32_t> tokens(num_tokens);
+  std::iota(tokens.begin(), tokens.end(), first);
+  return tokens;
+}
+
+class PlacementPolicyTest : public ::testing::Test {
+ protected:
+  void AddWorker(const std::string& id, WorkerRole role, int32_t max_num_seqs = 64) {
+    // NOTE: built in one initializer: assigning short literals to std::string members trips
+    // GCC 12's -Wrestrict false positive at -O3.
+    const WorkerRegistration r{
+        .worker_id = id,
+        .address = absl::StrCat(id, ":1"),
+        .role = role,
+        .model = "m",
+        .kv_cache_spec = KvCacheSpec{.block_size_tokens = kBlock, .num_layers = 2, .num_kv_heads = 2, .head_dim = 8},
+        .capacity = WorkerCapacity{.max_num_seqs = max_num_seqs}};
+    ASSERT_TRUE(registry_.Register(r).ok());
+  }
+  // The worker reports `load` and holds the first `num_blocks` blocks of `tokens`.
+  void Report(const std::string& id, const std::vector<int32_t>& tokens, int num_blocks, WorkerLoad load = {},
+              kv::Tier tier = kv::Tier::kDevice) {
+    HeartbeatReport report;
+    report.load = load;
+    const auto hashes = kv::HashFullBlocks(tokens, kBlock, 0);
+    for (int i = 0; i < num_blocks; ++i) {
+      report.kv_events.push_back(
+          {.kind = kv::KvEvent::Kind::kStored, .block_hash = hashes[i], .tier = tier, .num_tokens = kBlock});
+    }
+    ASSERT_TRUE(registry_.Heartbeat(id, report).ok());
+  }
+  PlacementRequest Request(const std::vector<int32_t>& tokens) {
+    return PlacementRequest{.request_id = "r", .model = "m", .prompt_token_ids = tokens};
+  }
+
+  ManualClock clock_;
+  WorkerRegistry registry_{{.heartbeat_interval_ms = 100, .worker_ttl_ms = 1000, .clock = &clock_}};
+};
+
+TEST_F(PlacementPolicyTest, NoWorkersIsUnavailable) {
+  PlacementPolicy policy;
+  EXPECT_EQ(policy.Place(Request(Prompt(64)), registry_).status().code(), absl::StatusCode::kUnavailable);
+  AddWorker("p", WorkerRole::kBoth);
+  PlacementRequest other = Request(Prompt(64));
+  other.model = "unknown-model";
+  EXPECT_EQ(policy.Place(other, registry_).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(PlacementPolicyTest, OnlyPrefillWorkersIsUnavailable) {
+  AddWorker("p", WorkerRole::kPrefill);
+  PlacementPolicy policy;
+  EXPECT_EQ(policy.Place(Request(Prompt(64)), registry_).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(PlacementPolicyTest, AllWorkersDrainingOrExcludedIsUnavailable) {
+  AddWorker("a", WorkerRole::kBoth);
+  AddWorker("b", WorkerRole::kBoth);
+  ASSERT_TRUE(registry_.Heartbeat("a", {.draining = true}).ok());
+  PlacementRequest request = Request(Prompt(64));
+  request.exclude_worker_ids = {"b"};
+  EXPECT_EQ(PlacementPolicy().Place(request, registry_).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(PlacementPolicyTest, BadRequestsAreInvalidArgument) {
+  AddWorker("a", WorkerRole::kBoth);
+  PlacementPolicy policy;
+  PlacementRequest request{.model = "m"};
+  EXPECT_EQ(policy.Place(request, registry_).status().code(), absl::StatusCode::kInvalidArgument);  // no prompt
+  request = Request(Prompt(32));
+  request.model.clear();
+  EXPECT_EQ(policy.Place(request, registry_).status().code(), absl::StatusCode::kInvalidArgument);
+  request = Request(Prompt(32));
+  request.prompt_block_hashes = kv::HashFullBlocks(Prompt(32), kBlock, 0);
+  EXPECT_EQ(policy.Place(request, registry_).status().code(), absl::StatusCode::kInvalidArgument);  // both
+  request.prompt_token_ids.clear();
+  request.prompt_length_tokens = 20;  // 2 full blocks need >= 32 tokens
+  EXPECT_EQ(policy.Place(request, registry_).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(PlacementPolicyTest, PrefersTheWorkerHoldingTheLongestPrefix) {
+  AddWorker("d", WorkerRole::kDecode);
+  AddWorker("p1", WorkerRole::kPrefill);
+  AddWorker("p2", WorkerRole::kPrefill);
+  AddWorker("p3", WorkerRole::kPrefill);
+  const auto prompt = Prompt(1024);
+  Report("p1", prompt, 8);
+  Report("p2", prompt, 40);
+  Report("p3", Prompt(1024, 5000), 60);  // another prompt's blocks
+  PlacementPolicy policy({.disaggregation_threshold_tokens = 64});
+  const auto placement = policy.Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  EXPECT_FALSE(placement->prefill_locally);
+  EXPECT_EQ(placement->prefill_worker_id, "p2");
+  EXPECT_EQ(placement->prefill_address, "p2:1");
+  EXPECT_EQ(placement->prefill_cached_tokens, 40 * kBlock);
+  EXPECT_EQ(placement->decode_worker_id, "d");
+  EXPECT_EQ(placement->decode_cached_tokens, 0);
+  EXPECT_NE(placement->reason.find("prefill=p2"), std::string::npos) << placement->reason;
+}
+
+TEST_F(PlacementPolicyTest, PrefixMatchesAlsoWorkFromBlockHashes) {
+  AddWorker("d", WorkerRole::kDecode);
+  AddWorker("p1", WorkerRole::kPrefill);
+  AddWorker("p2", WorkerRole::kPrefill);
+  const auto prompt = Prompt(1000);  // 62 full blocks + 8 tokens
+  Report("p1", prompt, 62);
+  const PlacementRequest request{
+      .model = "m", .prompt_block_hashes = kv::HashFullBlocks(prompt, kBlock, 0), .prompt_length_tokens = 1000};
+  const auto placement = PlacementPolicy({.disaggregation_threshold_tokens = 0}).Place(request, registry_);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  EXPECT_EQ(placement->prefill_worker_id, "p1");
+  EXPECT_EQ(placement->prefill_cached_tokens, 62 * kBlock);
+}
+
+TEST_F(PlacementPolicyTest, AnOverloadedWorkerLosesItsPrefixAdvantage) {
+  AddWorker("d", WorkerRole::kDecode);
+  AddWorker("p1", WorkerRole::kPrefill);
+  AddWorker("p2", WorkerRole::kPrefill);
+  const auto prompt = Prompt(1024);
+  // p2 holds the whole prompt but its KV pool is full; p1 holds a little and is idle.
+  Report("p1", prompt, 4, WorkerLoad{.kv_blocks_total = 1000, .kv_blocks_used = 100});
+  Report("p2", prompt, 64, WorkerLoad{.kv_blocks_total = 1000, .kv_blocks_used = 990});
+  PlacementPolicy policy({.disaggregation_threshold_tokens = 64});
+  auto placement = policy.Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  EXPECT_EQ(placement->prefill_worker_id, "p1");
+  // And by queue depth: p2 recovered its memory but has a long queue.
+  Report("p2", prompt, 0, WorkerLoad{.num_waiting_seqs = 80, .kv_blocks_total = 1000, .kv_blocks_used = 100});
+  placement = policy.Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->prefill_worker_id, "p1");
+}
+
+TEST_F(PlacementPolicyTest, LoadWeighsAgainstOverlapBelowOverload) {
+  AddWorker("d", WorkerRole::kDecode);
+  AddWorker("p1", WorkerRole::kPrefill, /*max_num_seqs=*/100);
+  AddWorker("p2", WorkerRole::kPrefill, /*max_num_seqs=*/100);
+  const auto prompt = Prompt(1024);  // 64 blocks
+  Report("p1", prompt, 0);
+  Report("p2", prompt, 16, WorkerLoad{.num_waiting_seqs = 60});  // 25% cached, 60% queued
+  // Default weights: p2 scores 0.25 - 0.5 * 0.6 = -0.05 < p1's 0.
+  auto placement = PlacementPolicy({.disaggregation_threshold_tokens = 64}).Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->prefill_worker_id, "p1");
+  // Weighing the cache more flips it.
+  placement = PlacementPolicy({.overlap_weight = 2.0, .disaggregation_threshold_tokens = 64})
+                  .Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->prefill_worker_id, "p2");
+}
+
+TEST_F(PlacementPolicyTest, ShortUncachedPromptsArePrefilledOnTheDecodeWorker) {
+  AddWorker("d", WorkerRole::kDecode);
+  AddWorker("p", WorkerRole::kPrefill);
+  PlacementPolicy policy({.disaggregation_threshold_tokens = 128});
+  auto placement = policy.Place(Request(Prompt(100)), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_TRUE(placement->prefill_locally);
+  EXPECT_EQ(placement->prefill_worker_id, "d");
+  EXPECT_EQ(placement->decode_worker_id, "d");
+  EXPECT_NE(placement->reason.find("threshold"), std::string::npos) << placement->reason;
+  // Long prompt: disaggregated.
+  const auto long_prompt = Prompt(1000);
+  placement = policy.Place(Request(long_prompt), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_FALSE(placement->prefill_locally);
+  EXPECT_EQ(placement->prefill_worker_id, "p");
+  // Long prompt mostly cached on the decode worker: only the uncached part counts.
+  Report("d", long_prompt, 60);  // 960 of 1000 tokens
+  placement = policy.Place(Request(long_prompt), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_TRUE(placement->prefill_locally);
+  EXPECT_EQ(placement->decode_cached_tokens, 960);
+}
+
+TEST_F(PlacementPolicyTest, WithoutPrefillWorkersTheDecodeWorkerPrefills) {
+  AddWorker("d", WorkerRole::kDecode);
+  const auto placement = PlacementPolicy({.disaggregation_threshold_tokens = 0}).Place(Request(Prompt(4096)), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_TRUE(placement->prefill_locally);
+  EXPECT_NE(placement->reason.find("no prefill-capable worker"), std::string::npos);
+}
+
+TEST_F(PlacementPolicyTest, AggregatedWorkerHoldingThePrefixDoesBoth) {
+  AddWorker("a", WorkerRole::kBoth);
+  AddWorker("b", WorkerRole::kBoth);
+  const auto prompt = Prompt(1024);
+  Report("b", prompt, 64);
+  const auto placement = PlacementPolicy({.disaggregation_threshold_tokens = 0}).Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->decode_worker_id, "b");
+  EXPECT_TRUE(placement->prefill_locally);
+}
+
+TEST_F(PlacementPolicyTest, RecentPlacementsSpreadABurstBetweenHeartbeats) {
+  AddWorker("d1", WorkerRole::kDecode, /*max_num_seqs=*/4);
+  AddWorker("d2", WorkerRole::kDecode, /*max_num_seqs=*/4);
+  PlacementPolicy policy;
+  std::vector<std::string> chosen;
+  for (int i = 0; i < 4; ++i) {
+    const auto placement = policy.Place(Request(Prompt(32, 100 * i)), registry_);
+    ASSERT_TRUE(placement.ok());
+    chosen.push_back(placement->decode_worker_id);
+  }
+  EXPECT_EQ(chosen, (std::vector<std::string>{"d1", "d2", "d1", "d2"}));
+}
+
+TEST_F(PlacementPolicyTest, HostTierHitsCountLessThanDeviceHits) {
+  AddWorker("d", WorkerRole::kDecode);
+  AddWorker("p1", WorkerRole::kPrefill);
+  AddWorker("p2", WorkerRole::kPrefill);
+  const auto prompt = Prompt(1024);
+  Report("p1", prompt, 40, {}, kv::Tier::kHost);    // 40 * 0.8 = 32 effective
+  Report("p2", prompt, 36, {}, kv::Tier::kDevice);  // 36
+  auto placement = PlacementPolicy({.disaggregation_threshold_tokens = 0}).Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->prefill_worker_id, "p2");
+  placement = PlacementPolicy({.host_tier_weight = 1.0, .disaggregation_threshold_tokens = 0})
+                  .Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->prefill_worker_id, "p1");
+}
+
+TEST_F(PlacementPolicyTest, ExpiredWorkersAreNotPlaced) {
+  AddWorker("d1", WorkerRole::kDecode);
+  AddWorker("d2", WorkerRole::kDecode);
+  const auto prompt = Prompt(256);
+  Report("d1", prompt, 16);
+  PlacementPolicy policy;
+  ASSERT_EQ(policy.Place(Request(prompt), registry_)->decode_worker_id, "d1");
+  clock_.Advance(absl::Milliseconds(700));
+  ASSERT_TRUE(registry_.Heartbeat("d2", {}).ok());
+  clock_.Advance(absl::Milliseconds(700));  // d1: 1400 ms since its heartbeat
+  const auto placement = policy.Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->decode_worker_id, "d2");
+}
+
+TEST(PlacementPolicyScoreTest, ScoreCombinesOverlapQueueAndKvUsage) {
+  PlacementPolicy policy({.overlap_weight = 1.0, .queue_weight = 0.5, .kv_usage_weight = 0.25});
+  WorkerCandidate c;
+  c.worker.registration.capacity.max_num_seqs = 10;
+  c.worker.load = WorkerLoad{.num_waiting_seqs = 2, .kv_blocks_total = 100, .kv_blocks_used = 40, .queue_depth = 1};
+  c.worker.num_recent_placements = 1;
+  c.prefix.num_blocks = 4;
+  c.prefix.num_blocks_by_tier[0] = 4;
+  const WorkerScore s = policy.Score(c, /*prompt_length_tokens=*/128, /*block_size_tokens=*/16);
+  EXPECT_EQ(s.cached_tokens, 64);
+  EXPECT_DOUBLE_EQ(s.cached_fraction, 0.5);
+  EXPECT_DOUBLE_EQ(s.pending_ratio, 0.4);
+  EXPECT_DOUBLE_EQ(s.kv_usage, 0.4);
+  EXPECT_FALSE(s.overloaded);
+  EXPECT_DOUBLE_EQ(s.score, 0.5 - 0.2 - 0.1);
+}
+
+}  // namespace
+}  // namespace kvmesh::cluster
+
+namespace kvmesh::cluster {
+namespace {
+
+// Registry + policy under concurrent heartbeats, placements, listings and expiry: no
+// crash, no lost worker, every placement names a live worker.
+TEST(PlacementConcurrencyTest, ConcurrentHeartbeatsPlacementsAndListings) {
+  ManualClock clock;
+  WorkerRegistry registry({.heartbeat_interval_ms = 10, .worker_ttl_ms = 1000, .clock = &clock});
+  for (int w = 0; w < 4; ++w) {
+    ASSERT_TRUE(registry
+                    .Register({.worker_id = absl::StrCat("w", w),
+                               .address = absl::StrCat("w", w, ":1"),
+                               .role = w % 2 == 0 ? WorkerRole::kDecode : WorkerRole::kPrefill,
+                               .model = "m",
+                               .kv_cache_spec = KvCacheSpec{.block_size_tokens = kBlock}})
+                    .ok());
+  }
+  const PlacementPolicy policy({.disaggregation_threshold_tokens = 16});
+  std::atomic<bool> stop{false};
+  std::atomic<int> placed{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      const auto hashes = kv::HashFullBlocks(Prompt(512, w * 7), kBlock, 0);
+      int i = 0;
+      while (!stop.load()) {
+        HeartbeatReport report;
+        report.load.num_waiting_seqs = i % 5;
+        const auto& h = hashes[static_cast<size_t>(i) % hashes.size()];
+        report.kv_events.push_back({.kind = i % 3 == 0 ? kv::KvEvent::Kind::kRemoved : kv::KvEvent::Kind::kStored,
+                                    .block_hash = h,
+                                    .num_tokens = kBlock});
+        EXPECT_TRUE(registry.Heartbeat(absl::StrCat("w", w), report).ok());
+        ++i;
+      }
+    });
+  }
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      while (!stop.load()) {
+        const PlacementRequest request{.model = "m", .prompt_token_ids = Prompt(512, t * 7)};
+        const auto placement = policy.Place(request, registry);
+        EXPECT_TRUE(placement.ok()) << placement.status();
+        if (placement.ok()) ++placed;
+        EXPECT_EQ(registry.List("m").size(), 4u);
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stop = true;
+  for (auto& thread : threads) thread.join();
+  EXPECT_GT(placed.load(), 0);
+}
+
+}  // namespace
+}  // namespace kvmesh::cluster
