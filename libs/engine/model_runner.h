@@ -11,6 +11,10 @@
 
 #include "absl/status/statusor.h"
 
+namespace kvmesh::kv {
+class KvStorage;
+}  // namespace kvmesh::kv
+
 namespace kvmesh::engine {
 
 // One sequence's share of a step: a prefill chunk or a single decode token.
@@ -48,6 +52,11 @@ class ModelRunner {
   // a malformed batch (token outside the vocabulary, block table too short, block
   // id out of range).
   virtual absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) = 0;
+  // The host KV pool the runner computes over (block ids are the KV manager's), or
+  // nullptr when it has none the engine may read and write directly (a fake, a device
+  // pool). Prefill/decode disaggregation copies blocks in and out through it
+  // (Engine::ImportKvBlock / ExportKvBlock) between steps, never during Execute.
+  virtual kv::KvStorage* kv_storage() { return nullptr; }
 };
 
 }  // namespace kvmesh::engine

@@ -38,6 +38,7 @@ class PagedModelRunner : public ModelRunner {
   int32_t block_size_tokens() const override { return storage_->layout().block_size_tokens(); }
   int32_t num_blocks() const override { return storage_->layout().num_blocks(); }
   absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override;
+  kv::KvStorage* kv_storage() override { return storage_.get(); }
 
   const kv::KvStorage& storage() const { return *storage_; }
   kv::KvStorage& storage() { return *storage_; }

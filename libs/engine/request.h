@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "engine/sampler.h"
+#include "kv/kv_types.h"
 
 namespace kvmesh::engine {
 
@@ -69,6 +70,24 @@ struct CompletionOutput {
   bool finished() const { return finish_reason != CompletionFinishReason::kNone; }
 };
 
+// What a prefill-only request (Engine::AddPrefillOnlyRequest) hands to the decode side
+// once its prompt is computed: the first token and where the prompt's KV sits in this
+// engine's pool. The blocks stay pinned until Engine::ReleasePrefill (or Abort, or the
+// release timeout).
+struct PrefillResult {
+  int32_t first_token_id = 0;
+  // The first token's logprobs when sampling_params.logprobs >= 0 (pass them on to
+  // Engine::CommitRemotePrefill); nullopt otherwise.
+  std::optional<SampleResult> first_token_logprobs;
+  // This engine's blocks holding the prompt's KV, in position order: block i holds
+  // positions [i * B, (i + 1) * B); the last one may be partly filled.
+  std::vector<kv::BlockId> block_ids;
+  // Prompt tokens this engine took from its own prefix cache (not recomputed).
+  int32_t num_cached_tokens = 0;
+  // Leading blocks the receiver already holds (skip_leading_tokens / B): need not be sent.
+  int32_t num_skipped_blocks = 0;
+};
+
 struct RequestOutput {
   std::string request_id;
   // The samples that changed in this step, by increasing index.
@@ -82,6 +101,9 @@ struct RequestOutput {
   bool finished = false;
   // Why the request failed (finish_reason kError); OK otherwise.
   absl::Status status;
+  // Set on the one output of a prefill-only request that reports its computed prompt
+  // (not final: the request ends with ReleasePrefill / Abort / the release timeout).
+  std::optional<PrefillResult> prefill_result;
 };
 
 }  // namespace kvmesh::engine

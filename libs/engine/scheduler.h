@@ -25,12 +25,21 @@
 // the prefix cache), forks n > 1 requests whose prompt just completed, samples one token
 // per sample from its logits row, runs stop checks and frees finished sequences' blocks.
 //
+// Prefill/decode disaggregation parks sequences outside both queues (never scheduled,
+// never preempted, blocks held):
+//   decode side:  ReserveRemotePrefill -> kReceiving -> CommitRemotePrefill -> kRunning
+//                                                    \-> FailRequest / Abort -> ended
+//   prefill side: AddPrefillOnlyRequest -> waiting/running as usual -> first token
+//                 sampled -> kPrefilled (PrefillResult output) -> ReleasePrefill /
+//                 FailRequest / Abort -> ended
+//
 // Thread-safety: not thread-safe; owned by the engine loop together with the KV manager.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -89,6 +98,8 @@ struct SchedulerStats {
   int32_t num_requests = 0;      // unfinished
   int32_t num_running_seqs = 0;
   int32_t num_waiting_seqs = 0;
+  int32_t num_receiving_seqs = 0;  // decode side: waiting for a remote prefill's KV
+  int32_t num_prefilled_seqs = 0;  // prefill side: computed, blocks pinned until released
   int64_t num_preemptions = 0;
   // Admissions put off one step because a running sequence was computing the same
   // prefix block (in-batch prefix sharing).
@@ -100,6 +111,13 @@ struct SchedulerStats {
   int64_t num_failed_requests = 0;
   int32_t last_batch_num_seqs = 0;
   int32_t last_batch_num_tokens = 0;
+};
+
+// The decode side's allocation for a remote prefill (Scheduler::ReserveRemotePrefill).
+struct RemotePrefillReservation {
+  kv::RequestId kv_id;
+  std::vector<kv::BlockId> block_ids;  // the whole prompt, in position order
+  int32_t num_cached_tokens = 0;       // leading prompt tokens from the local prefix cache
 };
 
 class Scheduler {
@@ -141,20 +159,70 @@ class Scheduler {
   // finished) request.
   absl::StatusOr<RequestOutput> Abort(const std::string& request_id);
 
+  // --- Prefill/decode disaggregation (see the file comment) ---
+
+  // Decode side. Adds a validated request in state kReceiving: allocates the blocks of
+  // its whole prompt now (the leading cached blocks come from the prefix cache and count
+  // as computed) and never schedules it until committed. Its n sequence slots count
+  // against max_num_seqs from now on, so that a commit always fits. Errors, all without
+  // side effects: AlreadyExists for an unfinished request of the same id;
+  // ResourceExhausted when the pool cannot supply the blocks or max_num_seqs would be
+  // exceeded (no running sequence is preempted for a reservation).
+  absl::StatusOr<RemotePrefillReservation> ReserveRemotePrefill(const EngineRequest& request);
+
+  // The KV of a kReceiving request's prompt is in its blocks. n == 1: marks the prompt
+  // computed (full blocks enter the prefix cache), records `first_token_id` as the first
+  // output as if sampled here (sampler state, logprobs, stop checks) and admits the
+  // sequence to the running queue. n > 1: marks all but the last prompt token computed
+  // and admits it; the next step recomputes that token, forks and samples all n first
+  // tokens as an aggregated engine would (`first_token_id` is then only checked for
+  // range). Returns the request's output (possibly final, possibly without outputs for
+  // n > 1). FailedPrecondition for an unknown or not-receiving request;
+  // InvalidArgument (nothing changes) for a token outside the vocabulary, or missing /
+  // mismatched logprobs when the request asked for logprobs.
+  absl::StatusOr<RequestOutput> CommitRemotePrefill(const std::string& request_id, int32_t first_token_id,
+                                                    const std::optional<SampleResult>& first_token_logprobs);
+
+  // Prefill side. Queues a validated request that stops after its prompt: once the last
+  // prompt chunk ran, sample 0's first token is sampled (no stop checks: the decode side
+  // applies them), the sequence turns kPrefilled with its blocks pinned, and its output
+  // carries a PrefillResult (not final). n is treated as 1. AlreadyExists as AddRequest.
+  absl::Status AddPrefillOnlyRequest(const EngineRequest& request, int32_t num_skipped_blocks);
+
+  // Ends a kPrefilled request: frees its blocks (its full blocks stay cached) and returns
+  // its final output (finish_reason kLength: its one token was all it was to produce).
+  // FailedPrecondition for an unknown request or one that is not kPrefilled.
+  absl::StatusOr<RequestOutput> ReleasePrefill(const std::string& request_id);
+
+  // Ends a request in any state with finish_reason kError and `error` as its status, and
+  // frees its blocks (a failed or expired handoff). FailedPrecondition for an unknown
+  // request.
+  absl::StatusOr<RequestOutput> FailRequest(const std::string& request_id, const absl::Status& error);
+
+  // The status of a request's first sequence; nullopt for an unknown request.
+  std::optional<SequenceStatus> FirstSequenceStatus(const std::string& request_id) const;
+
   bool HasUnfinishedRequests() const { return !requests_.empty(); }
   bool HasRequest(const std::string& request_id) const { return requests_.contains(request_id); }
   SchedulerStats stats() const;
   const SchedulerOptions& options() const { return options_; }
 
   // Internal unless: every running sequence holds a KV table whose computed count equals
-  // its own, no waiting sequence holds one, each unfinished sequence is in exactly one
-  // queue, and the KV manager's own invariants hold. For tests.
+  // its own, no waiting sequence holds one, every parked (receiving / prefilled) one
+  // does, each unfinished sequence is in exactly one queue, and the KV manager's own
+  // invariants hold. For tests.
   absl::Status CheckInvariants() const;
 
  private:
   // Hashes of prompt blocks that running sequences have not finished computing.
   absl::flat_hash_set<kv::BlockHash> InFlightBlockHashes() const;
   Scheduler(const SchedulerOptions& options, kv::KvCacheManager& kv, int32_t vocab_size);
+
+  // Creates the request and its first sequence (queued nowhere yet). AlreadyExists for
+  // an unfinished request of the same id.
+  absl::StatusOr<Sequence*> CreateRequest(const EngineRequest& request);
+  // Drops a request that CreateRequest made and that holds nothing yet.
+  void DiscardNewRequest(Sequence* seq);
 
   // Pending tokens to schedule for `seq` under `budget` (before the no-chunking rule).
   int32_t NumNewTokens(const Sequence& seq, int32_t budget) const;
@@ -173,6 +241,12 @@ class Scheduler {
   absl::Status Fork(Sequence* parent);
   // Samples the next token of `seq` from `row`; on a sampler error fails the request.
   absl::Status SampleNext(Sequence* seq, std::span<const float> row);
+  // Appends `result.token_id` as `seq`'s next output (sampler, pending output and
+  // logprobs) and, unless the request is prefill-only, applies the stop checks.
+  void AppendOutputToken(Sequence* seq, SampleResult result);
+  // A prefill-only sequence has its first token: park it kPrefilled with its blocks.
+  void HoldPrefilled(Sequence* seq);
+  void RemoveFromParked(Sequence* seq);
   // Marks `seq` finished and frees its blocks.
   void FinishSequence(Sequence* seq, CompletionFinishReason reason);
   // Collects the pending output of `request` (clearing it); removes the request when it
@@ -191,6 +265,7 @@ class Scheduler {
   absl::flat_hash_map<kv::RequestId, Sequence*> seqs_;  // unfinished sequences by KV id
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // admission order (children right after their parent)
+  std::vector<Sequence*> parked_;   // kReceiving and kPrefilled: hold blocks, never scheduled
   int64_t next_kv_id_ = 0;
   int64_t next_arrival_ = 0;
   int64_t next_creation_ = 0;

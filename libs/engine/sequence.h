@@ -28,7 +28,13 @@ namespace kvmesh::engine {
 
 struct RequestState;
 
-enum class SequenceStatus : uint8_t { kWaiting, kRunning, kFinished };
+// kReceiving and kPrefilled are the two halves of prefill/decode disaggregation: the
+// sequence holds KV blocks but is in neither queue and is never scheduled or preempted.
+//   kReceiving: decode side; its prompt's blocks are allocated and a remote prefill
+//     worker is writing them (Engine::ReserveForRemotePrefill); commit makes it kRunning.
+//   kPrefilled: prefill side; a prefill-only request whose prompt is computed and first
+//     token sampled; its blocks are pinned until released (Engine::ReleasePrefill).
+enum class SequenceStatus : uint8_t { kWaiting, kRunning, kReceiving, kPrefilled, kFinished };
 
 struct Sequence {
   RequestState* request = nullptr;  // the owner; outlives this
@@ -79,6 +85,12 @@ struct RequestState {
   bool forked = false;
   // Prefix-cache tokens at the first scheduling; -1 before it.
   int32_t num_cached_prompt_tokens = -1;
+  // Prefill-only (disaggregated prefill side): stop after the first token and pin the
+  // prompt's blocks (sequence kPrefilled) instead of decoding. n is forced to 1.
+  bool prefill_only = false;
+  int32_t num_skipped_blocks = 0;  // reported in PrefillResult
+  // The prefill-only result not yet reported in a RequestOutput.
+  std::optional<PrefillResult> pending_prefill_result;
 
   int32_t num_prompt_tokens() const { return static_cast<int32_t>(prompt_token_ids.size()); }
   // Sequence slots (max_num_seqs) the request takes once running: n before the fork.

@@ -14,7 +14,9 @@
 // Per connection: keep-alive, pipelined requests handled one at a time in order (the
 // next request is dispatched after the previous response has been written), a
 // background read during each response that detects the client going away (→
-// ResponseWriter's on_disconnect). Errors the server produces itself are OpenAI
+// ResponseWriter's on_disconnect). NOTE: as in uvicorn/vLLM, EOF from the client
+// while its response is in flight counts as going away, so a client that half-closes
+// its sending side after the request loses the response. Errors the server produces itself are OpenAI
 // error JSON: 404 unknown path, 405 known path with another method (with Allow),
 // 413 body over max_body_bytes, 431 header over max_header_bytes, 400 unparsable
 // request, 503 over max_connections, 500 when a handler throws or drops its writer.

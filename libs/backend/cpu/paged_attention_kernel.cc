@@ -341,22 +341,36 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
     const int64_t num_keys = Min(tile, last_pos + 1 - t0);
     const int64_t num_chunks = CeilDiv(num_keys, kLanes);
     // Row pointers; padding past num_keys repeats the last key (finite, masked).
-    for (int64_t s = 0; s < num_chunks * kLanes; ++s) {
-      const int64_t key = t0 + Min(s, num_keys - 1);
-      const int64_t off = static_cast<int64_t>(table[key / bs]) * block_stride + (key % bs) * d;
-      kptr[s] = k_base + off;
-      vptr[s] = v_base + off;
+    // A tile is whole blocks (t0 % bs == 0), so rows are walked block by block
+    // without a division per key.
+    {
+      const int32_t* tile_blocks = table + t0 / bs;
+      for (int64_t s0 = 0; s0 < num_keys; s0 += bs) {
+        const int64_t off = static_cast<int64_t>(tile_blocks[s0 / bs]) * block_stride;
+        const int64_t n_in = Min(bs, num_keys - s0);
+        for (int64_t j = 0; j < n_in; ++j) {
+          kptr[s0 + j] = k_base + off + j * d;
+          vptr[s0 + j] = v_base + off + j * d;
+        }
+      }
+      for (int64_t s = num_keys; s < num_chunks * kLanes; ++s) {
+        kptr[s] = kptr[num_keys - 1];
+        vptr[s] = vptr[num_keys - 1];
+      }
     }
     // Prefetch K and V kPrefetchTiles tiles ahead while this one is computed.
     if (t0 + kPrefetchTiles * tile <= last_pos) {
       const int64_t ahead = t0 + kPrefetchTiles * tile;
       const int64_t next_keys = Min(tile, last_pos + 1 - ahead);
-      for (int64_t s = 0; s < next_keys; ++s) {
-        const int64_t key = ahead + s;
-        const int64_t off = static_cast<int64_t>(table[key / bs]) * block_stride + (key % bs) * d;
-        for (int64_t c = 0; c < d; c += 16) {
-          Prefetch(k_base + off + c);
-          Prefetch(v_base + off + c);
+      const int32_t* next_blocks = table + ahead / bs;
+      for (int64_t s0 = 0; s0 < next_keys; s0 += bs) {
+        const int64_t off = static_cast<int64_t>(next_blocks[s0 / bs]) * block_stride;
+        const int64_t bytes = Min(bs, next_keys - s0) * d * 4;  // the block's rows are contiguous
+        const char* kb = reinterpret_cast<const char*>(k_base + off);
+        const char* vb = reinterpret_cast<const char*>(v_base + off);
+        for (int64_t b = 0; b < bytes; b += 64) {
+          Prefetch(kb + b);
+          Prefetch(vb + b);
         }
       }
     }

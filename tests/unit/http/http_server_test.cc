@@ -456,6 +456,31 @@ TEST(HttpServerTest, ConnectionsBeyondTheLimitGet503) {
   EXPECT_EQ(r->result_int(), 503);
 }
 
+TEST(HttpServerTest, Http10StreamIsRawAndEndsWithTheConnection) {
+  auto server = MakeServer();
+  WriterBox box;
+  server->Handle("GET", "/s", StreamHandler(&box));
+  ASSERT_TRUE(server->Start().ok());
+  TestClient c(server->port());
+  ASSERT_TRUE(c.Send("GET /s HTTP/1.0\r\n\r\n"));
+  ASSERT_TRUE(box.WaitFor(1, 5s));
+  auto writer = box.at(0);
+  ASSERT_TRUE(writer->Write("data: a\n\n"));
+  writer->Finish();
+  ASSERT_TRUE(c.WaitForClose(3000));
+  EXPECT_EQ(c.buffer().find("Transfer-Encoding"), std::string::npos) << c.buffer();
+  EXPECT_NE(c.buffer().find("Connection: close\r\n\r\ndata: a\n\n"), std::string::npos) << c.buffer();
+}
+
+TEST(HttpServerTest, OversizedHeaderGets431) {
+  auto server = MakeServer({.max_header_bytes = 1024});
+  ASSERT_TRUE(server->Start().ok());
+  TestClient c(server->port());
+  auto r = c.Request("GET", "/x", "", {{"X-Big", std::string(4096, 'h')}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->result_int(), 431);
+}
+
 TEST(HttpServerTest, TwoHundredConcurrentStreams) {
   constexpr int kClients = 200;
   constexpr int kChunks = 20;
