@@ -2,41 +2,26 @@
 
 #include <algorithm>
 
+#include "http/stop_string_matcher.h"
+
 namespace kvmesh::serving {
 
 struct TextGenerationStream::Sample {
-  Sample(const model::Tokenizer& tokenizer, bool skip_special_tokens) : detokenizer(tokenizer, skip_special_tokens) {}
+  Sample(const model::Tokenizer& tokenizer, bool skip_special_tokens, const std::vector<std::string>& stop)
+      : detokenizer(tokenizer, skip_special_tokens), stop_matcher(stop) {}
   model::IncrementalDetokenizer detokenizer;
-  std::string held;      // decoded text not yet emitted: it may begin a stop string
+  http::StopStringMatcher stop_matcher;  // holds back text that may begin a stop string
   std::string text;      // everything emitted
   int32_t num_tokens = 0;
   std::optional<std::string> finish_reason;
   bool engine_finished = false;
 };
 
-namespace {
-
-// Length of the longest suffix of `text` that is a proper prefix of some stop string.
-size_t HoldBackLength(const std::string& text, const std::vector<std::string>& stops) {
-  size_t hold = 0;
-  for (const std::string& stop : stops) {
-    for (size_t len = std::min(stop.size() - 1, text.size()); len > hold; --len) {
-      if (text.compare(text.size() - len, len, stop, 0, len) == 0) {
-        hold = len;
-        break;
-      }
-    }
-  }
-  return hold;
-}
-
-}  // namespace
-
 TextGenerationStream::TextGenerationStream(const model::Tokenizer& tokenizer, const TextGenerationOptions& options)
     : tokenizer_(tokenizer), options_(options) {
   std::erase_if(options_.stop, [](const std::string& s) { return s.empty(); });
   for (int32_t i = 0; i < std::max(1, options_.n); ++i) {
-    samples_.push_back(std::make_unique<Sample>(tokenizer_, options_.skip_special_tokens));
+    samples_.push_back(std::make_unique<Sample>(tokenizer_, options_.skip_special_tokens, options_.stop));
   }
 }
 
@@ -52,38 +37,28 @@ std::vector<SampleDelta> TextGenerationStream::Consume(const engine::RequestOutp
     if (s.finish_reason) continue;  // finished by a stop string: later tokens are dropped
     SampleDelta delta;
     delta.index = c.index;
-    for (size_t t = 0; t < c.new_token_ids.size(); ++t) {
-      s.held += s.detokenizer.Append(c.new_token_ids[t]);
+    auto on_stop = [&](const http::StopStringMatcher::Result& r) {
+      if (options_.include_stop_str_in_output) delta.text += options_.stop[r.stop_index];
+      s.finish_reason = "stop";
+    };
+    for (size_t t = 0; t < c.new_token_ids.size() && !s.finish_reason; ++t) {
       ++s.num_tokens;
       delta.token_ids.push_back(c.new_token_ids[t]);
       if (t < c.new_logprobs.size()) delta.logprobs.push_back(c.new_logprobs[t]);
-      // 1. A stop string in the held text ends the sample right there.
-      size_t best = std::string::npos, best_len = 0;
-      for (const std::string& stop : options_.stop) {
-        const size_t pos = s.held.find(stop);
-        if (pos != std::string::npos && (best == std::string::npos || pos < best)) {
-          best = pos;
-          best_len = stop.size();
-        }
-      }
-      if (best != std::string::npos) {
-        delta.text += s.held.substr(0, best + (options_.include_stop_str_in_output ? best_len : 0));
-        s.held.clear();
-        s.finish_reason = "stop";
-        break;
-      }
+      const http::StopStringMatcher::Result r = s.stop_matcher.Consume(s.detokenizer.Append(c.new_token_ids[t]));
+      delta.text += r.text;
+      if (r.stopped) on_stop(r);  // a stop string ends the sample right there
     }
     if (!s.finish_reason && c.finished()) {
-      // 2. The engine ended the sample: everything left is final.
-      s.held += s.detokenizer.Flush();
-      delta.text += s.held;
-      s.held.clear();
-      s.finish_reason = std::string(engine::CompletionFinishReasonName(c.finish_reason));
-    } else if (!s.finish_reason) {
-      // 3. Emit all but a suffix that could still grow into a stop string.
-      const size_t hold = HoldBackLength(s.held, options_.stop);
-      delta.text += s.held.substr(0, s.held.size() - hold);
-      s.held.erase(0, s.held.size() - hold);
+      // The engine ended the sample: whatever the detokenizer and matcher hold is final.
+      const http::StopStringMatcher::Result r = s.stop_matcher.Consume(s.detokenizer.Flush());
+      delta.text += r.text;
+      if (r.stopped) {
+        on_stop(r);
+      } else {
+        delta.text += s.stop_matcher.Flush();
+        s.finish_reason = std::string(engine::CompletionFinishReasonName(c.finish_reason));
+      }
     }
     if (c.finished()) s.engine_finished = true;
     s.text += delta.text;
