@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -49,12 +50,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                              .num_kv_blocks = kv->num_blocks(),
                              .block_size_tokens = kv->block_size_tokens(),
                              .max_logprobs = options.max_logprobs};
-  return std::unique_ptr<Engine>(new Engine(runner, std::move(kv), std::move(scheduler), limits));
+  return std::unique_ptr<Engine>(new Engine(options, runner, std::move(kv), std::move(scheduler), limits));
 }
 
-Engine::Engine(ModelRunner& runner, std::unique_ptr<kv::KvCacheManager> kv, std::unique_ptr<Scheduler> scheduler,
-               const RequestLimits& limits)
-    : runner_(runner), kv_(std::move(kv)), scheduler_(std::move(scheduler)), limits_(limits) {}
+Engine::Engine(const EngineOptions& options, ModelRunner& runner, std::unique_ptr<kv::KvCacheManager> kv,
+               std::unique_ptr<Scheduler> scheduler, const RequestLimits& limits)
+    : runner_(runner),
+      kv_(std::move(kv)),
+      scheduler_(std::move(scheduler)),
+      limits_(limits),
+      lease_timeout_ms_(options.lease_timeout_ms),
+      prefill_release_timeout_ms_(options.prefill_release_timeout_ms),
+      now_ms_(options.now_ms) {}
 
 absl::Status Engine::AddRequest(EngineRequest request) {
   KVMESH_RETURN_IF_ERROR(ValidateEngineRequest(request, limits_));
@@ -72,8 +79,9 @@ absl::StatusOr<RequestOutput> Engine::Abort(const std::string& request_id) {
 }
 
 absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
+  std::vector<RequestOutput> reclaimed = ReclaimExpired();
   KVMESH_ASSIGN_OR_RETURN(SchedulerOutput scheduled, scheduler_->Schedule());
-  if (scheduled.empty()) return std::vector<RequestOutput>();
+  if (scheduled.empty()) return reclaimed;
   ++num_steps_;
   absl::StatusOr<ModelOutput> result = runner_.Execute(scheduled.batch);
   if (result.ok()) {
@@ -91,11 +99,27 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     KVMESH_ASSIGN_OR_RETURN(outputs, scheduler_->UpdateFromOutput(scheduled, result->logits));
   }
   Deliver(outputs);
-  return outputs;
+  if (reclaimed.empty()) return outputs;
+  reclaimed.insert(reclaimed.end(), std::make_move_iterator(outputs.begin()), std::make_move_iterator(outputs.end()));
+  return reclaimed;
 }
 
 void Engine::Deliver(const std::vector<RequestOutput>& outputs) {
   for (const RequestOutput& output : outputs) {
+    if (output.prefill_result.has_value()) {
+      held_prefills_[output.request_id] =
+          HeldPrefill{.block_ids = output.prefill_result->block_ids,
+                      .deadline_ms = DeadlineAfter(prefill_release_timeout_ms_)};
+    }
+    if (output.finished) {
+      held_prefills_.erase(output.request_id);
+      if (const auto lease = lease_of_request_.find(output.request_id); lease != lease_of_request_.end()) {
+        // Commit, fail and expiry close their lease themselves: what is left was aborted.
+        ++num_leases_aborted_;
+        leases_.erase(lease->second);
+        lease_of_request_.erase(lease);
+      }
+    }
     const auto it = callbacks_.find(output.request_id);
     if (it == callbacks_.end()) continue;
     it->second(output);
@@ -110,6 +134,8 @@ EngineStats Engine::stats() const {
   e.num_unfinished_requests = s.num_requests;
   e.num_running_seqs = s.num_running_seqs;
   e.num_waiting_seqs = s.num_waiting_seqs;
+  e.num_receiving_seqs = s.num_receiving_seqs;
+  e.num_prefilled_seqs = s.num_prefilled_seqs;
   e.num_kv_blocks = kv_->num_blocks();
   e.num_kv_blocks_used = kv_->num_used_blocks();
   e.num_kv_blocks_free = kv_->num_free_blocks();
@@ -130,6 +156,12 @@ EngineStats Engine::stats() const {
   e.num_failed_requests = s.num_failed_requests;
   e.last_batch_num_seqs = s.last_batch_num_seqs;
   e.last_batch_num_tokens = s.last_batch_num_tokens;
+  e.num_leases_granted = num_leases_granted_;
+  e.num_leases_committed = num_leases_committed_;
+  e.num_leases_failed = num_leases_failed_;
+  e.num_leases_expired = num_leases_expired_;
+  e.num_leases_aborted = num_leases_aborted_;
+  e.num_prefill_releases_expired = num_prefill_releases_expired_;
   return e;
 }
 

@@ -14,6 +14,13 @@
 //     requests continue.
 //   - A request's tokens do not depend on batching, chunking, prefix hits or preemption
 //     (given a batch-invariant runner): preemption recomputes and keeps the sampler.
+//   - Prefill/decode disaggregation (kv_handoff.h): a decode engine grants leases on
+//     blocks for remote prefills (ReserveForRemotePrefill → ImportKvBlock* →
+//     CommitRemotePrefill | FailRemotePrefill | Abort | lease timeout), and a prefill
+//     engine computes prompts whose blocks it pins for export (AddPrefillOnlyRequest →
+//     PrefillResult output → ExportKvBlock* → ReleasePrefill | Abort | release
+//     timeout). Every ending frees or hands over every block; timeouts are reclaimed at
+//     the start of Step, so a driver keeps stepping while HasUnfinishedRequests().
 //
 // Thread-safety: not thread-safe; owned by the engine loop. Other threads post into a
 // queue that the loop drains between steps.
@@ -22,12 +29,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/kv_handoff.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/request_validator.h"
@@ -44,6 +54,17 @@ struct EngineOptions {
   // Prompt + generated tokens per sample; required (the model's context length, or less).
   int32_t max_model_len = 0;
   int32_t max_logprobs = kDefaultMaxLogprobs;
+
+  // Prefill/decode disaggregation timeouts (<= 0: never).
+  // Decode side: a remote-prefill lease neither committed nor failed within this is
+  // reclaimed by Step (blocks freed, the request ends with a DeadlineExceeded error).
+  int64_t lease_timeout_ms = 60'000;
+  // Prefill side: a computed prefill-only request not released within this is released
+  // by Step (the request ends with a DeadlineExceeded error).
+  int64_t prefill_release_timeout_ms = 60'000;
+  // Monotonic milliseconds for those timeouts; nullptr: std::chrono::steady_clock.
+  // Tests inject a fake clock here.
+  std::function<int64_t()> now_ms;
 };
 
 // Point-in-time counters for metrics. Totals are since Create.
@@ -51,6 +72,8 @@ struct EngineStats {
   int32_t num_unfinished_requests = 0;
   int32_t num_running_seqs = 0;
   int32_t num_waiting_seqs = 0;
+  int32_t num_receiving_seqs = 0;  // decode side: open remote-prefill leases
+  int32_t num_prefilled_seqs = 0;  // prefill side: computed prefills holding their blocks
   // KV pool: used + free + cached == num_kv_blocks.
   int32_t num_kv_blocks = 0;
   int32_t num_kv_blocks_used = 0;
@@ -75,6 +98,15 @@ struct EngineStats {
   int64_t num_failed_requests = 0;
   int32_t last_batch_num_seqs = 0;
   int32_t last_batch_num_tokens = 0;
+  // Remote-prefill leases (decode side): granted = committed + failed + expired +
+  // aborted + open.
+  int64_t num_leases_granted = 0;
+  int64_t num_leases_committed = 0;
+  int64_t num_leases_failed = 0;
+  int64_t num_leases_expired = 0;
+  int64_t num_leases_aborted = 0;
+  // Prefill-only requests (prefill side) whose release timed out.
+  int64_t num_prefill_releases_expired = 0;
 };
 
 class Engine {
@@ -105,6 +137,84 @@ class Engine {
   // broken invariant, after which the engine must be discarded.
   absl::StatusOr<std::vector<RequestOutput>> Step();
 
+  // ---- Decode side of prefill/decode disaggregation ----
+
+  // Accepts a request whose prompt another engine prefills. Validates it as AddRequest
+  // does, allocates blocks for its whole prompt (reusing the local prefix cache) and
+  // grants a lease on them; the request then waits, unscheduled, for one of
+  // CommitRemotePrefill / FailRemotePrefill / Abort / the lease timeout. Its n sequence
+  // slots count against max_num_seqs until it ends. Errors, all without side effects:
+  // InvalidArgument and AlreadyExists as AddRequest; ResourceExhausted when the KV pool
+  // or max_num_seqs has no room now (nothing is preempted for it: retry or place it
+  // elsewhere); FailedPrecondition if the model runner exposes no KvStorage.
+  absl::StatusOr<RemotePrefillLease> ReserveForRemotePrefill(EngineRequest request);
+
+  // Copies `data`, the KV of block `block_index` of the lease (its position in
+  // lease.block_ids) in layer `layer`, into the runner's KV storage. FailedPrecondition
+  // for a lease that is unknown, committed, failed, aborted or expired (even before Step
+  // reclaimed it); InvalidArgument for a layer or block index out of range, or a block
+  // below num_cached_blocks() (served by the local prefix cache, possibly shared: never
+  // overwritten); DataLoss when data.size() is not the layout's block bytes (a
+  // truncated transfer or a sender with another layout). Nothing is written on error.
+  absl::Status ImportKvBlock(KvTransferId transfer_id, int32_t layer, int32_t block_index,
+                             std::span<const std::byte> data);
+
+  // The lease's blocks hold the prompt's KV (written through ImportKvBlock or by a
+  // transport that writes the storage directly): marks the prompt computed, registers
+  // its full blocks in the prefix cache, records `first_token_id` (with its logprobs
+  // when the request asked for them) as the first output — stop checks apply, it
+  // streams like a sampled token — and admits the request to the running batch. A
+  // seeded sampler continues as if it had drawn the first token itself.
+  // NOTE n > 1: the first token is only range-checked; the last prompt token is
+  // recomputed at the next step and all n samples draw their first token from its
+  // logits, then fork (sample 0 equals the prefill side's token for greedy or seeded
+  // requests).
+  // Returns (and streams, unless it carries nothing) the request's output.
+  // FailedPrecondition for a lease that is not open (as ImportKvBlock), or when some but
+  // not all transferable blocks were imported; InvalidArgument (nothing changes, the
+  // lease stays open) for a token outside the vocabulary or missing / mismatched logprobs.
+  absl::StatusOr<RequestOutput> CommitRemotePrefill(KvTransferId transfer_id, int32_t first_token_id,
+                                                    std::optional<SampleResult> first_token_logprobs = std::nullopt);
+
+  // The transfer failed: frees the lease's blocks and ends the request with
+  // finish_reason "error" and `status`; returns (and streams) that final output. A retry
+  // takes a new lease. InvalidArgument for an OK `status`; FailedPrecondition for a lease
+  // that is not open.
+  absl::StatusOr<RequestOutput> FailRemotePrefill(KvTransferId transfer_id, absl::Status status);
+
+  // ---- Prefill side of prefill/decode disaggregation ----
+
+  // Queues a request that stops after its prompt: it is scheduled like any other
+  // (chunked prefill, prefix cache, preemption), samples sample 0's first token without
+  // stop checks (the decode side applies them), then keeps its blocks pinned and emits
+  // one output carrying a PrefillResult (not final). The request ends with
+  // ReleasePrefill (final output "length"), Abort, or the release timeout (final output
+  // "error", DeadlineExceeded). n > 1 is accepted and computed as n == 1.
+  // `skip_leading_tokens`: leading prompt tokens the receiver already holds
+  // (lease.num_cached_tokens); reported as PrefillResult::num_skipped_blocks.
+  // InvalidArgument / AlreadyExists as AddRequest, and InvalidArgument for a
+  // skip_leading_tokens that is negative, not a multiple of the block size or not
+  // below the prompt length.
+  absl::Status AddPrefillOnlyRequest(EngineRequest request, int32_t skip_leading_tokens = 0);
+
+  // The KV of block `block_index` (its position in PrefillResult::block_ids) of layer
+  // `layer` of a computed prefill-only request, in the runner's storage. Valid until the
+  // request ends (ReleasePrefill, Abort, release timeout); the engine never writes a
+  // pinned block meanwhile. FailedPrecondition for a request that is unknown, not yet
+  // computed or ended, or a runner without KvStorage; InvalidArgument for an index out
+  // of range.
+  absl::StatusOr<std::span<const std::byte>> ExportKvBlock(const std::string& request_id, int32_t layer,
+                                                           int32_t block_index) const;
+
+  // Ends a computed prefill-only request: unpins its blocks (its full blocks stay in
+  // the prefix cache) and returns (and streams) its final output. FailedPrecondition
+  // for a request that is unknown or not computed yet (Abort it instead).
+  absl::StatusOr<RequestOutput> ReleasePrefill(const std::string& request_id);
+
+  // This engine's KV block layout, what a peer's blocks must match.
+  // FailedPrecondition when the runner exposes no KvStorage.
+  absl::StatusOr<kv::KvBlockSpec> kv_block_spec() const;
+
   bool HasUnfinishedRequests() const { return scheduler_->HasUnfinishedRequests(); }
   EngineStats stats() const;
   // KV events since the last call (empty when options.kv.record_events is off).
@@ -115,11 +225,34 @@ class Engine {
   const Scheduler& scheduler() const { return *scheduler_; }
 
  private:
-  Engine(ModelRunner& runner, std::unique_ptr<kv::KvCacheManager> kv, std::unique_ptr<Scheduler> scheduler,
-         const RequestLimits& limits);
+  // An open remote-prefill lease (decode side).
+  struct OpenLease {
+    std::string request_id;
+    std::vector<kv::BlockId> block_ids;
+    int32_t num_cached_blocks = 0;
+    int64_t deadline_ms = 0;
+    std::vector<bool> imported;  // [layer * block_ids.size() + block index]
+    int64_t num_imported = 0;    // distinct (layer, block) pairs imported
+  };
+  // A computed prefill-only request (prefill side).
+  struct HeldPrefill {
+    std::vector<kv::BlockId> block_ids;
+    int64_t deadline_ms = 0;
+  };
 
-  // Invokes the callbacks of `outputs`; forgets those of finished requests.
+  Engine(const EngineOptions& options, ModelRunner& runner, std::unique_ptr<kv::KvCacheManager> kv,
+         std::unique_ptr<Scheduler> scheduler, const RequestLimits& limits);
+
+  // Invokes the callbacks of `outputs`; forgets those of finished requests, and keeps
+  // the lease / pinned-prefill tables in step with them.
   void Deliver(const std::vector<RequestOutput>& outputs);
+  int64_t NowMs() const;
+  int64_t DeadlineAfter(int64_t timeout_ms) const;
+  // The open lease `transfer_id`, not expired; FailedPrecondition otherwise.
+  absl::StatusOr<OpenLease*> FindOpenLease(KvTransferId transfer_id, const char* caller);
+  // Ends expired leases and pinned prefills (DeadlineExceeded); returns their delivered
+  // final outputs.
+  std::vector<RequestOutput> ReclaimExpired();
 
   ModelRunner& runner_;
   std::unique_ptr<kv::KvCacheManager> kv_;
@@ -128,6 +261,21 @@ class Engine {
   absl::flat_hash_map<std::string, std::function<void(const RequestOutput&)>> callbacks_;
   int64_t num_steps_ = 0;
   int64_t num_runner_failures_ = 0;
+
+  // Disaggregation state; the Scheduler holds the sequences, these the transfer side.
+  const int64_t lease_timeout_ms_;
+  const int64_t prefill_release_timeout_ms_;
+  const std::function<int64_t()> now_ms_;
+  absl::flat_hash_map<KvTransferId, OpenLease> leases_;
+  absl::flat_hash_map<std::string, KvTransferId> lease_of_request_;
+  absl::flat_hash_map<std::string, HeldPrefill> held_prefills_;
+  int64_t next_transfer_id_ = 1;
+  int64_t num_leases_granted_ = 0;
+  int64_t num_leases_committed_ = 0;
+  int64_t num_leases_failed_ = 0;
+  int64_t num_leases_expired_ = 0;
+  int64_t num_leases_aborted_ = 0;
+  int64_t num_prefill_releases_expired_ = 0;
 };
 
 }  // namespace kvmesh::engine

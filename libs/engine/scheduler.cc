@@ -43,24 +43,194 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOpti
 Scheduler::Scheduler(const SchedulerOptions& options, kv::KvCacheManager& kv, int32_t vocab_size)
     : options_(options), kv_(kv), vocab_size_(vocab_size) {}
 
-absl::Status Scheduler::AddRequest(const EngineRequest& request) {
+absl::StatusOr<Sequence*> Scheduler::CreateRequest(const EngineRequest& request) {
   if (requests_.contains(request.request_id)) {
     return absl::AlreadyExistsError(absl::StrCat("request id '", request.request_id, "' is already in use"));
   }
   const int64_t arrival = request.arrival_order >= 0 ? request.arrival_order : next_arrival_++;
   auto state = std::make_unique<RequestState>(request, arrival);
   auto seq = std::make_unique<Sequence>();
+  Sequence* raw = seq.get();
   seq->request = state.get();
   seq->kv_id = kv::RequestId{next_kv_id_++};
   seq->sample_index = 0;
   seq->creation_order = next_creation_++;
   seq->token_ids = request.prompt_token_ids;
   seq->num_prefill_tokens = seq->num_tokens();
-  seqs_[seq->kv_id] = seq.get();
-  EnqueueWaiting(seq.get(), /*front=*/false);
+  seqs_[seq->kv_id] = raw;
   state->seqs.push_back(std::move(seq));
   requests_.emplace(request.request_id, std::move(state));
+  return raw;
+}
+
+void Scheduler::DiscardNewRequest(Sequence* seq) {
+  seqs_.erase(seq->kv_id);
+  requests_.erase(seq->request->request_id);  // destroys `seq`
+}
+
+absl::Status Scheduler::AddRequest(const EngineRequest& request) {
+  KVMESH_ASSIGN_OR_RETURN(Sequence * seq, CreateRequest(request));
+  EnqueueWaiting(seq, /*front=*/false);
   return absl::OkStatus();
+}
+
+absl::Status Scheduler::AddPrefillOnlyRequest(const EngineRequest& request, int32_t num_skipped_blocks) {
+  KVMESH_ASSIGN_OR_RETURN(Sequence * seq, CreateRequest(request));
+  RequestState* state = seq->request;
+  state->prefill_only = true;
+  state->n = 1;  // the KV is what is wanted; the decode side forks
+  state->num_skipped_blocks = num_skipped_blocks;
+  EnqueueWaiting(seq, /*front=*/false);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RemotePrefillReservation> Scheduler::ReserveRemotePrefill(const EngineRequest& request) {
+  if (requests_.contains(request.request_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("request id '", request.request_id, "' is already in use"));
+  }
+  if (NumRunningSlots() + request.n > options_.max_num_seqs) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot reserve a remote prefill for '", request.request_id,
+                                                     "': ", NumRunningSlots(), " of max_num_seqs ",
+                                                     options_.max_num_seqs, " sequence slots are taken"));
+  }
+  KVMESH_ASSIGN_OR_RETURN(Sequence * seq, CreateRequest(request));
+  kv::ComputedPrefix prefix = kv_.FindCachedPrefix(seq->token_ids);
+  absl::StatusOr<kv::KvAllocation> alloc =
+      kv_.AllocateSlots(seq->kv_id, seq->token_ids, seq->num_tokens() - prefix.num_tokens, &prefix);
+  if (!alloc.ok()) {
+    DiscardNewRequest(seq);
+    if (alloc.status().code() == absl::StatusCode::kResourceExhausted) return alloc.status();
+    return KvBroken(alloc.status(), "AllocateSlots for a remote prefill");
+  }
+  // NOTE: a fresh table has nothing shared to copy on write: alloc->copies is empty.
+  seq->status = SequenceStatus::kReceiving;
+  seq->num_computed_tokens = prefix.num_tokens;
+  seq->admitted_block_hashes = std::move(prefix.block_hashes);
+  seq->request->num_cached_prompt_tokens = prefix.num_tokens;
+  parked_.push_back(seq);
+  RemotePrefillReservation reservation;
+  reservation.kv_id = seq->kv_id;
+  const std::span<const kv::BlockId> table = kv_.block_table(seq->kv_id);
+  reservation.block_ids.assign(table.begin(), table.end());
+  reservation.num_cached_tokens = prefix.num_tokens;
+  return reservation;
+}
+
+absl::StatusOr<RequestOutput> Scheduler::CommitRemotePrefill(const std::string& request_id, int32_t first_token_id,
+                                                             const std::optional<SampleResult>& first_token_logprobs) {
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("CommitRemotePrefill: no unfinished request '", request_id, "'"));
+  }
+  RequestState* request = it->second.get();
+  Sequence* seq = request->seqs[0].get();
+  if (seq->status != SequenceStatus::kReceiving) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CommitRemotePrefill: request '", request_id, "' is not receiving a remote prefill"));
+  }
+  if (first_token_id < 0 || first_token_id >= vocab_size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first token id ", first_token_id, " is outside the vocabulary [0, ", vocab_size_, ")"));
+  }
+  const int32_t prompt_len = request->num_prompt_tokens();
+  auto admit = [&](int32_t num_computed) -> absl::Status {
+    if (absl::Status s = kv_.MarkComputed(seq->kv_id, seq->token_ids, num_computed); !s.ok()) {
+      return KvBroken(s, "MarkComputed on commit");
+    }
+    seq->num_computed_tokens = num_computed;
+    RemoveFromParked(seq);
+    seq->status = SequenceStatus::kRunning;
+    running_.push_back(seq);
+    return absl::OkStatus();
+  };
+  if (request->n > 1) {
+    // NOTE: n samples need n first tokens drawn from the prompt's logits, which only the
+    // prefill side saw. Recomputing the last prompt token here (one token of work) gives
+    // them back, and the usual fork-after-prompt path then draws all n, sample 0 exactly
+    // as the prefill side did.
+    KVMESH_RETURN_IF_ERROR(admit(prompt_len - 1));
+    return TakeOutput(request, absl::OkStatus());
+  }
+  SampleResult result;
+  result.token_id = first_token_id;
+  if (request->sampling_params.logprobs >= 0) {
+    if (!first_token_logprobs.has_value() || first_token_logprobs->token_id != first_token_id) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request '", request_id, "' asked for logprobs: commit its first token with the prefill side's logprobs"));
+    }
+    result = *first_token_logprobs;
+  }
+  KVMESH_ASSIGN_OR_RETURN(SequenceSampler sampler,
+                          SequenceSampler::Create(request->SampleParams(0), vocab_size_, request->prompt_token_ids,
+                                                  request->eos_token_ids));
+  if (!request->sampling_params.is_greedy()) {
+    // NOTE: a non-greedy Sample() makes exactly one RNG draw. Replaying one on a dummy
+    // row leaves the RNG where the prefill side's sampler left it after drawing the
+    // first token, so a seeded request continues with the tokens an aggregated engine
+    // would draw.
+    const std::vector<float> flat(static_cast<size_t>(vocab_size_), 0.0f);
+    if (absl::StatusOr<SampleResult> skipped = sampler.Sample(flat); !skipped.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot restore the sampler of request '", request_id, "': ", skipped.status().message()));
+    }
+  }
+  KVMESH_RETURN_IF_ERROR(admit(prompt_len));
+  seq->sampler.emplace(std::move(sampler));
+  request->forked = true;
+  AppendOutputToken(seq, std::move(result));
+  return TakeOutput(request, absl::OkStatus());
+}
+
+absl::StatusOr<RequestOutput> Scheduler::ReleasePrefill(const std::string& request_id) {
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("ReleasePrefill: no unfinished request '", request_id, "'"));
+  }
+  RequestState* request = it->second.get();
+  Sequence* seq = request->seqs[0].get();
+  if (!request->prefill_only || seq->status != SequenceStatus::kPrefilled) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ReleasePrefill: request '", request_id, "' is not a computed prefill-only request"));
+  }
+  FinishSequence(seq, CompletionFinishReason::kLength);
+  return TakeOutput(request, absl::OkStatus());
+}
+
+absl::StatusOr<RequestOutput> Scheduler::FailRequest(const std::string& request_id, const absl::Status& error) {
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("FailRequest: no unfinished request '", request_id, "'"));
+  }
+  RequestState* request = it->second.get();
+  EndRequest(request, CompletionFinishReason::kError);
+  ++stats_.num_failed_requests;
+  return TakeOutput(request, error);
+}
+
+std::optional<SequenceStatus> Scheduler::FirstSequenceStatus(const std::string& request_id) const {
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) return std::nullopt;
+  return it->second->seqs[0]->status;
+}
+
+void Scheduler::HoldPrefilled(Sequence* seq) {
+  RequestState* request = seq->request;
+  RemoveFromRunning(seq);
+  seq->status = SequenceStatus::kPrefilled;
+  parked_.push_back(seq);
+  PrefillResult result;
+  result.first_token_id = seq->token_ids.back();
+  if (!seq->pending_logprobs.empty()) result.first_token_logprobs = seq->pending_logprobs.back();
+  const std::span<const kv::BlockId> table = kv_.block_table(seq->kv_id);
+  result.block_ids.assign(table.begin(), table.end());
+  result.num_cached_tokens = std::max(0, request->num_cached_prompt_tokens);
+  result.num_skipped_blocks = request->num_skipped_blocks;
+  request->pending_prefill_result = std::move(result);
+}
+
+void Scheduler::RemoveFromParked(Sequence* seq) {
+  const auto it = std::find(parked_.begin(), parked_.end(), seq);
+  if (it != parked_.end()) parked_.erase(it);
 }
 
 bool Scheduler::Before(const Sequence& a, const Sequence& b) const {
@@ -105,6 +275,10 @@ int32_t Scheduler::NumNewTokens(const Sequence& seq, int32_t budget) const {
 int32_t Scheduler::NumRunningSlots() const {
   int32_t slots = 0;
   for (const Sequence* seq : running_) slots += seq->request->num_seq_slots_if_unforked();
+  // A reservation holds its slots: its commit joins the running queue unconditionally.
+  for (const Sequence* seq : parked_) {
+    if (seq->status == SequenceStatus::kReceiving) slots += seq->request->num_seq_slots_if_unforked();
+  }
   return slots;
 }
 
@@ -294,17 +468,23 @@ absl::Status Scheduler::SampleNext(Sequence* seq, std::span<const float> row) {
     seq->sampler.emplace(std::move(sampler));
   }
   KVMESH_ASSIGN_OR_RETURN(SampleResult result, seq->sampler->Sample(row));
+  AppendOutputToken(seq, std::move(result));
+  return absl::OkStatus();
+}
+
+void Scheduler::AppendOutputToken(Sequence* seq, SampleResult result) {
+  RequestState* request = seq->request;
   const int32_t token = result.token_id;
   seq->sampler->Append(token);
   seq->token_ids.push_back(token);
   seq->pending_token_ids.push_back(token);
   if (request->sampling_params.logprobs >= 0) seq->pending_logprobs.push_back(std::move(result));
+  if (request->prefill_only) return;  // the decode side applies the stop checks
   const StopDecision stop = request->stop_checker.Check(token, seq->num_output_tokens());
   if (stop.finished()) {
     seq->stop_token_id = stop.stop_token_id;
     FinishSequence(seq, ToCompletionFinishReason(stop.reason));
   }
-  return absl::OkStatus();
 }
 
 void Scheduler::FinishSequence(Sequence* seq, CompletionFinishReason reason) {
@@ -315,6 +495,7 @@ void Scheduler::FinishSequence(Sequence* seq, CompletionFinishReason reason) {
   }
   if (seq->status == SequenceStatus::kRunning) RemoveFromRunning(seq);
   if (seq->status == SequenceStatus::kWaiting) RemoveFromWaiting(seq);
+  if (seq->status == SequenceStatus::kReceiving || seq->status == SequenceStatus::kPrefilled) RemoveFromParked(seq);
   seq->status = SequenceStatus::kFinished;
   seq->finish_reason = reason;
   seq->finish_pending = true;
@@ -332,6 +513,8 @@ RequestOutput Scheduler::TakeOutput(RequestState* request, const absl::Status& s
   out.num_prompt_tokens = request->num_prompt_tokens();
   out.num_cached_prompt_tokens = std::max(0, request->num_cached_prompt_tokens);
   out.status = status;
+  out.prefill_result = std::move(request->pending_prefill_result);
+  request->pending_prefill_result.reset();
   for (const auto& seq : request->seqs) {
     if (seq->pending_token_ids.empty() && !seq->finish_pending) continue;
     CompletionOutput c;
@@ -403,14 +586,17 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::UpdateFromOutput(const Sch
       }
       request->forked = true;
     }
+    bool sampled = true;
     for (Sequence* sample : samples) {
       if (absl::Status s = SampleNext(sample, row_logits); !s.ok()) {
         failed[request] = absl::Status(s.code(), absl::StrCat("sampling failed: ", s.message()));
         ++stats_.num_failed_requests;
         EndRequest(request, CompletionFinishReason::kError);
+        sampled = false;
         break;
       }
     }
+    if (sampled && request->prefill_only) HoldPrefilled(seq);
   }
   std::vector<RequestOutput> outputs;
   outputs.reserve(touched.size());
@@ -454,6 +640,10 @@ SchedulerStats Scheduler::stats() const {
   s.num_requests = static_cast<int32_t>(requests_.size());
   s.num_running_seqs = static_cast<int32_t>(running_.size());
   s.num_waiting_seqs = static_cast<int32_t>(waiting_.size());
+  for (const Sequence* seq : parked_) {
+    if (seq->status == SequenceStatus::kReceiving) ++s.num_receiving_seqs;
+    if (seq->status == SequenceStatus::kPrefilled) ++s.num_prefilled_seqs;
+  }
   return s;
 }
 
@@ -481,9 +671,30 @@ absl::Status Scheduler::CheckInvariants() const {
       return absl::InternalError(absl::StrCat("waiting sequence ", seq->kv_id.value, " holds KV"));
     }
   }
-  if (kv_.num_requests() != static_cast<int32_t>(running_.size())) {
+  for (const Sequence* seq : parked_) {
+    if (!queued.insert(seq).second) return absl::InternalError("a sequence is queued twice");
+    const bool receiving = seq->status == SequenceStatus::kReceiving;
+    if (!receiving && seq->status != SequenceStatus::kPrefilled) {
+      return absl::InternalError("a parked sequence is neither kReceiving nor kPrefilled");
+    }
+    if (!kv_.HasRequest(seq->kv_id) || kv_.num_computed_tokens(seq->kv_id) != seq->num_computed_tokens) {
+      return absl::InternalError(absl::StrCat("parked sequence ", seq->kv_id.value, " lost its KV table"));
+    }
+    const int32_t prompt_len = seq->request->num_prompt_tokens();
+    if (receiving && (seq->num_tokens() != prompt_len || seq->num_computed_tokens >= prompt_len ||
+                      static_cast<int64_t>(kv_.block_table(seq->kv_id).size()) * kv_.block_size_tokens() <
+                          prompt_len)) {
+      return absl::InternalError(absl::StrCat("receiving sequence ", seq->kv_id.value, " does not cover its prompt"));
+    }
+    if (!receiving && (!seq->request->prefill_only || seq->num_computed_tokens != prompt_len ||
+                       seq->num_tokens() != prompt_len + 1)) {
+      return absl::InternalError(absl::StrCat("prefilled sequence ", seq->kv_id.value, " is inconsistent"));
+    }
+  }
+  if (kv_.num_requests() != static_cast<int32_t>(running_.size() + parked_.size())) {
     return absl::InternalError(absl::StrCat("the KV manager has ", kv_.num_requests(), " tables for ",
-                                            running_.size(), " running sequences"));
+                                            running_.size(), " running and ", parked_.size(),
+                                            " parked sequences"));
   }
   if (seqs_.size() != queued.size()) {
     return absl::InternalError(absl::StrCat(seqs_.size(), " unfinished sequences but ", queued.size(), " queued"));

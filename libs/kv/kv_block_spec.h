@@ -61,7 +61,9 @@ inline absl::Status CheckKvBlockSpecsMatch(const KvBlockSpec& sender, const KvBl
   if (sender.dtype != receiver.dtype) {
     return differ("dtype", ToAbsl(DTypeName(sender.dtype)), ToAbsl(DTypeName(receiver.dtype)));
   }
-  if (sender.block_bytes != receiver.block_bytes) return differ("block_bytes", sender.block_bytes, receiver.block_bytes);
+  if (sender.block_bytes != receiver.block_bytes) {
+    return differ("block_bytes", sender.block_bytes, receiver.block_bytes);
+  }
   return absl::OkStatus();
 }
 

@@ -1,0 +1,76 @@
+// The vocabulary of a prefill -> decode KV handoff between two Engines
+// (ARCHITECTURE.md §3 "Transfer"): the lease a decode engine grants for a remote
+// prefill. The types carry no transport; the decode and prefill workers move the bytes
+// (in-process: Engine::ExportKvBlock -> Engine::ImportKvBlock).
+//
+// One handoff, as the workers drive it:
+//   decode engine D                                   prefill engine P
+//   lease = D.ReserveForRemotePrefill(request)
+//     (blocks for the whole prompt allocated, the locally cached prefix reused)
+//                                        ── request, lease ──▶
+//                                                     P.AddPrefillOnlyRequest(request,
+//                                                         lease.num_cached_tokens)
+//                                                     P.Step() ... → PrefillResult
+//   CheckKvBlockSpecsMatch(P's spec, lease.kv_spec)   (the sender checks)
+//   for each layer, for each block i >= lease.num_cached_blocks():
+//     D.ImportKvBlock(lease.transfer_id, layer, i,  P.ExportKvBlock(id, layer, i))
+//                                                     P.ReleasePrefill(id)
+//   D.CommitRemotePrefill(lease.transfer_id, first token (+ logprobs))
+//   D.Step() ... decodes as usual
+//
+// A lease ends in exactly one of: committed (CommitRemotePrefill), failed
+// (FailRemotePrefill: the transfer failed; a retry takes a new lease), aborted
+// (Engine::Abort of the request) or expired (EngineOptions::lease_timeout_ms, reclaimed
+// in Step). Every ending but commit frees the blocks and ends the request with a final
+// output; commit hands them to the running sequence. No block is stranded.
+//
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kv/kv_block_spec.h"
+#include "kv/kv_types.h"
+
+namespace kvmesh::engine {
+
+// Names one lease of the decode engine that granted it (unique per Engine instance,
+// never reused by it). A worker that talks to several decode engines pairs it with
+// the engine's identity.
+struct KvTransferId {
+  int64_t value = -1;
+
+  auto operator<=>(const KvTransferId&) const = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const KvTransferId& id) {
+    return H::combine(std::move(h), id.value);
+  }
+};
+
+// What the decode side grants a remote prefill: where to write the prompt's KV.
+struct RemotePrefillLease {
+  KvTransferId transfer_id;
+  std::string request_id;
+  // Destination blocks covering the whole prompt, in position order: block i holds
+  // positions [i * B, (i + 1) * B). The first num_cached_blocks() are the decode side's
+  // own prefix-cache hits: they are not to be sent (ImportKvBlock rejects them).
+  std::vector<kv::BlockId> block_ids;
+  // Leading prompt tokens whose KV the decode side has already (a multiple of B, below
+  // the prompt length). Pass it to the prefill side as skip_leading_tokens.
+  int32_t num_cached_tokens = 0;
+  // The layout every sent block must have (the sender checks it against its own).
+  kv::KvBlockSpec kv_spec;
+  // When the lease expires on the decode engine's clock (EngineOptions::now_ms);
+  // INT64_MAX when leases do not expire.
+  int64_t deadline_ms = 0;
+
+  int32_t num_cached_blocks() const {
+    return kv_spec.block_size_tokens > 0 ? num_cached_tokens / kv_spec.block_size_tokens : 0;
+  }
+  int32_t num_blocks() const { return static_cast<int32_t>(block_ids.size()); }
+};
+
+}  // namespace kvmesh::engine
