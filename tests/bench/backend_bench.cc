@@ -25,6 +25,7 @@
 
 #include "backend/cpu/memory_bandwidth.h"
 #include "backend/ops.h"
+#include "bench_timer.h"
 #include "core/dtype.h"
 #include "core/tensor_view.h"
 #include "dnnl.hpp"
@@ -36,20 +37,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Median seconds of fn() over >= min_runs runs (and ~0.25 s), after one warm-up.
 double MedianSeconds(const std::function<void()>& fn, int min_runs = 5) {
-  fn();
-  std::vector<double> times;
-  double total = 0.0;
-  while (static_cast<int>(times.size()) < min_runs || (total < 0.25 && times.size() < 200)) {
-    const auto start = Clock::now();
-    fn();
-    const double s = std::chrono::duration<double>(Clock::now() - start).count();
-    times.push_back(s);
-    total += s;
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return bench::MedianSeconds(fn, min_runs, 0.25, 200);
 }
 
 std::vector<float> RandomFloats(int64_t n, uint32_t seed) {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "engine_test_util.h"
 #include "fake_model_runner.h"
 
 namespace kvmesh::engine {
@@ -19,22 +20,11 @@ namespace {
 using testing::FakeModelRunner;
 using testing::ReferenceCompletion;
 
-constexpr int32_t kBs = 4;
-constexpr int32_t kVocab = 32;
+constexpr int32_t kBs = testing::kTestBlockSize;
+constexpr int32_t kVocab = testing::kTestVocab;
 
-std::vector<int32_t> Prompt(int32_t n, int32_t start = 1) {
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = (start + i) % kVocab;
-  return v;
-}
-
-SamplingParams Greedy(int32_t max_tokens) {
-  SamplingParams p;
-  p.temperature = 0.0f;
-  p.ignore_eos = true;
-  p.max_tokens = max_tokens;
-  return p;
-}
+std::vector<int32_t> Prompt(int32_t n, int32_t start = 1) { return testing::TestPrompt(n, start); }
+SamplingParams Greedy(int32_t max_tokens) { return testing::GreedyParams(max_tokens); }
 
 EngineRequest Req(const std::string& id, std::vector<int32_t> prompt, SamplingParams params, int32_t n = 1,
                   int32_t priority = 0) {
