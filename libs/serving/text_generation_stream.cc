@@ -39,6 +39,7 @@ std::vector<SampleDelta> TextGenerationStream::Consume(const engine::RequestOutp
     delta.index = c.index;
     auto on_stop = [&](const http::StopStringMatcher::Result& r) {
       if (options_.include_stop_str_in_output) delta.text += options_.stop[r.stop_index];
+      delta.stop_string = options_.stop[r.stop_index];
       s.finish_reason = "stop";
     };
     for (size_t t = 0; t < c.new_token_ids.size() && !s.finish_reason; ++t) {

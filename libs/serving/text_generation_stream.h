@@ -38,6 +38,8 @@ struct SampleDelta {
   std::vector<engine::SampleResult> logprobs;  // one per new token when requested
   // Set on the sample's last delta: "stop", "length", "abort" or "error".
   std::optional<std::string> finish_reason;
+  // The stop string that ended the sample (finish_reason "stop" by a stop string).
+  std::optional<std::string> stop_string;
 };
 
 class TextGenerationStream {

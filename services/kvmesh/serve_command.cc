@@ -1,16 +1,22 @@
 // `kvmesh serve`: the whole system in one process (aggregated mode) — the
-// OpenAI-compatible REST front door, the continuous-batching engine over the
-// paged KV cache, and /metrics — on the embedded default model unless --model
+// OpenAI-compatible REST front door, the gRPC front door (kvmesh.v1.Inference, with
+// health and reflection), the continuous-batching engine over the paged KV cache
+// that both share, and /metrics — on the embedded default model unless --model
 // says otherwise.
 //
-// SIGTERM/SIGINT drain gracefully: new requests get 503, running ones finish
-// (until --drain-timeout-ms, then they are aborted), then the server stops.
+// SIGTERM/SIGINT drain gracefully: gRPC health turns NOT_SERVING, new requests get
+// 503 / UNAVAILABLE, running ones finish on both front doors (until
+// --drain-timeout-ms, then they are aborted), then the servers stop.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -20,6 +26,8 @@
 #include "engine/paged_model_runner.h"
 #include "http/http_server.h"
 #include "metrics/registry.h"
+#include "rpc/grpc_server.h"
+#include "serving/grpc_inference_service.h"
 #include "serving/openai_service.h"
 #include "serving/serving_metrics.h"
 
@@ -28,7 +36,12 @@ ABSL_FLAG(int, port, 8000, "Port to listen on; 0 picks a free one (printed at st
 ABSL_FLAG(std::string, served_model_name, "", "Model name clients use (default: the model directory's name).");
 ABSL_FLAG(std::string, api_keys, "", "Comma-separated API keys; when set, requests need 'Authorization: Bearer KEY'.");
 ABSL_FLAG(int, max_model_len, 0, "Context length (prompt + completion); 0: the model's max_position_embeddings.");
-ABSL_FLAG(int, max_inflight_requests, 256, "Requests in flight before new ones get 429.");
+ABSL_FLAG(int, grpc_port, 50051,
+          "gRPC port (kvmesh.v1.Inference + health + reflection) on --host; 0 picks a free one (printed at "
+          "start), -1 disables gRPC.");
+ABSL_FLAG(int, max_inflight_requests, 256,
+          "Requests in flight before new ones get 429 (REST) / RESOURCE_EXHAUSTED (gRPC); each front door "
+          "counts its own.");
 ABSL_FLAG(int, http_threads, 2, "HTTP I/O threads.");
 ABSL_FLAG(int64_t, drain_timeout_ms, 30000, "On SIGTERM: how long running requests may take to finish.");
 
@@ -46,6 +59,19 @@ std::string BaseName(std::string path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+// --grpc-port (or --grpc_port, -grpc-port...) on the command line, or KVMESH_GRPC_PORT.
+// (Debian's Abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine private.)
+bool GrpcPortIsExplicit(int argc, char** argv) {
+  if (std::getenv("KVMESH_GRPC_PORT") != nullptr) return true;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    std::replace(arg.begin(), arg.end(), '-', '_');
+    if (arg.starts_with("__grpc_port") || arg.starts_with("_grpc_port")) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int RunServe(int argc, char** argv) {
@@ -58,8 +84,9 @@ int RunServe(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   ParseSubcommandFlags(argc, argv,
-                       "kvmesh serve [--model DIR] [--host H --port P]: the OpenAI-compatible server (REST) "
-                       "with the continuous-batching engine in one process",
+                       "kvmesh serve [--model DIR] [--host H --port P --grpc-port G]: the OpenAI-compatible "
+                       "server (REST) and the kvmesh.v1.Inference gRPC API with the continuous-batching engine "
+                       "in one process",
                        {"serve_command", kEngineFlagsFile});
   auto loaded = LoadModelFromFlags(/*quiet=*/false);
   if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
@@ -106,6 +133,17 @@ int RunServe(int argc, char** argv) {
   }
   serving::OpenAiService service(service_options, *loaded->tokenizer, chat_template, async_engine, metrics->get());
 
+  // The gRPC front door, on the same engine. Declared before the server that runs it
+  // (destroyed after it: the server's calls reference the service).
+  serving::GrpcInferenceService grpc_service({.model_name = service_options.model_name,
+                                              .max_model_len = max_model_len,
+                                              .max_inflight_requests = service_options.max_inflight_requests,
+                                              .eos_token_ids = service_options.eos_token_ids},
+                                             *loaded->tokenizer, chat_template, async_engine, metrics->get());
+  if (absl::GetFlag(FLAGS_grpc_port) > 65535 || absl::GetFlag(FLAGS_grpc_port) < -1) {
+    return Fail("--grpc-port must be -1 (off), 0 (any free port) or a port number");
+  }
+
   auto server = http::HttpServer::Create({.address = absl::GetFlag(FLAGS_host),
                                           .port = static_cast<uint16_t>(absl::GetFlag(FLAGS_port)),
                                           .num_threads = absl::GetFlag(FLAGS_http_threads)});
@@ -124,13 +162,35 @@ int RunServe(int argc, char** argv) {
   KVMESH_LOG(kInfo) << "listening on http://" << absl::GetFlag(FLAGS_host) << ":" << (*server)->port()
                     << LogKv("model", service_options.model_name) << LogKv("kv_blocks", runner->num_blocks())
                     << LogKv("max_model_len", max_model_len) << LogKv("backend", loaded->backend->name());
+  // Started last: nothing after it can fail, so no call can outlive an early return.
+  std::unique_ptr<rpc::GrpcServer> grpc_server;
+  if (const int grpc_port = absl::GetFlag(FLAGS_grpc_port); grpc_port >= 0) {
+    const std::string host = absl::GetFlag(FLAGS_host);
+    const std::string address =
+        absl::StrCat(host.find(':') != std::string::npos ? absl::StrCat("[", host, "]") : host, ":", grpc_port);
+    auto started = rpc::GrpcServer::Start(
+        {.address = address}, {{&grpc_service, v1::Inference::service_full_name()}});
+    if (started.ok()) {
+      grpc_server = std::move(started).value();
+      KVMESH_LOG(kInfo) << "grpc listening on " << grpc_server->address();
+    } else {
+      // NOTE: an explicitly chosen port (flag or KVMESH_GRPC_PORT) must be ours; the
+      // default one is best effort, so that a second `kvmesh serve` on the machine
+      // (another --port) still starts, with REST only.
+      if (GrpcPortIsExplicit(argc, argv)) return Fail(std::string(started.status().message()));
+      KVMESH_LOG(kWarning) << "gRPC disabled: the default port is taken; pass --grpc-port"
+                           << LogKv("reason", started.status().message());
+    }
+  }
 
   int signal = 0;
   sigwait(&stop_signals, &signal);
   KVMESH_LOG(kInfo) << "draining" << LogKv("signal", signal)
                     << LogKv("timeout_ms", absl::GetFlag(FLAGS_drain_timeout_ms));
+  if (grpc_server) grpc_server->SetServing(false);  // probes and load balancers look elsewhere
   async_engine.Drain(absl::GetFlag(FLAGS_drain_timeout_ms));
   // Every request has its final output now; give the last bytes time to reach clients.
+  if (grpc_server) grpc_server->Shutdown(/*deadline_ms=*/5000);
   (*server)->Shutdown(std::chrono::milliseconds(5000));
   KVMESH_LOG(kInfo) << "stopped";
   return 0;

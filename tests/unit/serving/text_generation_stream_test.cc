@@ -151,3 +151,20 @@ TEST_F(TextGenerationStreamTest, SamplesAreIndependent) {
 
 }  // namespace
 }  // namespace kvmesh::serving
+
+namespace kvmesh::serving {
+namespace {
+
+TEST_F(TextGenerationStreamTest, TheMatchedStopStringIsReported) {
+  TextGenerationStream stream(*tokenizer_, {.stop = {"zzz", "two"}});
+  std::optional<std::string> stop_string;
+  for (const auto& out : Outputs("one two three")) {
+    for (const SampleDelta& d : stream.Consume(out)) {
+      if (d.stop_string) stop_string = d.stop_string;
+    }
+  }
+  EXPECT_EQ(stop_string, "two");
+}
+
+}  // namespace
+}  // namespace kvmesh::serving
