@@ -21,7 +21,9 @@ AsyncEngine::~AsyncEngine() {
   thread_.join();
 }
 
-absl::Status AsyncEngine::Submit(EngineRequest request) {
+absl::Status AsyncEngine::Submit(EngineRequest request) { return SubmitWith(std::move(request), nullptr); }
+
+absl::Status AsyncEngine::SubmitWith(EngineRequest request, AdmitFn admit) {
   if (absl::Status s = ValidateEngineRequest(request, limits_); !s.ok()) return s;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -37,10 +39,18 @@ absl::Status AsyncEngine::Submit(EngineRequest request) {
       }
     };
     ++num_unfinished_;
-    new_requests_.push_back(std::move(request));
+    new_requests_.push_back(PendingRequest{std::move(request), std::move(admit)});
   }
   cv_.notify_one();
   return absl::OkStatus();
+}
+
+void AsyncEngine::Post(std::function<void(Engine&)> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_one();
 }
 
 void AsyncEngine::Abort(const std::string& request_id) {
@@ -76,24 +86,35 @@ void AsyncEngine::AbortAllLive() {
 }
 
 void AsyncEngine::Loop() {
+  // True when the previous step could run nothing although requests are unfinished:
+  // they are all parked (leases, pinned prefills), so wait a little instead of spinning.
+  bool parked = false;
   for (;;) {
-    std::deque<EngineRequest> requests;
+    std::deque<PendingRequest> requests;
     std::vector<std::string> aborts;
+    std::vector<std::function<void(Engine&)>> tasks;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] {
-        return stopping_ || !new_requests_.empty() || !aborts_.empty() || engine_->HasUnfinishedRequests();
-      });
-      if (stopping_ && new_requests_.empty() && !engine_->HasUnfinishedRequests()) return;
+      auto inbox_ready = [&] { return stopping_ || !new_requests_.empty() || !aborts_.empty() || !tasks_.empty(); };
+      if (parked) {
+        cv_.wait_for(lock, std::chrono::milliseconds(5), inbox_ready);
+      } else {
+        cv_.wait(lock, [&] { return inbox_ready() || engine_->HasUnfinishedRequests(); });
+      }
+      if (stopping_ && new_requests_.empty() && tasks_.empty() && !engine_->HasUnfinishedRequests()) return;
       requests.swap(new_requests_);
       aborts.swap(aborts_);
+      tasks.swap(tasks_);
     }
-    for (EngineRequest& request : requests) {
+    for (PendingRequest& pending : requests) {
+      EngineRequest& request = pending.request;
       const std::string id = request.request_id;
       auto on_output = request.on_output;
       const bool duplicate = live_.contains(id);
       live_.insert(id);
-      if (absl::Status s = engine_->AddRequest(std::move(request)); !s.ok()) {
+      const absl::Status s =
+          pending.admit ? pending.admit(*engine_, std::move(request)) : engine_->AddRequest(std::move(request));
+      if (!s.ok()) {
         if (!duplicate) live_.erase(id);
         // Rejected on the loop (e.g. a duplicate id): the caller still gets one final output.
         RequestOutput out;
@@ -104,6 +125,7 @@ void AsyncEngine::Loop() {
         if (duplicate) live_.insert(id);  // the earlier request of that id is still running
       }
     }
+    for (auto& task : tasks) task(*engine_);
     for (const std::string& id : aborts) {
       if (id.empty()) {  // abort everything (drain deadline)
         AbortAllLive();
@@ -111,11 +133,16 @@ void AsyncEngine::Loop() {
         (void)engine_->Abort(id);  // unknown/finished ids: FailedPrecondition, ignored
       }
     }
+    parked = false;
     if (engine_->HasUnfinishedRequests()) {
       absl::StatusOr<std::vector<RequestOutput>> outputs = engine_->Step();
       if (!outputs.ok()) {
         KVMESH_LOG(kError) << "engine step failed; aborting all requests: " << outputs.status().ToString();
         AbortAllLive();
+      } else if (outputs->empty()) {
+        const EngineStats s = engine_->stats();
+        parked = s.num_running_seqs == 0 && s.num_waiting_seqs == 0 &&
+                 s.num_receiving_seqs + s.num_prefilled_seqs > 0;
       }
     }
     std::lock_guard<std::mutex> lock(mu_);

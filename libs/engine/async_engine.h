@@ -2,8 +2,11 @@
 // abort requests from any thread (HTTP handlers, gRPC reactors) and receive
 // streamed outputs through callbacks.
 //
-// The engine loop: drain the inbox (new requests, aborts) → Step() while work is
-// unfinished → deliver outputs → sleep until the inbox is non-empty. Callbacks run
+// The engine loop: drain the inbox (new requests, aborts, posted tasks) → Step() while
+// work is unfinished → deliver outputs → sleep until the inbox is non-empty. While the
+// only unfinished requests are parked (open remote-prefill leases, computed prefills
+// waiting for release) the loop sleeps in short timed waits instead of spinning, so
+// that their timeouts still fire. Callbacks run
 // on the engine thread; they must be quick and must not call back into the
 // AsyncEngine synchronously in a way that waits for the loop (Abort is fine: it only
 // posts).
@@ -43,6 +46,22 @@ class AsyncEngine {
   // the final output's status (AlreadyExists), since ids are checked on the loop.
   absl::Status Submit(EngineRequest request);
 
+  // How a request is handed to the engine on its thread: AddRequest (Submit's), or
+  // ReserveForRemotePrefill / AddPrefillOnlyRequest for disaggregation. Returns the
+  // engine's status for it.
+  using AdmitFn = std::function<absl::Status(Engine&, EngineRequest)>;
+  // As Submit, but the engine thread admits the request with `admit` (which receives it
+  // with its on_output already wrapped for tracking). When `admit` fails, on_output gets
+  // one final output carrying the error.
+  absl::Status SubmitWith(EngineRequest request, AdmitFn admit);
+
+  // Runs `task` on the engine thread between steps, in posting order (after the
+  // requests and aborts posted before it). For the disaggregation calls on requests
+  // already submitted (ImportKvBlock, CommitRemotePrefill, ExportKvBlock, ...). Tasks
+  // must be quick and must not wait for the loop. Posted tasks run even while draining;
+  // those still queued at destruction run before the loop exits.
+  void Post(std::function<void(Engine&)> task);
+
   // Ends the request wherever it is; its callback gets a final "abort" output.
   // Unknown or finished ids are ignored (the request may have just finished).
   void Abort(const std::string& request_id);
@@ -64,7 +83,12 @@ class AsyncEngine {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<EngineRequest> new_requests_;  // guarded by mu_
+  struct PendingRequest {
+    EngineRequest request;
+    AdmitFn admit;  // null: AddRequest
+  };
+  std::deque<PendingRequest> new_requests_;  // guarded by mu_
+  std::vector<std::function<void(Engine&)>> tasks_;  // guarded by mu_
   std::vector<std::string> aborts_;        // guarded by mu_
   bool draining_ = false;                  // guarded by mu_
   bool stopping_ = false;                  // guarded by mu_

@@ -71,6 +71,17 @@ void SampleResultToProto(const engine::SampleResult& result, v1::TokenLogprob* p
   }
 }
 
+engine::SampleResult SampleResultFromProto(const v1::TokenLogprob& proto) {
+  engine::SampleResult result;
+  result.token_id = proto.token_id();
+  result.logprob = proto.logprob();
+  result.rank = proto.rank();
+  for (const v1::TopLogprob& top : proto.top_logprobs()) {
+    result.top_logprobs.push_back(engine::TokenLogprob{.token_id = top.token_id(), .logprob = top.logprob()});
+  }
+  return result;
+}
+
 v1::FinishReason FinishReasonToProto(engine::CompletionFinishReason reason) {
   switch (reason) {
     case engine::CompletionFinishReason::kNone: return v1::FINISH_REASON_UNSPECIFIED;

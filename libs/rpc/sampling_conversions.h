@@ -29,6 +29,8 @@ absl::StatusOr<int32_t> NumSamplesFromProto(const v1::SamplingParams& proto);
 
 // The chosen token's logprob, rank and top alternatives (token text left empty).
 void SampleResultToProto(const engine::SampleResult& result, v1::TokenLogprob* proto);
+// The inverse (token text ignored): logprob always set, as it is on the wire.
+engine::SampleResult SampleResultFromProto(const v1::TokenLogprob& proto);
 
 v1::FinishReason FinishReasonToProto(engine::CompletionFinishReason reason);
 engine::CompletionFinishReason FinishReasonFromProto(v1::FinishReason reason);

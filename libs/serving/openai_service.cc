@@ -189,7 +189,20 @@ OpenAiService::OpenAiService(const OpenAiServiceOptions& options, const model::T
     : options_(options),
       tokenizer_(tokenizer),
       chat_template_(std::move(chat_template)),
-      engine_(engine),
+      owned_source_(std::make_unique<AsyncEngineTokenSource>(engine)),
+      engine_(*owned_source_),
+      metrics_(metrics),
+      created_unix_(std::chrono::duration_cast<std::chrono::seconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count()) {}
+
+OpenAiService::OpenAiService(const OpenAiServiceOptions& options, const model::Tokenizer& tokenizer,
+                             std::optional<model::ChatTemplate> chat_template, TokenSource& source,
+                             ServingMetrics* metrics)
+    : options_(options),
+      tokenizer_(tokenizer),
+      chat_template_(std::move(chat_template)),
+      engine_(source),
       metrics_(metrics),
       created_unix_(std::chrono::duration_cast<std::chrono::seconds>(
                         std::chrono::system_clock::now().time_since_epoch())

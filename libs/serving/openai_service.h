@@ -28,6 +28,7 @@
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "serving/serving_metrics.h"
+#include "serving/token_source.h"
 
 namespace kvmesh::serving {
 
@@ -46,6 +47,9 @@ class OpenAiService {
   OpenAiService(const OpenAiServiceOptions& options, const model::Tokenizer& tokenizer,
                 std::optional<model::ChatTemplate> chat_template, engine::AsyncEngine& engine,
                 ServingMetrics* metrics);
+  // Over any token source (the router's cluster); `source` must outlive the service.
+  OpenAiService(const OpenAiServiceOptions& options, const model::Tokenizer& tokenizer,
+                std::optional<model::ChatTemplate> chat_template, TokenSource& source, ServingMetrics* metrics);
 
   void HandleCompletions(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer);
   void HandleChatCompletions(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer);
@@ -68,7 +72,8 @@ class OpenAiService {
   const OpenAiServiceOptions options_;
   const model::Tokenizer& tokenizer_;
   const std::optional<model::ChatTemplate> chat_template_;
-  engine::AsyncEngine& engine_;
+  std::unique_ptr<TokenSource> owned_source_;  // the AsyncEngine adapter, when given one
+  TokenSource& engine_;                         // where tokens come from
   ServingMetrics* metrics_;  // may be null
   std::atomic<int64_t> inflight_{0};
   std::atomic<uint64_t> next_id_{1};

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -129,6 +130,17 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags(bool quiet) {
                  static_cast<long long>(c.hidden_size), static_cast<long long>(c.vocab_size),
                  std::string(loaded.backend->name()).c_str(), loaded.load_seconds);
   }
+  return loaded;
+}
+
+absl::StatusOr<LoadedModel> LoadModelOffThread(bool quiet) {
+  // NOTE: libgomp keeps one worker pool per thread that ever opened a parallel region.
+  // A second pool (the loading thread's, next to the engine thread's) makes libgomp
+  // count more threads than cores and switch to throttled spinning: every parallel
+  // region of the engine then pays futex sleeps and wake-ups, measured 2.3x slower
+  // decode. A pool dies with its thread, so pack on a thread that then exits.
+  absl::StatusOr<LoadedModel> loaded = absl::UnknownError("model not loaded");
+  std::thread([&loaded, quiet] { loaded = LoadModelFromFlags(quiet); }).join();
   return loaded;
 }
 

@@ -27,6 +27,11 @@ std::string ModelDirFlag();
 // progress and the time taken to stderr unless `quiet`.
 absl::StatusOr<LoadedModel> LoadModelFromFlags(bool quiet);
 
+// LoadModelFromFlags on a short-lived thread, for processes whose engine runs on a
+// thread of its own (serve, worker): the OpenMP pool that packing creates dies with
+// that thread, so the engine thread's pool is the process's only one (see the .cc).
+absl::StatusOr<LoadedModel> LoadModelOffThread(bool quiet);
+
 // Parses `argv` (after the subcommand) with Abseil flags: `--max-tokens` is
 // accepted for `--max_tokens`; KVMESH_<FLAG> environment variables set defaults
 // (e.g. KVMESH_MODEL=/models/x); `--help` lists the flags of `help_files` (file

@@ -16,6 +16,8 @@ constexpr char kUsage[] =
     "  serve      The OpenAI-compatible server (REST) with the continuous-batching engine\n"
     "  generate   Generate text from a prompt and stream it to stdout (--json: one object per token)\n"
     "  tokenize   Print the token ids of --text (or standard input) as a JSON array\n"
+    "  worker     A prefill and/or decode worker of the cluster (kvmesh.v1.Worker gRPC)\n"
+    "  router     The cluster's OpenAI-compatible REST front door (scheduler + workers)\n"
     "  bench      Measure prefill and decode speed against the memory-bandwidth roofline\n"
     "             (bench throughput: the continuous-batching engine on a synthetic workload)\n"
     "\n"
@@ -38,6 +40,8 @@ int main(int argc, char** argv) {
   if (command == "generate") return kvmesh::cli::RunGenerate(argc - 1, argv + 1);
   if (command == "tokenize") return kvmesh::cli::RunTokenize(argc - 1, argv + 1);
   if (command == "bench") return kvmesh::cli::RunBench(argc - 1, argv + 1);
+  if (command == "worker") return kvmesh::cli::RunWorker(argc - 1, argv + 1);
+  if (command == "router") return kvmesh::cli::RunRouter(argc - 1, argv + 1);
   std::fprintf(stderr, "kvmesh: unknown command \"%s\"\n\n%s", command.c_str(), kUsage);
   return 2;
 }

@@ -89,14 +89,7 @@ int RunServe(int argc, char** argv) {
                        "server (REST) and the kvmesh.v1.Inference gRPC API with the continuous-batching engine "
                        "in one process",
                        {"serve_command", kEngineFlagsFile});
-  // NOTE: load (and pack, which runs OpenMP regions) on a short-lived thread. libgomp
-  // keeps one worker pool per thread that ever opened a parallel region; a second pool
-  // (this thread's, next to the engine thread's) makes libgomp count more threads than
-  // cores and switch to throttled spinning, and every parallel region of the engine
-  // then pays futex sleeps and wake-ups: 2.3x slower decode measured here. The pool dies
-  // with the thread, so the engine thread's is the only one.
-  absl::StatusOr<LoadedModel> loaded = absl::UnknownError("not loaded");
-  std::thread([&loaded] { loaded = LoadModelFromFlags(/*quiet=*/false); }).join();
+  auto loaded = LoadModelOffThread(/*quiet=*/false);
   if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
   engine::LlamaModel& model = *loaded->model;
   const auto& config = model.config();

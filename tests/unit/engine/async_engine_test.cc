@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <map>
 #include <mutex>
 #include <string>
@@ -10,11 +11,13 @@
 
 #include <gtest/gtest.h>
 
+#include "fake_kv_storage_runner.h"
 #include "fake_model_runner.h"
 
 namespace kvmesh::engine {
 namespace {
 
+using testing::FakeKvStorageRunner;
 using testing::FakeModelRunner;
 using testing::ReferenceCompletion;
 
@@ -184,6 +187,107 @@ TEST(AsyncEngineTest, DrainDeadlineAbortsWhatIsLeft) {
   engine.Drain(/*deadline_ms=*/0);
   ASSERT_EQ(c.num_finals.load(), 1);
   EXPECT_EQ(c.finals["a"].outputs.at(0).finish_reason, CompletionFinishReason::kAbort);
+}
+
+// The worker's disaggregation path: a lease granted through SubmitWith on D, a
+// prefill-only request on P, the blocks exported and imported by posted tasks, the
+// commit posted to D. Same tokens as one engine; every block back on both sides.
+TEST(AsyncEngineTest, HandoffThroughSubmitWithAndPostedTasks) {
+  const std::vector<int32_t> prompt = Prompt(10, 1);
+  FakeKvStorageRunner ref_runner(kVocab, kBs, 64);
+  Collector ref;
+  {
+    AsyncEngine agg(Engine::Create(Options(), ref_runner).value());
+    ASSERT_TRUE(agg.Submit(Req("r", prompt, 5, ref)).ok());
+    agg.Drain(/*deadline_ms=*/20000);
+  }
+  FakeKvStorageRunner p_runner(kVocab, kBs, 64), d_runner(kVocab, kBs, 64);
+  AsyncEngine p(Engine::Create(Options(), p_runner).value());
+  AsyncEngine d(Engine::Create(Options(), d_runner).value());
+  Collector pc, dc;
+  std::promise<RemotePrefillLease> leased;
+  ASSERT_TRUE(d.SubmitWith(Req("r", prompt, 5, dc), [&](Engine& e, EngineRequest r) -> absl::Status {
+                 absl::StatusOr<RemotePrefillLease> lease = e.ReserveForRemotePrefill(std::move(r));
+                 if (!lease.ok()) return lease.status();
+                 leased.set_value(*lease);
+                 return absl::OkStatus();
+               }).ok());
+  const RemotePrefillLease lease = leased.get_future().get();
+  std::promise<PrefillResult> prefilled;
+  EngineRequest pr = Req("r", prompt, 5, pc);
+  pr.on_output = [&, inner = pr.on_output](const RequestOutput& o) {
+    inner(o);
+    if (o.prefill_result) prefilled.set_value(*o.prefill_result);
+  };
+  const int32_t skip = lease.num_cached_tokens;
+  ASSERT_TRUE(p.SubmitWith(std::move(pr), [skip](Engine& e, EngineRequest r) {
+                 return e.AddPrefillOnlyRequest(std::move(r), skip);
+               }).ok());
+  const PrefillResult result = prefilled.get_future().get();
+  // Export on P's thread, then release; import and commit on D's.
+  std::promise<std::vector<std::vector<std::byte>>> exported;
+  p.Post([&](Engine& e) {
+    std::vector<std::vector<std::byte>> blocks;
+    for (int32_t layer = 0; layer < lease.kv_spec.num_layers; ++layer) {
+      for (int32_t b = result.num_skipped_blocks; b < lease.num_blocks(); ++b) {
+        const std::span<const std::byte> bytes = e.ExportKvBlock("r", layer, b).value();
+        blocks.emplace_back(bytes.begin(), bytes.end());
+      }
+    }
+    EXPECT_TRUE(e.ReleasePrefill("r").ok());
+    exported.set_value(std::move(blocks));
+  });
+  const std::vector<std::vector<std::byte>> blocks = exported.get_future().get();
+  d.Post([&](Engine& e) {
+    size_t i = 0;
+    for (int32_t layer = 0; layer < lease.kv_spec.num_layers; ++layer) {
+      for (int32_t b = result.num_skipped_blocks; b < lease.num_blocks(); ++b) {
+        EXPECT_TRUE(e.ImportKvBlock(lease.transfer_id, layer, b, blocks[i++]).ok());
+      }
+    }
+    EXPECT_TRUE(e.CommitRemotePrefill(lease.transfer_id, result.first_token_id, result.first_token_logprobs).ok());
+  });
+  d.Drain(/*deadline_ms=*/20000);
+  p.Drain(/*deadline_ms=*/20000);
+  ASSERT_EQ(dc.num_finals.load(), 1);
+  EXPECT_TRUE(dc.finals["r"].status.ok()) << dc.finals["r"].status;
+  EXPECT_EQ(dc.tokens["r"], ref.tokens["r"]);
+  EXPECT_EQ(pc.num_finals.load(), 1);
+  // stats() is the snapshot after the loop's latest step: it may lag the final output.
+  WaitFor([&] { return d.stats().num_kv_blocks_used == 0 && p.stats().num_kv_blocks_used == 0; });
+  EXPECT_EQ(d.stats().num_kv_blocks_used, 0);
+  EXPECT_EQ(p.stats().num_kv_blocks_used, 0);
+}
+
+// A lease nobody fills expires on the engine's clock although nothing else runs: the
+// loop keeps stepping (in timed waits) while only parked requests are unfinished.
+TEST(AsyncEngineTest, UnfilledLeaseExpiresWhileTheLoopIsOtherwiseIdle) {
+  FakeKvStorageRunner runner(kVocab, kBs, 64);
+  EngineOptions o = Options();
+  o.lease_timeout_ms = 50;
+  AsyncEngine engine(Engine::Create(o, runner).value());
+  Collector c;
+  ASSERT_TRUE(engine.SubmitWith(Req("r", Prompt(10, 1), 5, c), [](Engine& e, EngineRequest r) {
+                 return e.ReserveForRemotePrefill(std::move(r)).status();
+               }).ok());
+  WaitFor([&] { return c.num_finals.load() == 1; });
+  ASSERT_EQ(c.num_finals.load(), 1);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(c.finals["r"].status)) << c.finals["r"].status;
+  WaitFor([&] { return engine.stats().num_kv_blocks_used == 0; });
+  EXPECT_EQ(engine.stats().num_kv_blocks_used, 0);
+}
+
+// A failed admission still gives the request exactly one final output, with the error.
+TEST(AsyncEngineTest, SubmitWithRejectionIsTheFinalOutput) {
+  FakeModelRunner runner(kVocab, kBs, 64);  // no KV storage: no leases
+  AsyncEngine engine(Engine::Create(Options(), runner).value());
+  Collector c;
+  ASSERT_TRUE(engine.SubmitWith(Req("r", Prompt(4, 1), 5, c), [](Engine& e, EngineRequest r) {
+                 return e.ReserveForRemotePrefill(std::move(r)).status();
+               }).ok());
+  engine.Drain(/*deadline_ms=*/20000);
+  ASSERT_EQ(c.num_finals.load(), 1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(c.finals["r"].status)) << c.finals["r"].status;
 }
 
 }  // namespace
