@@ -11,6 +11,7 @@ ABSL_FLAG(int, block_size, 16, "KV block size in tokens.");
 ABSL_FLAG(bool, enable_prefix_caching, true, "Reuse the KV blocks of shared prompt prefixes.");
 ABSL_FLAG(int, max_num_seqs, 64, "Scheduler: sequences per engine step.");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "Scheduler: tokens per engine step (chunked-prefill budget).");
+ABSL_FLAG(int, max_model_len, 0, "Context length (prompt + completion); 0: the model's max_position_embeddings.");
 
 namespace kvmesh::cli {
 
@@ -30,7 +31,11 @@ absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model) 
   out.options.kv.block_size_tokens = absl::GetFlag(FLAGS_block_size);
   out.options.kv.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   out.options.kv.record_events = false;  // nothing consumes KV events in one process
-  out.options.max_model_len = static_cast<int32_t>(model.config().max_position_embeddings);
+  const int64_t context = model.config().max_position_embeddings;
+  const int32_t max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  if (max_model_len > context)
+    return absl::InvalidArgumentError("--max-model-len exceeds the model's max_position_embeddings");
+  out.options.max_model_len = max_model_len > 0 ? max_model_len : static_cast<int32_t>(context);
   return out;
 }
 

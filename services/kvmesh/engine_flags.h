@@ -15,11 +15,12 @@ inline constexpr char kEngineFlagsFile[] = "engine_flags";
 
 struct EngineFromFlags {
   std::unique_ptr<engine::PagedModelRunner> runner;
-  engine::EngineOptions options;  // max_model_len is the model's context unless overridden
+  engine::EngineOptions options;  // max_model_len: --max-model-len, else the model's context
 };
 
 // Sizes the KV pool from --kv-cache-bytes or --kv-cache-memory-fraction and fills the
-// scheduler/KV options. InvalidArgument for out-of-range flags.
+// scheduler/KV options and max_model_len. InvalidArgument for out-of-range flags
+// (e.g. --max-model-len beyond the model's max_position_embeddings).
 absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model);
 
 }  // namespace kvmesh::cli

@@ -27,6 +27,7 @@
 #include "model/model_config.h"
 #include "model/tokenizer.h"
 #include "remote_token_source.h"
+#include "serving/openai_routes.h"
 #include "serving/openai_service.h"
 #include "serving/serving_metrics.h"
 
@@ -126,16 +127,7 @@ int RunRouter(int argc, char** argv) {
                                           .port = static_cast<uint16_t>(absl::GetFlag(FLAGS_port)),
                                           .num_threads = absl::GetFlag(FLAGS_http_threads)});
   if (!server.ok()) return Fail(std::string(server.status().message()));
-  using std::placeholders::_1;
-  using std::placeholders::_2;
-  (*server)->Handle("POST", "/v1/completions", std::bind(&serving::OpenAiService::HandleCompletions, &service, _1, _2));
-  (*server)->Handle("POST", "/v1/chat/completions",
-                    std::bind(&serving::OpenAiService::HandleChatCompletions, &service, _1, _2));
-  (*server)->Handle("GET", "/v1/models", std::bind(&serving::OpenAiService::HandleModels, &service, _1, _2));
-  (*server)->Handle("GET", "/health", std::bind(&serving::OpenAiService::HandleHealth, &service, _1, _2));
-  (*server)->Handle("GET", "/metrics", [&registry](http::HttpRequest, std::shared_ptr<http::ResponseWriter> w) {
-    (void)w->Send(http::HttpResponse::Text(200, registry.Exposition(), std::string(metrics::kExpositionContentType)));
-  });
+  serving::RegisterOpenAiRoutes(**server, service, registry);
   if (auto s = (*server)->Start(); !s.ok()) return Fail(std::string(s.message()));
   KVMESH_LOG(kInfo) << "router listening on http://" << absl::GetFlag(FLAGS_host) << ":" << (*server)->port()
                     << LogKv("model", model_name) << LogKv("scheduler", scheduler);

@@ -29,6 +29,7 @@
 #include "metrics/registry.h"
 #include "rpc/grpc_server.h"
 #include "serving/grpc_inference_service.h"
+#include "serving/openai_routes.h"
 #include "serving/openai_service.h"
 #include "serving/serving_metrics.h"
 
@@ -36,7 +37,6 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all
 ABSL_FLAG(int, port, 8000, "Port to listen on; 0 picks a free one (printed at start).");
 ABSL_FLAG(std::string, served_model_name, "", "Model name clients use (default: the model directory's name).");
 ABSL_FLAG(std::string, api_keys, "", "Comma-separated API keys; when set, requests need 'Authorization: Bearer KEY'.");
-ABSL_FLAG(int, max_model_len, 0, "Context length (prompt + completion); 0: the model's max_position_embeddings.");
 ABSL_FLAG(int, grpc_port, 50051,
           "gRPC port (kvmesh.v1.Inference + health + reflection) on --host; 0 picks a free one (printed at "
           "start), -1 disables gRPC.");
@@ -97,12 +97,8 @@ int RunServe(int argc, char** argv) {
   auto built = BuildEngineFromFlags(model);
   if (!built.ok()) return Fail(std::string(built.status().message()));
   std::unique_ptr<engine::PagedModelRunner> runner = std::move(built->runner);
-  int32_t max_model_len = absl::GetFlag(FLAGS_max_model_len);
-  if (max_model_len <= 0) max_model_len = static_cast<int32_t>(config.max_position_embeddings);
-  if (max_model_len > config.max_position_embeddings)
-    return Fail("--max-model-len exceeds the model's max_position_embeddings");
   engine::EngineOptions options = built->options;
-  options.max_model_len = max_model_len;
+  const int32_t max_model_len = options.max_model_len;
   auto engine = engine::Engine::Create(options, *runner);
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
   engine::AsyncEngine async_engine(std::move(engine).value());
@@ -149,16 +145,7 @@ int RunServe(int argc, char** argv) {
                                           .port = static_cast<uint16_t>(absl::GetFlag(FLAGS_port)),
                                           .num_threads = absl::GetFlag(FLAGS_http_threads)});
   if (!server.ok()) return Fail(std::string(server.status().message()));
-  using std::placeholders::_1;
-  using std::placeholders::_2;
-  (*server)->Handle("POST", "/v1/completions", std::bind(&serving::OpenAiService::HandleCompletions, &service, _1, _2));
-  (*server)->Handle("POST", "/v1/chat/completions",
-                    std::bind(&serving::OpenAiService::HandleChatCompletions, &service, _1, _2));
-  (*server)->Handle("GET", "/v1/models", std::bind(&serving::OpenAiService::HandleModels, &service, _1, _2));
-  (*server)->Handle("GET", "/health", std::bind(&serving::OpenAiService::HandleHealth, &service, _1, _2));
-  (*server)->Handle("GET", "/metrics", [&registry](http::HttpRequest, std::shared_ptr<http::ResponseWriter> w) {
-    (void)w->Send(http::HttpResponse::Text(200, registry.Exposition(), std::string(metrics::kExpositionContentType)));
-  });
+  serving::RegisterOpenAiRoutes(**server, service, registry);
   if (auto s = (*server)->Start(); !s.ok()) return Fail(std::string(s.message()));
   KVMESH_LOG(kInfo) << "listening on http://" << absl::GetFlag(FLAGS_host) << ":" << (*server)->port()
                     << LogKv("model", service_options.model_name) << LogKv("kv_blocks", runner->num_blocks())

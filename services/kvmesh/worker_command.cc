@@ -227,12 +227,8 @@ int RunWorker(int argc, char** argv) {
   auto built = BuildEngineFromFlags(model);
   if (!built.ok()) return Fail(std::string(built.status().message()));
   std::unique_ptr<engine::PagedModelRunner> runner = std::move(built->runner);
-  int32_t max_model_len = absl::GetFlag(FLAGS_max_model_len);
-  if (max_model_len <= 0) max_model_len = static_cast<int32_t>(config.max_position_embeddings);
-  if (max_model_len > config.max_position_embeddings)
-    return Fail("--max-model-len exceeds the model's max_position_embeddings");
   engine::EngineOptions options = built->options;
-  options.max_model_len = max_model_len;
+  const int32_t max_model_len = options.max_model_len;
   options.kv.record_events = true;  // drained by every heartbeat
   options.lease_timeout_ms = absl::GetFlag(FLAGS_kv_lease_timeout_ms);
   options.prefill_release_timeout_ms = absl::GetFlag(FLAGS_kv_lease_timeout_ms);
