@@ -266,6 +266,18 @@ engine::SamplingParams ToSamplingParams(const http::SamplingFields& f, int32_t d
 void OpenAiService::Start(std::shared_ptr<Call> call, std::vector<std::vector<int32_t>> prompts,
                           const engine::SamplingParams& params) {
   http::ResponseWriter& writer = *call->writer;
+  if (draining_.load()) {
+    http::ApiError error;
+    error.http_status = 503;
+    error.type = "service_unavailable_error";
+    error.code = "draining";
+    error.message = "The server is shutting down and admits no new requests; retry on another replica.";
+    http::HttpResponse response = http::ApiErrorResponse(error);
+    response.headers.Set("Retry-After", "1");
+    if (metrics_) metrics_->CountRejected(503);
+    (void)writer.Send(std::move(response));
+    return;
+  }
   if (inflight_.fetch_add(1) >= options_.max_inflight_requests) {
     inflight_.fetch_sub(1);
     http::ApiError error;
@@ -440,6 +452,10 @@ void OpenAiService::HandleModels(http::HttpRequest request, std::shared_ptr<http
 }
 
 void OpenAiService::HandleHealth(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {
+  if (draining_.load()) {
+    (void)writer->Send(http::HttpResponse::Json(503, "{\"status\":\"draining\"}"));
+    return;
+  }
   (void)writer->Send(http::HttpResponse::Json(200, "{\"status\":\"ok\"}"));
 }
 

@@ -58,6 +58,11 @@ class OpenAiService {
 
   int64_t inflight_requests() const { return inflight_.load(); }
 
+  // Graceful drain has begun: /health answers 503 (so probes and load balancers
+  // send traffic elsewhere) and new requests get 503 with Retry-After, while the
+  // ones in flight finish. Irreversible.
+  void StartDraining() { draining_.store(true); }
+
  private:
   struct Call;
   friend struct Call;
@@ -76,6 +81,7 @@ class OpenAiService {
   TokenSource& engine_;                         // where tokens come from
   ServingMetrics* metrics_;  // may be null
   std::atomic<int64_t> inflight_{0};
+  std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};
   const int64_t created_unix_;
 };

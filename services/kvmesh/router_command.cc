@@ -135,6 +135,7 @@ int RunRouter(int argc, char** argv) {
   int signal = 0;
   sigwait(&stop_signals, &signal);
   KVMESH_LOG(kInfo) << "draining" << LogKv("signal", signal) << LogKv("inflight", source.num_inflight());
+  service.StartDraining();
   if (!source.WaitIdle(absl::GetFlag(FLAGS_drain_timeout_ms))) {
     KVMESH_LOG(kWarning) << "drain deadline passed; cancelling" << LogKv("inflight", source.num_inflight());
   }

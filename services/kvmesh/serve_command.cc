@@ -176,6 +176,7 @@ int RunServe(int argc, char** argv) {
   KVMESH_LOG(kInfo) << "draining" << LogKv("signal", signal)
                     << LogKv("timeout_ms", absl::GetFlag(FLAGS_drain_timeout_ms));
   if (grpc_server) grpc_server->SetServing(false);  // probes and load balancers look elsewhere
+  service.StartDraining();
   async_engine.Drain(absl::GetFlag(FLAGS_drain_timeout_ms));
   // Every request has its final output now; give the last bytes time to reach clients.
   if (grpc_server) grpc_server->Shutdown(/*deadline_ms=*/5000);

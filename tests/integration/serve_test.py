@@ -284,7 +284,7 @@ def test_sigterm_drains_running_requests():
 
     def run():
         result["resp"] = s.request("POST", "/v1/completions",
-                                   json.dumps({"prompt": "x", "max_tokens": 200, "temperature": 0,
+                                   json.dumps({"prompt": "x", "max_tokens": 1000, "temperature": 0,
                                                "ignore_eos": True}))
 
     t = threading.Thread(target=run)
@@ -293,10 +293,23 @@ def test_sigterm_drains_running_requests():
     while time.time() < deadline and not s.metric("kvmesh_num_requests_running"):
         time.sleep(0.01)
     s.proc.terminate()
+    # While the running request finishes, probes see 503 and new requests are refused.
+    deadline = time.time() + 10
+    health = None
+    while time.time() < deadline and t.is_alive():
+        health, _, _ = s.request("GET", "/health")
+        if health == 503:
+            break
+        time.sleep(0.01)
+    if t.is_alive():
+        assert health == 503
+        refused, headers, body = s.request("POST", "/v1/completions", json.dumps({"prompt": "y", "max_tokens": 2}))
+        assert refused == 503 and headers.get("Retry-After") == "1", body
+        assert json.loads(body)["error"]["code"] == "draining"
     t.join(timeout=60)
     status, _, payload = result["resp"]
     assert status == 200, payload
-    assert json.loads(payload)["usage"]["completion_tokens"] == 200  # finished, not cut off
+    assert json.loads(payload)["usage"]["completion_tokens"] == 1000  # finished, not cut off
     assert s.proc.wait(timeout=60) == 0
 
 
