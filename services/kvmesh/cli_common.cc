@@ -1,8 +1,10 @@
 #include "cli_common.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -70,6 +72,34 @@ void ApplyEnvironmentDefaults() {
 }  // namespace
 
 std::string ModelDirFlag() { return absl::GetFlag(FLAGS_model); }
+
+namespace {
+sigset_t StopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+}  // namespace
+
+void BlockStopSignals() {
+  const sigset_t set = StopSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitForStopSignal() {
+  const sigset_t set = StopSignals();
+  int signal = 0;
+  sigwait(&set, &signal);
+  return signal;
+}
+
+std::string BaseName(std::string path) {
+  while (!path.empty() && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
 
 std::vector<std::string> ParseSubcommandFlags(int argc, char** argv, const std::string& usage,
                                               const std::vector<std::string>& help_files) {

@@ -53,20 +53,10 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-std::string BaseName(std::string path) {
-  while (!path.empty() && path.back() == '/') path.pop_back();
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
 }  // namespace
 
 int RunRouter(int argc, char** argv) {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  BlockStopSignals();  // before any thread starts: they inherit the mask
 
   ParseSubcommandFlags(argc, argv,
                        "kvmesh router --scheduler HOST:PORT [--model DIR] [--host H --port P]: the cluster's "
@@ -132,8 +122,7 @@ int RunRouter(int argc, char** argv) {
   KVMESH_LOG(kInfo) << "router listening on http://" << absl::GetFlag(FLAGS_host) << ":" << (*server)->port()
                     << LogKv("model", model_name) << LogKv("scheduler", scheduler);
 
-  int signal = 0;
-  sigwait(&stop_signals, &signal);
+  const int signal = WaitForStopSignal();
   KVMESH_LOG(kInfo) << "draining" << LogKv("signal", signal) << LogKv("inflight", source.num_inflight());
   service.StartDraining();
   if (!source.WaitIdle(absl::GetFlag(FLAGS_drain_timeout_ms))) {

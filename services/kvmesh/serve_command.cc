@@ -54,12 +54,6 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-std::string BaseName(std::string path) {
-  while (!path.empty() && path.back() == '/') path.pop_back();
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
 // --grpc-port (or --grpc_port, -grpc-port...) on the command line, or KVMESH_GRPC_PORT.
 // (Debian's Abseil keeps CommandLineFlag::IsSpecifiedOnCommandLine private.)
 bool GrpcPortIsExplicit(int argc, char** argv) {
@@ -76,13 +70,7 @@ bool GrpcPortIsExplicit(int argc, char** argv) {
 }  // namespace
 
 int RunServe(int argc, char** argv) {
-  // Block the stop signals in every thread (the HTTP and engine threads inherit the
-  // mask) so that this thread receives them with sigwait.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  BlockStopSignals();  // before any thread starts: they inherit the mask
 
   ParseSubcommandFlags(argc, argv,
                        "kvmesh serve [--model DIR] [--host H --port P --grpc-port G]: the OpenAI-compatible "
@@ -171,8 +159,7 @@ int RunServe(int argc, char** argv) {
     }
   }
 
-  int signal = 0;
-  sigwait(&stop_signals, &signal);
+  const int signal = WaitForStopSignal();
   KVMESH_LOG(kInfo) << "draining" << LogKv("signal", signal)
                     << LogKv("timeout_ms", absl::GetFlag(FLAGS_drain_timeout_ms));
   if (grpc_server) grpc_server->SetServing(false);  // probes and load balancers look elsewhere

@@ -63,12 +63,6 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-std::string BaseName(std::string path) {
-  while (!path.empty() && path.back() == '/') path.pop_back();
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
 
 // ---------------------------------------------------------------------------------------
 // Registration and heartbeats (its own thread).
@@ -207,11 +201,7 @@ absl::StatusOr<v1::WorkerRole> ParseRole(const std::string& role) {
 }  // namespace
 
 int RunWorker(int argc, char** argv) {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  BlockStopSignals();  // before any thread starts: they inherit the mask
 
   ParseSubcommandFlags(argc, argv,
                        "kvmesh worker --role prefill|decode|both [--listen HOST:PORT] [--scheduler HOST:PORT]: "
@@ -285,8 +275,7 @@ int RunWorker(int argc, char** argv) {
     heartbeater = std::make_unique<Heartbeater>(state, scheduler, std::move(registration));
   }
 
-  int signal = 0;
-  sigwait(&stop_signals, &signal);
+  const int signal = WaitForStopSignal();
   KVMESH_LOG(kInfo) << "draining" << LogKv("signal", signal);
   if (heartbeater) heartbeater->SetDraining();
   (*server)->SetServing(false);
