@@ -156,7 +156,10 @@ TEST(AsyncEngineTest, AbortFromAnotherThreadEndsTheRequestAndFreesItsBlocks) {
 }
 
 TEST(AsyncEngineTest, DuplicateIdGetsAFinalErrorOutputAndTheFirstKeepsRunning) {
-  FakeModelRunner runner(kVocab, kBs, 64);
+  // Slow steps: the first request (60 tokens, ~120 ms) is still running when the
+  // duplicate arrives, even on a loaded machine.
+  FakeModelRunner fake(kVocab, kBs, 64);
+  SlowRunner runner(fake);
   AsyncEngine engine(Engine::Create(Options(), runner).value());
   Collector first, second;
   ASSERT_TRUE(engine.Submit(Req("same", Prompt(4, 1), 60, first)).ok());
