@@ -140,6 +140,7 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
     be.ApplyRope(q, k, positions_, model_.rope_inv_freq());
     const TensorView kv_cache = storage_->LayerView(static_cast<int32_t>(l));
     be.WriteKvCache(k, v, slots_, kv_cache);
+    if (batch.on_layer_kv_written) batch.on_layer_kv_written(static_cast<int32_t>(l));
     be.PagedAttention(q, kv_cache, attention_batch, scale, attn);
     be.Linear(F32(attn_, t, h * d), *packed.o, proj);
     be.AddRmsNorm(residual, proj, w.post_attention_layernorm, eps, hidden);
