@@ -17,6 +17,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/command_line.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
 
@@ -41,17 +42,6 @@ bool IsSubcommandFile(absl::string_view file) {
     if (absl::StrContains(file, f)) return true;
   }
   return false;
-}
-
-// `--max-tokens=3` -> `--max_tokens=3`: Abseil flag names have no dashes.
-std::string NormalizeFlagName(const char* arg) {
-  std::string s(arg);
-  if (s.size() < 3 || s[0] != '-' || s[1] != '-') return s;
-  const size_t end = std::min(s.find('='), s.size());
-  for (size_t i = 2; i < end; ++i) {
-    if (s[i] == '-') s[i] = '_';
-  }
-  return s;
 }
 
 // KVMESH_<NAME> sets the default of flag <name> defined by the CLI.
