@@ -44,7 +44,8 @@ int RunRouter(int argc, char** argv) {
   ParseSubcommandFlags(argc, argv,
                        "kvmesh router --scheduler HOST:PORT [--model DIR] [--host H --port P --grpc-port G]: the "
                        "cluster's front door (OpenAI-compatible REST and the kvmesh.v1.Inference gRPC API)",
-                       {"router_command"});
+                       // The front-door flags (--host, --port, --grpc-port, ...) are serve's.
+                       {"router_command", "serve_command"});
   router::RouterOptions options;
   options.model_dir = ModelDirFlag();
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name);
