@@ -32,14 +32,20 @@
 #include "engine/async_engine.h"
 #include "engine/paged_model_runner.h"
 #include "engine_flags.h"
+#include "http/http_server.h"
+#include "kv_transfer_metrics.h"
 #include "kvmesh/v1/scheduler.grpc.pb.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
+#include "metrics/registry.h"
+#include "metrics/text_format.h"
 #include "rpc/channel.h"
 #include "rpc/grpc_server.h"
 #include "rpc/kv_conversions.h"
 #include "rpc/sampling_conversions.h"
 #include "rpc/status_conversion.h"
+#include "serving/serving_metrics.h"
 #include "worker_service.h"
+#include "worker_state.h"
 
 ABSL_DECLARE_FLAG(std::string, served_model_name);
 ABSL_DECLARE_FLAG(int, max_model_len);
@@ -51,6 +57,10 @@ ABSL_FLAG(std::string, advertise_address, "",
 ABSL_FLAG(std::string, role, "both", "prefill, decode or both.");
 ABSL_FLAG(std::string, scheduler, "", "The scheduler's address (host:port); empty: run unregistered.");
 ABSL_FLAG(std::string, worker_id, "", "Stable worker id (default: worker-<advertised address>).");
+ABSL_FLAG(int32_t, metrics_port, -1,
+          "HTTP port serving /metrics (Prometheus text) and /health; 0 picks a free one (logged as "
+          "'worker metrics on http://...'); -1: off.");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "Address the /metrics port binds.");
 ABSL_FLAG(int64_t, kv_lease_timeout_ms, 30000,
           "Decode side: a remote prefill must deliver its KV within this; prefill side: pinned blocks are "
           "released after this.");
@@ -247,6 +257,31 @@ int RunWorker(int argc, char** argv) {
   engine::AsyncEngine async_engine(*std::move(created));
   WorkerState state(async_engine, absl::GetFlag(FLAGS_worker_id), spec, *block_spec, eos_token_ids,
                     absl::GetFlag(FLAGS_kv_lease_timeout_ms));
+  // /metrics: the engine's gauges and token counters (serving::ServingMetrics) and the
+  // KV transfer counters. Registered before serving, so no call sees them half made.
+  metrics::Registry registry;
+  auto serving_metrics = serving::ServingMetrics::Create(registry, [&async_engine] { return async_engine.stats(); });
+  if (!serving_metrics.ok()) return Fail(std::string(serving_metrics.status().message()));
+  auto transfer_metrics = KvTransferMetrics::Create(registry);
+  if (!transfer_metrics.ok()) return Fail(std::string(transfer_metrics.status().message()));
+  state.SetMetrics(serving_metrics->get(), transfer_metrics->get());
+  std::unique_ptr<http::HttpServer> metrics_server;
+  if (const int32_t port = absl::GetFlag(FLAGS_metrics_port); port >= 0) {
+    if (port > 65535) return Fail("--metrics_port must be in [0, 65535] (or -1: off)");
+    auto created_server = http::HttpServer::Create(
+        {.address = absl::GetFlag(FLAGS_metrics_host), .port = static_cast<uint16_t>(port), .num_threads = 1});
+    if (!created_server.ok()) return Fail(std::string(created_server.status().message()));
+    metrics_server = *std::move(created_server);
+    metrics_server->Handle("GET", "/metrics", [&registry](http::HttpRequest, std::shared_ptr<http::ResponseWriter> w) {
+      (void)w->Send(http::HttpResponse::Text(200, registry.Exposition(), std::string(metrics::kExpositionContentType)));
+    });
+    metrics_server->Handle("GET", "/health", [](http::HttpRequest, std::shared_ptr<http::ResponseWriter> w) {
+      (void)w->Send(http::HttpResponse::Json(200, R"({"status":"ok"})"));
+    });
+    if (const absl::Status s = metrics_server->Start(); !s.ok()) return Fail(std::string(s.message()));
+    KVMESH_LOG(kInfo) << "worker metrics on http://" << absl::GetFlag(FLAGS_metrics_host) << ":"
+                      << metrics_server->port() << "/metrics";
+  }
   WorkerService service(state);
   auto server = rpc::GrpcServer::Start({.address = absl::GetFlag(FLAGS_listen)},
                                        {{&service, v1::Worker::service_full_name()}});
@@ -282,6 +317,7 @@ int RunWorker(int argc, char** argv) {
   async_engine.Drain(absl::GetFlag(FLAGS_drain_timeout_ms));
   if (heartbeater) heartbeater->Stop();
   (*server)->Shutdown(/*deadline_ms=*/5000);
+  if (metrics_server) metrics_server->Shutdown(std::chrono::milliseconds(1000));
   KVMESH_LOG(kInfo) << "stopped";
   return 0;
 }

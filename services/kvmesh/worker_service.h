@@ -1,145 +1,20 @@
-// The kvmesh.v1.Worker service of `kvmesh worker` (worker_command.cc): thin gRPC
-// reactors over the worker's AsyncEngine.
-//   - Generate (decode side): with a prefill worker in the request, leases destination
-//     blocks (ReserveForRemotePrefill), asks the prefill worker to fill them (Prefill),
-//     imports what it pushes (PushKvBlocks), then commits its first token
-//     (CommitRemotePrefill) and streams the decoded tokens; a failed prefill (peer down,
-//     error, corrupt KV) ends with FailRemotePrefill (blocks freed) and the client gets
-//     its status (UNAVAILABLE when the prefill worker is gone). Without one (or with
-//     prefill_locally) the request is prefilled here.
-//   - Prefill (prefill side): AddPrefillOnlyRequest; once computed, pushes every layer's
-//     blocks the destination lacks over PushKvBlocks, replies with the first token, then
-//     ReleasePrefill.
-//   - PushKvBlocks: per chunk XXH64 (DATA_LOSS), transfer (NOT_FOUND), block ids
-//     (INVALID_ARGUMENT), then ImportKvBlock on the engine thread; answers once every
-//     import has run, so a Prefill reply always follows its imports.
+// The kvmesh.v1.Worker service of a worker (worker_command.cc): thin gRPC callback
+// reactors over the worker's AsyncEngine (WorkerState).
+//   - Generate (decode side): GenerateCall (generate_call.h).
+//   - Prefill (prefill side): PrefillCall (prefill_call.h), streaming each layer's KV to
+//     the decode worker as soon as it is computed.
+//   - PushKvBlocks (decode side): KvPushReceiver (kv_push_receiver.h).
 //   - Abort.
+//
+// Thread-safety: thread-safe (gRPC calls it from its threads).
 #pragma once
-
-#include <cstdint>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <string>
-#include <utility>
-#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
-#include "absl/status/statusor.h"
-#include "engine/async_engine.h"
-#include "kv/kv_block_spec.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
-#include "rpc/channel.h"
-#include "rpc/sampling_conversions.h"
+#include "worker_state.h"
 
 namespace kvmesh::cli {
-
-// What the worker's reactors share. Thread-safe.
-class WorkerState {
- public:
-  WorkerState(engine::AsyncEngine& engine, std::string worker_id, v1::KvCacheSpec spec, kv::KvBlockSpec block_spec,
-              std::vector<int32_t> eos_token_ids, int64_t lease_timeout_ms)
-      : engine_(engine),
-        worker_id_(std::move(worker_id)),
-        spec_(std::move(spec)),
-        block_spec_(block_spec),
-        eos_token_ids_(std::move(eos_token_ids)),
-        lease_timeout_ms_(lease_timeout_ms) {}
-
-  engine::AsyncEngine& engine() { return engine_; }
-  const v1::KvCacheSpec& spec() const { return spec_; }
-  const kv::KvBlockSpec& block_spec() const { return block_spec_; }
-  int64_t lease_timeout_ms() const { return lease_timeout_ms_; }
-  // Set once, before the worker is registered (nobody calls it before then).
-  void SetIdentity(std::string worker_id, std::string address) {
-    worker_id_ = std::move(worker_id);
-    address_ = std::move(address);
-  }
-  const std::string& address() const { return address_; }
-  const std::string& worker_id() const { return worker_id_; }
-
-  // A channel per peer address, reused.
-  std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& channel = channels_[address];
-    if (!channel) channel = rpc::CreateChannel(address);
-    return channel;
-  }
-
-  // The engine request of a Generate / Prefill call (validated by the engine).
-  absl::StatusOr<engine::EngineRequest> ToEngineRequest(const std::string& request_id,
-                                                       const google::protobuf::RepeatedField<int32_t>& prompt,
-                                                       const v1::SamplingParams& sampling,
-                                                       const google::protobuf::RepeatedField<int32_t>& eos) const {
-    if (request_id.empty()) return absl::InvalidArgumentError("request_id: empty");
-    engine::EngineRequest r;
-    r.request_id = request_id;
-    r.prompt_token_ids.assign(prompt.begin(), prompt.end());
-    auto params = rpc::SamplingParamsFromProto(sampling);
-    if (!params.ok()) return params.status();
-    r.sampling_params = *params;
-    auto n = rpc::NumSamplesFromProto(sampling);
-    if (!n.ok()) return n.status();
-    r.n = *n;
-    if (eos.empty()) {
-      r.eos_token_ids = eos_token_ids_;
-    } else {
-      r.eos_token_ids.assign(eos.begin(), eos.end());
-    }
-    return r;
-  }
-
-  // Decode side: the open leases a PushKvBlocks may write, by wire transfer id.
-  struct Lease {
-    engine::KvTransferId id;
-    absl::flat_hash_map<int32_t, int32_t> index_of_block;  // destination block id -> lease index
-  };
-  void AddLease(const std::string& transfer_id, Lease lease) {
-    std::lock_guard<std::mutex> lock(mu_);
-    leases_[transfer_id] = std::move(lease);
-  }
-  void RemoveLease(const std::string& transfer_id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    leases_.erase(transfer_id);
-  }
-  std::optional<Lease> FindLease(const std::string& transfer_id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto it = leases_.find(transfer_id);
-    if (it == leases_.end()) return std::nullopt;
-    return it->second;
-  }
-
-  // Requests in flight here (for Abort's `found`).
-  void AddLive(const std::string& id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    live_.insert(id);
-  }
-  void RemoveLive(const std::string& id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    live_.erase(id);
-  }
-  bool IsLive(const std::string& id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return live_.contains(id);
-  }
-
- private:
-  engine::AsyncEngine& engine_;
-  std::string worker_id_;  // set once before serving
-  const v1::KvCacheSpec spec_;
-  const kv::KvBlockSpec block_spec_;
-  const std::vector<int32_t> eos_token_ids_;
-  const int64_t lease_timeout_ms_;
-  std::string address_;  // set once before serving
-
-  std::mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_;
-  absl::flat_hash_map<std::string, Lease> leases_;
-  absl::flat_hash_set<std::string> live_;
-};
 
 class WorkerService final : public v1::Worker::CallbackService {
  public:
