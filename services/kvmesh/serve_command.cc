@@ -84,7 +84,7 @@ int RunServe(int argc, char** argv) {
 
   auto built = BuildEngineFromFlags(model);
   if (!built.ok()) return Fail(std::string(built.status().message()));
-  std::unique_ptr<engine::PagedModelRunner> runner = std::move(built->runner);
+  std::unique_ptr<engine::ModelRunner> runner = std::move(built->runner);
   engine::EngineOptions options = built->options;
   const int32_t max_model_len = options.max_model_len;
   auto engine = engine::Engine::Create(options, *runner);
