@@ -274,7 +274,7 @@ def test_a_dead_decode_worker_is_retried_elsewhere_before_the_first_token(cluste
 
 # ---- the kvmesh-router binary ----
 
-def test_kvmesh_router_binary_serves_the_same_apis(cluster):
+def test_kvmesh_router_binary_serves_the_same_apis_and_drains_on_sigterm(cluster):
     if not ROUTER:
         pytest.skip("KVMESH_ROUTER_BIN not set")
     log_path = os.path.join(cluster.run_dir, "kvmesh-router.log")
@@ -304,9 +304,30 @@ def test_kvmesh_router_binary_serves_the_same_apis(cluster):
         assert "".join(r.text for r in rs) == want
         help_text = subprocess.run([ROUTER, "--help"], capture_output=True, text=True, timeout=30).stdout
         assert "--scheduler" in help_text and "KVMESH_GRPC_PORT" in help_text
-    finally:
-        proc.send_signal(signal.SIGTERM)
+
+        # SIGTERM drains: health NOT_SERVING, new calls UNAVAILABLE, the running stream finishes.
+        with grpc.insecure_channel(grpc_address) as channel:
+            stub = pb_grpc.InferenceStub(channel)
+            running = stub.Generate(pb.GenerateRequest(text="A long story", sampling=greedy(1000)),
+                                    timeout=RPC_TIMEOUT_S)
+            first = next(running)
+            proc.send_signal(signal.SIGTERM)
+            health = health_grpc.HealthStub(channel)
+            deadline = time.time() + 30
+            while time.time() < deadline and health.Check(health_pb.HealthCheckRequest(), timeout=10).status == \
+                    health_pb.HealthCheckResponse.SERVING:
+                time.sleep(0.02)
+            with pytest.raises(grpc.RpcError) as refused:
+                list(stub.Generate(pb.GenerateRequest(text="late", sampling=greedy(2)), timeout=30))
+            assert refused.value.code() == C.UNAVAILABLE, refused.value.details()
+            rest = list(running)
+            assert sum(len(r.token_ids) for r in [first, *rest]) == 1000
+            assert rest[-1].finish_reason == common.FINISH_REASON_LENGTH
         assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
 
 
 # ---- metrics ----
