@@ -57,8 +57,8 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(const RouterOptions& optio
     eos_token_ids.push_back(*id);
   }
 
-  KVMESH_ASSIGN_OR_RETURN(r->serving_metrics_,
-                          serving::ServingMetrics::Create(r->registry_, [] { return engine::EngineStats{}; }));
+  // No engine here: the workers export the engine gauges (KV blocks, batch, queue).
+  KVMESH_ASSIGN_OR_RETURN(r->serving_metrics_, serving::ServingMetrics::Create(r->registry_, nullptr));
   Router* self = r.get();
   KVMESH_ASSIGN_OR_RETURN(r->router_metrics_, RouterMetrics::Create(r->registry_, [self] {
                             return static_cast<double>(self->source_ ? self->source_->num_inflight() : 0);
