@@ -27,7 +27,7 @@ ABSL_FLAG(std::string, api_keys, "", "Comma-separated API keys; when set, reques
 ABSL_FLAG(int, max_model_len, 0, "Longest prompt + completion in tokens (0: the model's)");
 ABSL_FLAG(int, max_inflight_requests, 256,
           "Requests in flight per front door before 429 / RESOURCE_EXHAUSTED (a bound on the router itself; "
-          "workers queue or refuse beyond their own capacity)");
+          "workers queue beyond their batch size)");
 ABSL_FLAG(int, max_num_seqs, 256, "The largest n a request may ask for");
 ABSL_FLAG(int, max_attempts, 3, "Placements per request (an unreachable decode worker costs one)");
 ABSL_FLAG(int64_t, generate_timeout_ms, 600000, "Deadline of one request on its decode worker");

@@ -18,10 +18,11 @@ struct RouterOptions {
   std::vector<std::string> api_keys;
   int32_t max_model_len = 0;  // 0: the model's max_position_embeddings
   // Requests in flight per front door before 429 / RESOURCE_EXHAUSTED. NOTE: a
-  // static bound on purpose, not one derived from the workers' registered capacity:
-  // it protects the router itself (open streams, buffers), while the workers queue
-  // what exceeds their max_num_seqs and refuse (RESOURCE_EXHAUSTED -> 429) what their
-  // KV cache cannot hold, which they know better than a heartbeat-old sum would.
+  // static bound on purpose, not the sum of the workers' registered max_num_seqs:
+  // it protects the router itself (open streams, buffers), and max_num_seqs is a
+  // batch size, not a request limit — a worker queues beyond it (preempting under KV
+  // pressure), and placement already steers away from workers whose heartbeats
+  // report long queues or full KV caches.
   int32_t max_inflight_requests = 256;
   int32_t http_threads = 2;
   int32_t max_num_seqs = 256;  // the largest n a request may ask for
