@@ -59,7 +59,10 @@ absl::StatusOr<std::unique_ptr<TensorParallelRunner>> TensorParallelRunner::Crea
   const std::string address = tp->store_server_->address();
   for (int32_t r = 0; r < n; ++r) tp->ranks_.push_back(std::make_unique<Rank>());
   // 2. Followers set up on their own threads (their OpenMP pools belong to them) while
-  // rank 0 sets up here; the rendezvous needs all of them at once.
+  // rank 0 sets up on a short-lived one; the rendezvous needs all of them at once.
+  // NOTE: not on the calling thread: libgomp keeps a pool per thread that opened a
+  // parallel region, and rank 0 packing here would leave one beside the engine thread's
+  // and the followers', more threads than cores (throttled spinning, see cli_common.cc).
   for (int32_t r = 1; r < n; ++r) {
     tp->ranks_[r]->thread = std::thread([tp = tp.get(), r, model_dir, address, num_blocks] {
       absl::Status status = tp->SetUpRank(r, model_dir, address, num_blocks);
@@ -72,7 +75,8 @@ absl::StatusOr<std::unique_ptr<TensorParallelRunner>> TensorParallelRunner::Crea
       if (status.ok()) tp->FollowerLoop(r);
     });
   }
-  absl::Status status = tp->SetUpRank(0, model_dir, address, num_blocks);
+  absl::Status status;
+  std::thread([&] { status = tp->SetUpRank(0, model_dir, address, num_blocks); }).join();
   {
     std::unique_lock<std::mutex> lock(tp->mu_);
     tp->cv_.wait(lock, [&] {

@@ -5,10 +5,12 @@
 
 #include <chrono>
 #include <csignal>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
@@ -27,6 +29,7 @@ ABSL_FLAG(std::string, model, KVMESH_DEFAULT_MODEL_DIR,
 ABSL_FLAG(std::string, backend, "cpu", "Backend for the model ops: cpu or reference (the slow scalar oracle).");
 ABSL_FLAG(int, threads, 0, "Kernel threads; 0 means one per core.");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
+ABSL_DECLARE_FLAG(int, tensor_parallel_size);  // engine_flags.cc
 
 namespace kvmesh::cli {
 namespace {
@@ -131,6 +134,9 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags(bool quiet) {
   const std::string dir = absl::GetFlag(FLAGS_model);
   const bool tty = isatty(STDERR_FILENO);
   engine::LlamaModelOptions options;
+  // Under tensor parallelism the engine's rank threads load their own shards: this copy
+  // (config, tokenizer) then holds only rank 0's slice instead of a whole extra model.
+  options.tensor_parallel_size = std::max(1, absl::GetFlag(FLAGS_tensor_parallel_size));
   if (!quiet) {
     options.on_progress = [tty, &dir](const engine::LoadProgress& p) {
       if (!tty && p.done != p.total) return;

@@ -322,10 +322,11 @@ TEST(TensorParallelFailureTest, RankThatThrowsBreaksTheGroupWithAClearErrorNotAH
 
 TEST(TensorParallelFailureTest, StuckRankTimesOutAndTheEngineFailsItsRequests) {
   TensorParallelRunnerOptions options;
-  options.comm_timeout = absl::Seconds(1);
+  // NOTE: generous for a loaded CI machine: the healthy first step must not time out.
+  options.comm_timeout = absl::Milliseconds(1500);
   options.before_rank_step = [](int32_t rank, int64_t step) {
     // Rank 1 stalls (alive, holding its connections) on the second step.
-    if (rank == 1 && step == 2) std::this_thread::sleep_for(std::chrono::seconds(3));
+    if (rank == 1 && step == 2) std::this_thread::sleep_for(std::chrono::seconds(4));
   };
   auto tp = MakeTp("gqa8-f32", 2, options);
   ASSERT_NE(tp, nullptr);
