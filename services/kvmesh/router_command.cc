@@ -17,8 +17,8 @@
 #include "core/logging.h"
 #include "router.h"
 
-// Shared with `kvmesh serve` (serve_command.cc), `kvmesh worker` (worker_command.cc)
-// and the engine flags (engine_flags.cc).
+// Shared with `kvmesh serve` (serve_command.cc, serving_flags.cc), `kvmesh worker`
+// (services/worker/worker_process.cc) and the engine flags (engine_flags.cc).
 ABSL_DECLARE_FLAG(std::string, host);
 ABSL_DECLARE_FLAG(int, port);
 ABSL_DECLARE_FLAG(int, grpc_port);
@@ -45,7 +45,7 @@ int RunRouter(int argc, char** argv) {
                        "kvmesh router --scheduler HOST:PORT [--model DIR] [--host H --port P --grpc-port G]: the "
                        "cluster's front door (OpenAI-compatible REST and the kvmesh.v1.Inference gRPC API)",
                        // The front-door flags (--host, --port, --grpc-port, ...) are serve's.
-                       {"router_command", "serve_command"});
+                       {"router_command", "serve_command", "serving_flags"});
   router::RouterOptions options;
   options.model_dir = ModelDirFlag();
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name);

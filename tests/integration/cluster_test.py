@@ -61,7 +61,8 @@ def _make_stubs():
     out = tempfile.mkdtemp(prefix="kvmesh-cluster-stubs-")
     include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
     rc = protoc.main(["grpc_tools.protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={out}",
-                      f"--grpc_python_out={out}", "kvmesh/v1/common.proto", "kvmesh/v1/scheduler.proto"])
+                      f"--grpc_python_out={out}", "kvmesh/v1/common.proto", "kvmesh/v1/scheduler.proto",
+                      "kvmesh/v1/worker.proto"])
     assert rc == 0
     sys.path.insert(0, out)
     pb = importlib.import_module("kvmesh.v1.scheduler_pb2")
@@ -253,6 +254,63 @@ def test_a_client_disconnecting_mid_stream_frees_kv_blocks_on_both_workers(clust
     _kv_blocks_used_eventually_zero(cluster)
     # Both workers still serve.
     assert _complete(_client(cluster.url), PROMPTS[0])[1] == "length"
+
+
+def _start_worker_binary(path, *args):
+    proc = subprocess.Popen([path, "--listen=127.0.0.1:0", "--metrics-port=0", "--kv-cache-bytes", str(64 << 20),
+                             *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    address = metrics = None
+    deadline = time.time() + 120
+    while time.time() < deadline and not (address and metrics):
+        line = proc.stderr.readline()
+        if not line:
+            break
+        m = re.search(r"worker listening on (\S+)", line)
+        address = m.group(1) if m else address
+        m = re.search(r"worker metrics on (http://\S+)/metrics", line)
+        metrics = m.group(1) if m else metrics
+    assert address and metrics, f"{path} did not start"
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    return proc, address, metrics
+
+
+def test_the_role_binaries_serve_a_disaggregated_request():
+    prefill_bin, decode_bin = os.environ.get("KVMESH_PREFILL_WORKER_BIN"), os.environ.get("KVMESH_DECODE_WORKER_BIN")
+    if not prefill_bin or not decode_bin:
+        pytest.skip("KVMESH_PREFILL_WORKER_BIN / KVMESH_DECODE_WORKER_BIN not set")
+    stubs = _scheduler_stubs()
+    if stubs is None:
+        pytest.skip("grpcio / grpcio-tools missing")
+    grpc = stubs[0]
+    wpb = importlib.import_module("kvmesh.v1.worker_pb2")
+    wpb_grpc = importlib.import_module("kvmesh.v1.worker_pb2_grpc")
+    # A role binary refuses the other role.
+    out = subprocess.run([prefill_bin, "--role=decode"], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "role" in out.stderr, out.stderr
+    prefill, prefill_address, prefill_metrics = _start_worker_binary(prefill_bin)
+    decode, decode_address, decode_metrics = _start_worker_binary(decode_bin)
+    try:
+        with grpc.insecure_channel(decode_address) as channel:
+            request = wpb.WorkerGenerateRequest(request_id="bin-1", prompt_token_ids=list(range(5, 70)),
+                                                prefill_worker_address=prefill_address)
+            request.sampling.temperature = 0
+            request.sampling.max_tokens = 8
+            request.sampling.ignore_eos = True
+            tokens = [t for r in wpb_grpc.WorkerStub(channel).Generate(request, timeout=60) for t in r.token_ids]
+        assert len(tokens) == 8
+        for url in (prefill_metrics, decode_metrics):
+            with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+                text = r.read().decode()
+            check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+            assert check.returncode == 0, check.stdout + check.stderr
+            assert re.search(r'^kvmesh_kv_blocks\{state="used"\} 0$', text, re.M), text
+        with urllib.request.urlopen(prefill_metrics + "/metrics", timeout=10) as r:
+            assert _metric(r.read().decode(), "kvmesh_kv_transfer_bytes_total", '{direction="sent"}') > 0
+    finally:
+        for proc in (prefill, decode):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (prefill, decode):
+            assert proc.wait(timeout=60) == 0
 
 
 def test_killing_the_prefill_worker_fails_the_request_and_leaks_nothing(cluster):

@@ -19,15 +19,15 @@
 #include "engine/async_engine.h"
 #include "engine/engine.h"
 #include "fake_kv_storage_runner.h"
-#include "kv_transfer_metrics.h"
 #include "metrics/registry.h"
 #include "rpc/channel.h"
 #include "rpc/grpc_server.h"
 #include "rpc/kv_conversions.h"
-#include "worker_service.h"
-#include "worker_state.h"
+#include "worker/kv_transfer_metrics.h"
+#include "worker/worker_service.h"
+#include "worker/worker_state.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 namespace {
 
 constexpr int32_t kVocab = 64;
@@ -312,4 +312,4 @@ TEST(WorkerServiceTest, DisaggregatedGenerateStreamsTheKvAndMatchesALocalPrefill
 }
 
 }  // namespace
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

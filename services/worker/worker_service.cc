@@ -1,11 +1,11 @@
-#include "worker_service.h"
+#include "worker/worker_service.h"
 
-#include "generate_call.h"
-#include "kv_push_receiver.h"
-#include "prefill_call.h"
+#include "decode_worker/generate_call.h"
+#include "decode_worker/kv_push_receiver.h"
+#include "prefill_worker/prefill_call.h"
 #include "rpc/status_conversion.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 
 grpc::ServerWriteReactor<v1::WorkerGenerateResponse>* WorkerService::Generate(
     grpc::CallbackServerContext* /*context*/, const v1::WorkerGenerateRequest* request) {
@@ -29,4 +29,4 @@ grpc::ServerReadReactor<v1::KvBlockChunk>* WorkerService::PushKvBlocks(grpc::Cal
   return new KvPushReceiver(state_, ack);
 }
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

@@ -20,13 +20,13 @@
 #include "absl/status/statusor.h"
 #include "engine/async_engine.h"
 #include "kv/kv_block_spec.h"
-#include "kv_transfer_metrics.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
 #include "rpc/channel.h"
 #include "rpc/sampling_conversions.h"
 #include "serving/serving_metrics.h"
+#include "worker/kv_transfer_metrics.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 
 class WorkerState {
  public:
@@ -142,4 +142,4 @@ class WorkerState {
   absl::flat_hash_set<std::string> live_;
 };
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

@@ -1,4 +1,4 @@
-#include "prefill_call.h"
+#include "prefill_worker/prefill_call.h"
 
 #include <algorithm>
 #include <atomic>
@@ -10,10 +10,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "kv_push_stream.h"
+#include "prefill_worker/kv_push_stream.h"
 #include "rpc/status_conversion.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 namespace {
 
 // Chunks of at most this many payload bytes on PushKvBlocks (a layer's blocks usually
@@ -208,4 +208,4 @@ grpc::ServerUnaryReactor* StartPrefillCall(WorkerState& state, const v1::Prefill
   return reactor;
 }
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

@@ -1,8 +1,8 @@
-#include "kv_transfer_metrics.h"
+#include "worker/kv_transfer_metrics.h"
 
 #include "core/status_macros.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 
 absl::StatusOr<std::unique_ptr<KvTransferMetrics>> KvTransferMetrics::Create(metrics::Registry& registry) {
   std::unique_ptr<KvTransferMetrics> m(new KvTransferMetrics());
@@ -23,4 +23,4 @@ absl::StatusOr<std::unique_ptr<KvTransferMetrics>> KvTransferMetrics::Create(met
   return m;
 }
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

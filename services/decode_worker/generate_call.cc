@@ -1,4 +1,4 @@
-#include "generate_call.h"
+#include "decode_worker/generate_call.h"
 
 #include <atomic>
 #include <chrono>
@@ -14,7 +14,7 @@
 #include "core/logging.h"
 #include "rpc/status_conversion.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 namespace {
 
 // One outgoing Prefill call. Shared by its completion callback and the reactor (which
@@ -231,4 +231,4 @@ grpc::ServerWriteReactor<v1::WorkerGenerateResponse>* StartGenerateCall(WorkerSt
   return new GenerateReactor(state, request);
 }
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

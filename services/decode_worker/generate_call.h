@@ -19,12 +19,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include "kvmesh/v1/worker.grpc.pb.h"
-#include "worker_state.h"
+#include "worker/worker_state.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 
 // Starts the call; returns its reactor (gRPC owns it).
 grpc::ServerWriteReactor<v1::WorkerGenerateResponse>* StartGenerateCall(WorkerState& state,
                                                                         const v1::WorkerGenerateRequest* request);
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

@@ -1,4 +1,4 @@
-#include "kv_push_stream.h"
+#include "prefill_worker/kv_push_stream.h"
 
 #include <xxhash.h>
 
@@ -7,7 +7,7 @@
 #include "rpc/channel.h"
 #include "rpc/status_conversion.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 
 std::shared_ptr<KvPushStream> KvPushStream::Start(const std::shared_ptr<grpc::Channel>& channel,
                                                   std::string transfer_id, int64_t timeout_ms, DoneFn on_done) {
@@ -88,4 +88,4 @@ void KvPushStream::OnDone(const grpc::Status& status) {
   std::shared_ptr<KvPushStream> self = std::move(self_);
 }
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

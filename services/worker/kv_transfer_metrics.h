@@ -18,7 +18,7 @@
 #include "metrics/counter.h"
 #include "metrics/registry.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 
 class KvTransferMetrics {
  public:
@@ -49,4 +49,4 @@ class KvTransferMetrics {
   Side received_;
 };
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

@@ -1,4 +1,4 @@
-#include "kv_push_receiver.h"
+#include "decode_worker/kv_push_receiver.h"
 
 #include <xxhash.h>
 
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "rpc/status_conversion.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 
 KvPushReceiver::KvPushReceiver(WorkerState& state, v1::KvPushAck* ack)
     : state_(state), ack_(ack), start_(std::chrono::steady_clock::now()) {
@@ -106,4 +106,4 @@ void KvPushReceiver::MaybeFinishLocked(std::unique_lock<std::mutex>& lock) {
   Finish(rpc::ToGrpcStatus(s));
 }
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

@@ -18,12 +18,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include "kvmesh/v1/worker.grpc.pb.h"
-#include "worker_state.h"
+#include "worker/worker_state.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 
 // Starts the call; returns its reactor (gRPC owns it).
 grpc::ServerUnaryReactor* StartPrefillCall(WorkerState& state, const v1::PrefillRequest* request,
                                            v1::PrefillResponse* response);
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

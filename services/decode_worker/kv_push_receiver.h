@@ -20,9 +20,9 @@
 
 #include "absl/status/status.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
-#include "worker_state.h"
+#include "worker/worker_state.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 
 class KvPushReceiver : public grpc::ServerReadReactor<v1::KvBlockChunk> {
  public:
@@ -53,4 +53,4 @@ class KvPushReceiver : public grpc::ServerReadReactor<v1::KvBlockChunk> {
   int64_t num_bytes_ = 0;
 };
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

@@ -12,9 +12,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include "kvmesh/v1/worker.grpc.pb.h"
-#include "worker_state.h"
+#include "worker/worker_state.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 
 class WorkerService final : public v1::Worker::CallbackService {
  public:
@@ -34,4 +34,4 @@ class WorkerService final : public v1::Worker::CallbackService {
   WorkerState& state_;
 };
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

@@ -23,7 +23,7 @@
 #include "absl/status/status.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 
 class KvPushStream : public grpc::ClientWriteReactor<v1::KvBlockChunk> {
  public:
@@ -71,4 +71,4 @@ class KvPushStream : public grpc::ClientWriteReactor<v1::KvBlockChunk> {
   int64_t bytes_written_ = 0;
 };
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker
