@@ -1,5 +1,7 @@
 #include "comm/gloo_communicator.h"
 
+#include <signal.h>
+
 #include <cstring>
 #include <exception>
 #include <string>
@@ -49,6 +51,19 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   const std::chrono::milliseconds timeout_;
 };
 
+// NOTE: Gloo's TCP pairs write with writev(), which raises SIGPIPE on a socket whose
+// peer is gone, and SIGPIPE's default action ends the process: a lost peer would kill
+// the worker instead of failing the collective with an error. Ignore it (the write then
+// fails with EPIPE, which Gloo reports) unless the process already handles it.
+void IgnoreSigpipeOnce() {
+  static const bool done = [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+    return true;
+  }();
+  (void)done;
+}
+
 // Gloo's messages say "Timed out" for a peer that does not answer in time.
 absl::Status FromGlooError(const char* what, const std::exception& e) {
   const std::string message = absl::StrCat("gloo ", what, ": ", e.what());
@@ -67,6 +82,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(const
         absl::StrCat("communicator rank ", options.rank, " is not in a group of ", options.world_size));
   if (options.timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("communicator timeout must be > 0");
   const auto timeout = absl::ToChronoMilliseconds(options.timeout);
+  IgnoreSigpipeOnce();
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;

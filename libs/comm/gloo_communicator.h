@@ -5,7 +5,9 @@
 // Gloo reports failures by throwing; this class catches every exception at its edge
 // and returns a Status (see communicator.h for the codes). Each collective is bounded
 // by `timeout`: a peer that stops participating yields DeadlineExceeded, one whose
-// process died yields Unavailable, both without hanging.
+// process died yields Unavailable, both without hanging. Create sets SIGPIPE to
+// ignored if it still has its default action (Gloo's writes would otherwise kill the
+// process when a peer dies).
 //
 // Thread-safety: not thread-safe (one rank thread).
 #pragma once
