@@ -61,10 +61,18 @@ class NcclCommunicator : public Communicator {
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
     if (comm_ != nullptr) {
-      // A healthy group finalizes; a broken one can only be aborted.
-      if (broken_.ok()) ncclCommFinalize(comm_);
-      ncclCommAbort(comm_);
+      // A healthy group finalizes (flushing its work, bounded by the timeout) and is
+      // destroyed; one that cannot finalize in time is aborted.
+      const ncclResult_t r = ncclCommFinalize(comm_);
+      const bool finalized = (r == ncclSuccess || r == ncclInProgress) &&
+                             WaitAsync(comm_, absl::Now() + timeout_) == ncclSuccess;
+      if (finalized) {
+        ncclCommDestroy(comm_);
+      } else {
+        ncclCommAbort(comm_);
+      }
     }
+    if (barrier_buffer_ != nullptr) cudaFree(barrier_buffer_);
     cudaStreamDestroy(stream_);
   }
 
