@@ -17,6 +17,31 @@
 
 namespace kvmesh::engine {
 
+namespace {
+
+bool IsCommunicationError(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kDeadlineExceeded ||
+         s.code() == absl::StatusCode::kFailedPrecondition;
+}
+
+// "<what>: rank 1: ...; rank 0: ...;" over the failed ranks, root causes first: a rank's
+// own failure (not a communicator error it saw because a peer went away) explains the
+// others. The code is the first root cause's, else the first error's.
+absl::Status CombineRankErrors(const std::string& what, const std::vector<absl::Status>& statuses) {
+  std::string message = what + ":";
+  absl::StatusCode code = absl::StatusCode::kOk;
+  for (const bool root_causes : {true, false}) {
+    for (size_t r = 0; r < statuses.size(); ++r) {
+      if (statuses[r].ok() || IsCommunicationError(statuses[r]) == root_causes) continue;
+      if (code == absl::StatusCode::kOk) code = statuses[r].code();
+      absl::StrAppend(&message, " rank ", r, ": ", statuses[r].message(), ";");
+    }
+  }
+  return code == absl::StatusCode::kOk ? absl::OkStatus() : absl::Status(code, message);
+}
+
+}  // namespace
+
 // One rank's resources. Followers' fields marked (mu_) are shared with the driver.
 struct TensorParallelRunner::Rank {
   std::unique_ptr<backend::Backend> backend;
@@ -82,7 +107,9 @@ absl::StatusOr<std::unique_ptr<TensorParallelRunner>> TensorParallelRunner::Crea
     tp->cv_.wait(lock, [&] {
       return std::all_of(tp->ranks_.begin() + 1, tp->ranks_.end(), [](const auto& rank) { return rank->set_up; });
     });
-    for (int32_t r = 1; r < n && status.ok(); ++r) status = tp->ranks_[r]->setup_status;
+    std::vector<absl::Status> statuses = {status};
+    for (int32_t r = 1; r < n; ++r) statuses.push_back(tp->ranks_[r]->setup_status);
+    status = CombineRankErrors(absl::StrCat("tensor-parallel start-up over ", n, " ranks failed"), statuses);
   }
   if (!status.ok()) return status;  // the destructor stops the followers
   // The rendezvous is over: nothing needs the store any more.
@@ -100,30 +127,27 @@ absl::Status TensorParallelRunner::SetUpRank(int32_t r, const std::string& model
                                              const std::string& store_address, int32_t num_blocks) {
   Rank& rank = *ranks_[r];
   const int32_t n = options_.tensor_parallel_size;
-  auto fail = [r](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("tensor-parallel rank ", r, ": ", s.message()));
-  };
   const int total = options_.total_threads > 0 ? options_.total_threads
                                                : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   auto backend = backend::CreateCpuBackend({.num_threads = std::max(1, total / n), .isa = options_.isa});
-  if (!backend.ok()) return fail(backend.status());
+  if (!backend.ok()) return backend.status();
   rank.backend = std::move(backend).value();
   LlamaModelOptions model_options{.tensor_parallel_rank = r, .tensor_parallel_size = n};
   if (r == 0) model_options.on_progress = options_.on_progress;
   auto model = LlamaModel::Load(model_dir, *rank.backend, model_options);
-  if (!model.ok()) return fail(model.status());
+  if (!model.ok()) return model.status();
   rank.model = std::move(model).value();
   auto store = comm::TcpStoreClient::Connect(store_address, options_.comm_timeout);
-  if (!store.ok()) return fail(store.status());
+  if (!store.ok()) return store.status();
   rank.store = std::move(store).value();
   auto comm = comm::GlooCommunicator::Create(
       {.rank = r, .world_size = n, .group_name = "tp", .hostname = "127.0.0.1", .timeout = options_.comm_timeout},
       *rank.store);
-  if (!comm.ok()) return fail(comm.status());
+  if (!comm.ok()) return comm.status();
   rank.comm = std::make_unique<comm::TimedCommunicator>(std::move(comm).value());
   auto runner = PagedModelRunner::Create(
       *rank.model, {.block_size_tokens = options_.block_size_tokens, .num_blocks = num_blocks}, rank.comm.get());
-  if (!runner.ok()) return fail(runner.status());
+  if (!runner.ok()) return runner.status();
   rank.runner = std::move(runner).value();
   return absl::OkStatus();
 }
@@ -219,19 +243,7 @@ absl::StatusOr<ModelOutput> TensorParallelRunner::Execute(const ModelBatch& batc
     return s.code() == absl::StatusCode::kInvalidArgument;
   });
   if (all_rejected) return out.status();
-  // Root causes first: a rank's own failure (not a communicator error it saw because a
-  // peer went away) explains the others.
-  std::string message = absl::StrCat("tensor-parallel step ", step, " failed:");
-  for (const bool root_causes : {true, false}) {
-    for (int32_t r = 0; r < n; ++r) {
-      const absl::StatusCode code = statuses[r].code();
-      if (statuses[r].ok()) continue;
-      const bool comm_error = code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded ||
-                              code == absl::StatusCode::kFailedPrecondition;
-      if (comm_error == root_causes) continue;
-      absl::StrAppend(&message, " rank ", r, ": ", statuses[r].message(), ";");
-    }
-  }
+  const std::string message(CombineRankErrors(absl::StrCat("tensor-parallel step ", step, " failed"), statuses).message());
   group_status_ = absl::UnavailableError(message);
   KVMESH_LOG(kError) << message;
   if (options_.on_group_failure) options_.on_group_failure(group_status_);
