@@ -7,7 +7,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "prefill_worker/kv_push_stream.h"
@@ -66,7 +68,10 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
                                 [self](const absl::Status& status, const v1::KvPushAck&, int64_t bytes) {
                                   self->OnPushDone(status, bytes);
                                 });
-    engine::KvLayerSink sink = [self](const engine::KvLayerBlocks& blocks) { self->SendLayer(blocks); };
+    engine::KvLayerSink sink;
+    if (state_.stream_kv_layers()) {
+      sink = [self](const engine::KvLayerBlocks& blocks) { self->SendLayer(blocks); };
+    }
     const int32_t skip = dest.num_skip_blocks() * block_size;
     const absl::Status s = state_.engine().SubmitWith(
         *std::move(r), [skip, sink = std::move(sink)](engine::Engine& e, engine::EngineRequest req) mutable {
@@ -109,6 +114,25 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
     }
   }
 
+  // Engine thread, after the prefill, when layers are not streamed: the same chunks as
+  // SendLayer's, all at once (the pre-overlap behaviour, kept for comparison).
+  void SendAllLayers(engine::Engine& e, int32_t num_blocks) {
+    const int32_t skip = request_.destination().num_skip_blocks();
+    std::vector<std::span<const std::byte>> spans;
+    for (int32_t layer = 0; layer < state_.block_spec().num_layers; ++layer) {
+      spans.clear();
+      for (int32_t b = skip; b < num_blocks; ++b) {
+        absl::StatusOr<std::span<const std::byte>> span = e.ExportKvBlock(engine_id_, layer, b);
+        if (!span.ok()) {
+          push_->Cancel();
+          return Respond(span.status());
+        }
+        spans.push_back(*span);
+      }
+      SendLayer(engine::KvLayerBlocks{.layer = layer, .first_block_index = skip, .blocks = spans});
+    }
+  }
+
   // Engine thread.
   void OnOutput(const engine::RequestOutput& out) {
     if (out.prefill_result.has_value()) {
@@ -117,10 +141,17 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
         result_ = *out.prefill_result;
       }
       if (serving::ServingMetrics* m = state_.serving_metrics()) m->AddPromptTokens(request_.prompt_token_ids_size());
-      // Every block went through SendLayer already: unpin them now (they stay cached).
-      const std::string id = engine_id_;
-      state_.engine().Post([id](engine::Engine& e) { (void)e.ReleasePrefill(id); });
-      push_->Close();
+      // Streamed: every block went through SendLayer already. Otherwise (after the
+      // callback: the engine is not to be called from it) copy them all now. Then unpin
+      // them (they stay cached) and end the stream.
+      auto self = shared_from_this();
+      const bool streamed = state_.stream_kv_layers();
+      const int32_t num_blocks = static_cast<int32_t>(out.prefill_result->block_ids.size());
+      state_.engine().Post([self, streamed, num_blocks](engine::Engine& e) {
+        if (!streamed) self->SendAllLayers(e, num_blocks);
+        (void)e.ReleasePrefill(self->engine_id_);
+        self->push_->Close();
+      });
       return;
     }
     if (!out.finished) return;

@@ -4,7 +4,9 @@
 // layer's finished blocks are copied into chunks on the engine thread and written by the
 // KvPushStream reactor while the next layers compute), releases the pinned blocks as
 // soon as the prompt is computed (everything is copied by then), closes the stream, and
-// replies with the first token once the receiver has imported every block.
+// replies with the first token once the receiver has imported every block. With
+// WorkerState::stream_kv_layers() off (--kv_stream_layers=false) the blocks are copied
+// after the prefill instead, all at once, over the same stream (for comparison).
 //
 // Cancellation: when the caller cancels (the decode side's request was aborted), the
 // engine request is aborted (its blocks freed) and the push stream cancelled. A failed

@@ -48,6 +48,9 @@ ABSL_FLAG(int32_t, metrics_port, -1,
           "HTTP port serving /metrics (Prometheus text) and /health; 0 picks a free one (logged as "
           "'worker metrics on http://...'); -1: off.");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "Address the /metrics port binds.");
+ABSL_FLAG(bool, kv_stream_layers, true,
+          "Prefill side: push each layer's KV to the decode worker as soon as it is computed, overlapping the "
+          "transfer with the later layers; false: push it all after the prefill (for comparison).");
 ABSL_FLAG(int64_t, kv_lease_timeout_ms, 30000,
           "Decode side: a remote prefill must deliver its KV within this; prefill side: pinned blocks are "
           "released after this.");
@@ -137,6 +140,7 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
   auto transfer_metrics = KvTransferMetrics::Create(registry);
   if (!transfer_metrics.ok()) return Fail(process, std::string(transfer_metrics.status().message()));
   state.SetMetrics(serving_metrics->get(), transfer_metrics->get());
+  state.SetStreamKvLayers(absl::GetFlag(FLAGS_kv_stream_layers));
   std::unique_ptr<http::HttpServer> metrics_server;
   if (const int32_t port = absl::GetFlag(FLAGS_metrics_port); port >= 0) {
     if (port > 65535) return Fail(process, "--metrics_port must be in [0, 65535] (or -1: off)");

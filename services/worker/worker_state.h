@@ -58,6 +58,11 @@ class WorkerState {
     transfer_metrics_ = transfer;
   }
   serving::ServingMetrics* serving_metrics() const { return serving_metrics_; }
+
+  // Prefill side: push each layer's KV as soon as it is computed (the default), or all
+  // of it after the prefill (for comparison). Set once, before serving.
+  void SetStreamKvLayers(bool stream) { stream_kv_layers_ = stream; }
+  bool stream_kv_layers() const { return stream_kv_layers_; }
   KvTransferMetrics* transfer_metrics() const { return transfer_metrics_; }
 
   // A channel per peer address, reused.
@@ -135,6 +140,7 @@ class WorkerState {
   std::string address_;  // set once before serving
   serving::ServingMetrics* serving_metrics_ = nullptr;  // set once before serving
   KvTransferMetrics* transfer_metrics_ = nullptr;       // set once before serving
+  bool stream_kv_layers_ = true;                        // set once before serving
 
   std::mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_;

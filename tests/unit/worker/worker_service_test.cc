@@ -207,36 +207,46 @@ TEST(WorkerServiceTest, PrefillWithAnotherKvSpecIsInvalidArgumentAndQueuesNothin
   EXPECT_EQ(prefill.async->stats().num_unfinished_requests, 0);
 }
 
-// A prefill worker that takes every Prefill and never answers: it only notices being
-// cancelled.
-class SilentPrefillService final : public v1::Worker::CallbackService {
+// What a fake peer saw of one kind of call.
+struct CallWatch {
+  std::promise<void> received;
+  std::promise<void> cancelled;
+};
+
+// A reactor that never answers: it only notices being cancelled.
+template <typename Base>  // grpc::ServerUnaryReactor, grpc::ServerReadReactor<...>
+class WaitForCancelReactor : public Base {
+ public:
+  explicit WaitForCancelReactor(CallWatch& watch) : watch_(watch) { watch_.received.set_value(); }
+  void OnCancel() override {
+    watch_.cancelled.set_value();
+    this->Finish(grpc::Status::CANCELLED);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  CallWatch& watch_;
+};
+
+// A peer that takes one Prefill and one PushKvBlocks and never answers either.
+class SilentPeerService final : public v1::Worker::CallbackService {
  public:
   grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext*, const v1::PrefillRequest*,
                                     v1::PrefillResponse*) override {
-    class Reactor : public grpc::ServerUnaryReactor {
-     public:
-      explicit Reactor(SilentPrefillService& owner) : owner_(owner) {}
-      void OnCancel() override {
-        owner_.cancelled_.set_value();
-        Finish(grpc::Status::CANCELLED);
-      }
-      void OnDone() override { delete this; }
-
-     private:
-      SilentPrefillService& owner_;
-    };
-    received_.set_value();
-    return new Reactor(*this);
+    return new WaitForCancelReactor<grpc::ServerUnaryReactor>(prefill);
   }
-  std::promise<void> received_;
-  std::promise<void> cancelled_;
+  grpc::ServerReadReactor<v1::KvBlockChunk>* PushKvBlocks(grpc::CallbackServerContext*, v1::KvPushAck*) override {
+    return new WaitForCancelReactor<grpc::ServerReadReactor<v1::KvBlockChunk>>(push);
+  }
+  CallWatch prefill;
+  CallWatch push;
 };
 
-struct SilentPrefillWorker {
-  SilentPrefillWorker()
+struct SilentPeer {
+  SilentPeer()
       : server(rpc::GrpcServer::Start({.address = "127.0.0.1:0"}, {{&service, v1::Worker::service_full_name()}})
                    .value()) {}
-  SilentPrefillService service;
+  SilentPeerService service;
   std::unique_ptr<rpc::GrpcServer> server;
 };
 
@@ -254,7 +264,7 @@ v1::WorkerGenerateRequest GenerateRequest(const std::string& id, std::vector<int
 }
 
 TEST(WorkerServiceTest, AnExpiredLeaseEndsTheRequestWithDeadlineExceededAndFreesItsBlocks) {
-  SilentPrefillWorker prefill;
+  SilentPeer prefill;
   Worker decode(/*lease_timeout_ms=*/300);
   grpc::ClientContext context;
   auto reader = decode.stub->Generate(&context, GenerateRequest("r", Prompt(10, 3), prefill.server->address()));
@@ -263,20 +273,48 @@ TEST(WorkerServiceTest, AnExpiredLeaseEndsTheRequestWithDeadlineExceededAndFrees
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(decode.UsedBlocksEventually(), 0);
-  EXPECT_EQ(prefill.service.cancelled_.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready)
+  EXPECT_EQ(prefill.service.prefill.cancelled.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready)
       << "the prefill call outlived its lease";
 }
 
 TEST(WorkerServiceTest, AClientLeavingMidPrefillCancelsTheRemotePrefillAndFreesTheLease) {
-  SilentPrefillWorker prefill;
+  SilentPeer prefill;
   Worker decode;
   grpc::ClientContext context;
   auto reader = decode.stub->Generate(&context, GenerateRequest("r", Prompt(10, 4), prefill.server->address()));
-  ASSERT_EQ(prefill.service.received_.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  ASSERT_EQ(prefill.service.prefill.received.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
   context.TryCancel();
-  EXPECT_EQ(prefill.service.cancelled_.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready)
+  EXPECT_EQ(prefill.service.prefill.cancelled.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready)
       << "the decode side did not cancel the remote prefill";
   EXPECT_EQ(decode.UsedBlocksEventually(), 0);
+}
+
+TEST(WorkerServiceTest, ACancelledPrefillStopsItsPushAndKeepsNoBlocks) {
+  Worker prefill;
+  SilentPeer receiver;
+  v1::PrefillRequest request;
+  request.set_request_id("r");
+  const std::vector<int32_t> prompt = Prompt(10, 5);
+  for (int32_t t : prompt) request.add_prompt_token_ids(t);
+  request.mutable_sampling()->set_temperature(0);
+  request.mutable_sampling()->set_max_tokens(4);
+  v1::KvDestination* dest = request.mutable_destination();
+  dest->set_decode_worker_address(receiver.server->address());
+  dest->set_transfer_id("t");
+  *dest->mutable_kv_cache_spec() = prefill.spec;
+  v1::RankBlocks* blocks = dest->add_blocks_per_rank();
+  for (int32_t b = 0; b < (10 + kBlockSize - 1) / kBlockSize; ++b) blocks->add_block_ids(b);
+  grpc::ClientContext context;
+  v1::PrefillResponse response;
+  grpc::Status status;
+  std::thread call([&] { status = prefill.stub->Prefill(&context, request, &response); });
+  ASSERT_EQ(receiver.service.push.received.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  context.TryCancel();
+  call.join();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(receiver.service.push.cancelled.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready)
+      << "the prefill worker kept its KV push open";
+  EXPECT_EQ(prefill.UsedBlocksEventually(), 0);
 }
 
 std::vector<int32_t> GenerateTokens(Worker& decode, const v1::WorkerGenerateRequest& request, grpc::Status* status) {
@@ -291,20 +329,26 @@ std::vector<int32_t> GenerateTokens(Worker& decode, const v1::WorkerGenerateRequ
 }
 
 TEST(WorkerServiceTest, DisaggregatedGenerateStreamsTheKvAndMatchesALocalPrefill) {
-  Worker prefill, decode, local;
+  Worker prefill, prefill_after, decode, local;
+  prefill_after.state->SetStreamKvLayers(false);  // the push-after-prefill path
   for (int32_t n : {3, 9, 23}) {
     const std::vector<int32_t> prompt = Prompt(n, n);
-    grpc::Status remote_status, local_status;
-    const std::vector<int32_t> remote =
-        GenerateTokens(decode, GenerateRequest(absl::StrCat("r", n), prompt, prefill.server->address()), &remote_status);
+    grpc::Status local_status;
     const std::vector<int32_t> want = GenerateTokens(local, GenerateRequest(absl::StrCat("l", n), prompt, ""),
                                                      &local_status);
-    ASSERT_TRUE(remote_status.ok()) << remote_status.error_message();
     ASSERT_TRUE(local_status.ok()) << local_status.error_message();
-    EXPECT_EQ(remote, want) << "prompt of " << n << " tokens";
-    EXPECT_EQ(remote.size(), 6u);
+    EXPECT_EQ(want.size(), 6u);
+    for (Worker* p : {&prefill, &prefill_after}) {
+      grpc::Status remote_status;
+      const std::vector<int32_t> remote = GenerateTokens(
+          decode, GenerateRequest(absl::StrCat("r", n, p->state->stream_kv_layers()), prompt, p->server->address()),
+          &remote_status);
+      ASSERT_TRUE(remote_status.ok()) << remote_status.error_message();
+      EXPECT_EQ(remote, want) << "prompt of " << n << " tokens, layers streamed: " << p->state->stream_kv_layers();
+    }
   }
   EXPECT_EQ(prefill.UsedBlocksEventually(), 0);
+  EXPECT_EQ(prefill_after.UsedBlocksEventually(), 0);
   EXPECT_EQ(decode.UsedBlocksEventually(), 0);
   EXPECT_THAT(prefill.Metrics(), testing::HasSubstr("kvmesh_kv_transfer_failures_total{direction=\"sent\"} 0"));
   EXPECT_THAT(decode.Metrics(), testing::HasSubstr("kvmesh_kv_transfer_failures_total{direction=\"received\"} 0"));
