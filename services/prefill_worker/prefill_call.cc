@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
 #include "prefill_worker/kv_push_stream.h"
 #include "rpc/status_conversion.h"
 
@@ -139,6 +140,7 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
       {
         std::lock_guard<std::mutex> lock(mu_);
         result_ = *out.prefill_result;
+        computed_at_ = std::chrono::steady_clock::now();
       }
       if (serving::ServingMetrics* m = state_.serving_metrics()) m->AddPromptTokens(request_.prompt_token_ids_size());
       // Streamed: every block went through SendLayer already. Otherwise (after the
@@ -180,11 +182,19 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
                                                               status.message())));
     }
     std::optional<engine::PrefillResult> result;
+    std::chrono::steady_clock::time_point computed_at;
     {
       std::lock_guard<std::mutex> lock(mu_);
       result = result_;
+      computed_at = computed_at_;
     }
     if (!result) return Respond(absl::InternalError("the KV push ended before the prompt was computed"));
+    // The transfer time the prefill did not hide: from the prompt computed to every
+    // block imported on the decode side (what layered streaming shrinks).
+    const auto now = std::chrono::steady_clock::now();
+    KVMESH_LOG(kDebug) << "prefill pushed" << LogKv("request", request_.request_id()) << LogKv("bytes", bytes)
+                       << LogKv("push_ms", std::chrono::duration<double, std::milli>(now - start_).count())
+                       << LogKv("tail_ms", std::chrono::duration<double, std::milli>(now - computed_at).count());
     Respond(absl::OkStatus(), [&] {
       response_->set_first_token_id(result->first_token_id);
       if (result->first_token_logprobs) {
@@ -214,6 +224,7 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
   std::atomic<bool> responded_{false};
   std::mutex mu_;
   std::optional<engine::PrefillResult> result_;  // guarded by mu_
+  std::chrono::steady_clock::time_point computed_at_;  // guarded by mu_: when result_ came
 };
 
 // The call's reactor: forwards cancellation and keeps the job alive until gRPC is done.
