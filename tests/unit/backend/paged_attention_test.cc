@@ -121,13 +121,15 @@ Batch MakeBatch(const std::vector<SeqSpec>& specs, int64_t block_size, std::mt19
   return b;
 }
 
-// The K (kv == 0) or V (kv == 1) row of `head` at position p of sequence s.
-const float* CacheRow(const Tensor& cache, const Batch& b, size_t s, int64_t p, int kv, int64_t head) {
+// The K (kv == 0) or V (kv == 1) vector of `head` at position p of sequence s, into
+// out[0..d) (K is stored dimension-major within its block, V token-major).
+void CacheVector(const Tensor& cache, const Batch& b, size_t s, int64_t p, int kv, int64_t head, float* out) {
   const int64_t hkv = cache.view.shape[2];
   const int64_t bs = cache.view.shape[3];
   const int64_t d = cache.view.shape[4];
   const int64_t block = b.table(s)[p / bs];
-  return cache.values.data() + (((block * 2 + kv) * hkv + head) * bs + p % bs) * d;
+  const float* head_base = cache.values.data() + ((block * 2 + kv) * hkv + head) * bs * d;
+  for (int64_t c = 0; c < d; ++c) out[c] = kv == 0 ? head_base[c * bs + p % bs] : head_base[(p % bs) * d + c];
 }
 
 float MaxAbsDiff(const float* a, const float* b, int64_t n) {
@@ -176,8 +178,8 @@ void CheckAgainstOracles(const Config& c, const std::vector<SeqSpec>& specs, std
     vd.resize(kd.size());
     for (int64_t p = 0; p < ctx; ++p) {
       for (int64_t hh = 0; hh < c.hkv; ++hh) {
-        std::memcpy(&kd[(p * c.hkv + hh) * c.d], CacheRow(cache, batch, s, p, 0, hh), c.d * 4);
-        std::memcpy(&vd[(p * c.hkv + hh) * c.d], CacheRow(cache, batch, s, p, 1, hh), c.d * 4);
+        CacheVector(cache, batch, s, p, 0, hh, &kd[(p * c.hkv + hh) * c.d]);
+        CacheVector(cache, batch, s, p, 1, hh, &vd[(p * c.hkv + hh) * c.d]);
       }
     }
     std::vector<int32_t> positions(static_cast<size_t>(n));
@@ -222,11 +224,12 @@ void CheckAgainstOracles(const Config& c, const std::vector<SeqSpec>& specs, std
 TEST(PagedAttentionTest, ReferenceMatchesHandComputedValues) {
   auto ref = CreateReferenceBackend();
   // B = 2, one KV head, D = 2; the sequence's block table is {1}: positions 0 and 1
-  // are block 1, offsets 0 and 1. K = (1, 0) at both; V = (2, 4) and (6, 8).
+  // are block 1, offsets 0 and 1. K = (1, 0) at both (stored dimension-major);
+  // V = (2, 4) and (6, 8).
   Tensor cache({2, 2, 1, 2, 2});
   float* c = cache.data();
-  c[(1 * 2 + 0) * 4 + 0] = 1;  // K pos 0
-  c[(1 * 2 + 0) * 4 + 2] = 1;  // K pos 1
+  c[(1 * 2 + 0) * 4 + 0] = 1;  // K dim 0, pos 0 (K is [D][B])
+  c[(1 * 2 + 0) * 4 + 1] = 1;  // K dim 0, pos 1
   c[(1 * 2 + 1) * 4 + 0] = 2;  // V pos 0
   c[(1 * 2 + 1) * 4 + 1] = 4;
   c[(1 * 2 + 1) * 4 + 2] = 6;  // V pos 1
@@ -429,7 +432,7 @@ TEST(PagedAttentionTest, WriteKvCacheIsExact) {
           for (int64_t c = 0; c < d; ++c) {
             const int64_t block = slots[i] / bs;
             const int64_t off = slots[i] % bs;
-            expected.values[(((block * 2 + 0) * hkv + h) * bs + off) * d + c] = k.values[(i * hkv + h) * d + c];
+            expected.values[((block * 2 + 0) * hkv + h) * bs * d + c * bs + off] = k.values[(i * hkv + h) * d + c];
             expected.values[(((block * 2 + 1) * hkv + h) * bs + off) * d + c] = v.values[(i * hkv + h) * d + c];
           }
         }
