@@ -26,6 +26,7 @@ std::vector<std::string> WorkerRegistry::ExpireLocked(absl::Time now) {
                          << LogKv("ttl_ms", options_.worker_ttl_ms);
     RemoveLocked(id);
   }
+  num_expired_total_ += static_cast<int64_t>(expired.size());
   return expired;
 }
 
@@ -158,6 +159,22 @@ void WorkerRegistry::NotePlacement(std::string_view worker_id) {
 int32_t WorkerRegistry::num_workers() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int32_t>(workers_.size());
+}
+
+RegistryStats WorkerRegistry::stats() const {
+  absl::MutexLock lock(&mu_);
+  RegistryStats stats;
+  for (const auto& [id, state] : workers_) {
+    switch (state.snapshot.registration.role) {
+      case WorkerRole::kPrefill: ++stats.num_prefill_workers; break;
+      case WorkerRole::kDecode: ++stats.num_decode_workers; break;
+      case WorkerRole::kBoth: ++stats.num_both_workers; break;
+    }
+    if (state.snapshot.draining) ++stats.num_draining_workers;
+  }
+  stats.num_indexed_hashes = index_.num_hashes();
+  stats.num_expired_total = num_expired_total_;
+  return stats;
 }
 
 }  // namespace kvmesh::cluster

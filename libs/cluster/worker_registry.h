@@ -45,6 +45,16 @@ struct HeartbeatReport {
   bool draining = false;  // no new placements
 };
 
+// What the registry holds right now, for metrics.
+struct RegistryStats {
+  int32_t num_prefill_workers = 0;  // live workers by role (draining ones included)
+  int32_t num_decode_workers = 0;
+  int32_t num_both_workers = 0;
+  int32_t num_draining_workers = 0;
+  int64_t num_indexed_hashes = 0;   // distinct block hashes in the global prefix index
+  int64_t num_expired_total = 0;    // workers dropped for missing heartbeats, since start
+};
+
 // A live worker of the requested model with its match against a prompt.
 struct WorkerCandidate {
   WorkerSnapshot worker;
@@ -93,6 +103,8 @@ class WorkerRegistry {
   int64_t heartbeat_interval_ms() const { return options_.heartbeat_interval_ms; }
   int64_t worker_ttl_ms() const { return options_.worker_ttl_ms; }
   int32_t num_workers() const ABSL_LOCKS_EXCLUDED(mu_);
+  // As of the last call that expired workers (no expiry runs here).
+  RegistryStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct WorkerState {
@@ -109,6 +121,7 @@ class WorkerRegistry {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, WorkerState> workers_ ABSL_GUARDED_BY(mu_);
   GlobalPrefixIndex index_ ABSL_GUARDED_BY(mu_);
+  int64_t num_expired_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvmesh::cluster

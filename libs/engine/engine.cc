@@ -83,7 +83,15 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   KVMESH_ASSIGN_OR_RETURN(SchedulerOutput scheduled, scheduler_->Schedule());
   if (scheduled.empty()) return reclaimed;
   ++num_steps_;
+  // NOTE: the per-layer hook is installed only when a streamed prefill runs in this
+  // step; ordinary steps leave it empty.
+  std::vector<LayerExport> layer_exports;
+  if (!streamed_prefills_.empty()) layer_exports = PlanLayerExports(scheduled);
+  if (!layer_exports.empty()) {
+    scheduled.batch.on_layer_kv_written = [this, &layer_exports](int32_t layer) { ExportLayer(layer_exports, layer); };
+  }
   absl::StatusOr<ModelOutput> result = runner_.Execute(scheduled.batch);
+  scheduled.batch.on_layer_kv_written = nullptr;
   if (result.ok()) {
     const size_t expected = static_cast<size_t>(scheduled.num_logits_rows) * static_cast<size_t>(limits_.vocab_size);
     if (result->logits.size() != expected) {
@@ -107,12 +115,14 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
 void Engine::Deliver(const std::vector<RequestOutput>& outputs) {
   for (const RequestOutput& output : outputs) {
     if (output.prefill_result.has_value()) {
+      if (streamed_prefills_.contains(output.request_id)) FinishStreamedPrefill(output.request_id, *output.prefill_result);
       held_prefills_[output.request_id] =
           HeldPrefill{.block_ids = output.prefill_result->block_ids,
                       .deadline_ms = DeadlineAfter(prefill_release_timeout_ms_)};
     }
     if (output.finished) {
       held_prefills_.erase(output.request_id);
+      streamed_prefills_.erase(output.request_id);
       if (const auto lease = lease_of_request_.find(output.request_id); lease != lease_of_request_.end()) {
         // Commit, fail and expiry close their lease themselves: what is left was aborted.
         ++num_leases_aborted_;

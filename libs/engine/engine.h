@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/kv_handoff.h"
@@ -192,10 +193,15 @@ class Engine {
   // "error", DeadlineExceeded). n > 1 is accepted and computed as n == 1.
   // `skip_leading_tokens`: leading prompt tokens the receiver already holds
   // (lease.num_cached_tokens); reported as PrefillResult::num_skipped_blocks.
+  // `on_layer_blocks` (optional): streams the prompt's KV out layer by layer while it
+  // is computed (kv_handoff.h, "Layered streaming"); every block from
+  // num_skipped_blocks on, in every layer, goes through it once before the PrefillResult
+  // output. ExportKvBlock still works afterwards.
   // InvalidArgument / AlreadyExists as AddRequest, and InvalidArgument for a
   // skip_leading_tokens that is negative, not a multiple of the block size or not
-  // below the prompt length.
-  absl::Status AddPrefillOnlyRequest(EngineRequest request, int32_t skip_leading_tokens = 0);
+  // below the prompt length; FailedPrecondition for a sink on a runner without KvStorage.
+  absl::Status AddPrefillOnlyRequest(EngineRequest request, int32_t skip_leading_tokens = 0,
+                                     KvLayerSink on_layer_blocks = nullptr);
 
   // The KV of block `block_index` (its position in PrefillResult::block_ids) of layer
   // `layer` of a computed prefill-only request, in the runner's storage. Valid until the
@@ -240,6 +246,20 @@ class Engine {
     int64_t deadline_ms = 0;
   };
 
+  // A prefill-only request whose KV streams out through a sink (prefill side).
+  struct StreamedPrefill {
+    kv::RequestId kv_id;
+    KvLayerSink sink;
+    int32_t num_prompt_tokens = 0;
+    int32_t next_block = 0;  // blocks below this have gone out, in every layer
+  };
+  // One streamed prefill's share of a step: prompt blocks [first_block_index, +size).
+  struct LayerExport {
+    const KvLayerSink* sink = nullptr;
+    int32_t first_block_index = 0;
+    std::vector<kv::BlockId> block_ids;
+  };
+
   Engine(const EngineOptions& options, ModelRunner& runner, std::unique_ptr<kv::KvCacheManager> kv,
          std::unique_ptr<Scheduler> scheduler, const RequestLimits& limits);
 
@@ -253,6 +273,14 @@ class Engine {
   // Ends expired leases and pinned prefills (DeadlineExceeded); returns their delivered
   // final outputs.
   std::vector<RequestOutput> ReclaimExpired();
+  // The blocks this step completes for each streamed prefill in `scheduled` (advancing
+  // their next_block); empty when none streams.
+  std::vector<LayerExport> PlanLayerExports(const SchedulerOutput& scheduled);
+  // Hands `layer`'s planned blocks to their sinks (the runner's per-layer hook).
+  void ExportLayer(const std::vector<LayerExport>& plan, int32_t layer);
+  // Before a streamed prefill's PrefillResult is delivered: sends whatever the steps did
+  // not (defensive: the last chunk normally completes every block), then forgets it.
+  void FinishStreamedPrefill(const std::string& request_id, const PrefillResult& result);
 
   ModelRunner& runner_;
   std::unique_ptr<kv::KvCacheManager> kv_;
@@ -269,6 +297,8 @@ class Engine {
   absl::flat_hash_map<KvTransferId, OpenLease> leases_;
   absl::flat_hash_map<std::string, KvTransferId> lease_of_request_;
   absl::flat_hash_map<std::string, HeldPrefill> held_prefills_;
+  // By request id; node map: LayerExport points at the sinks during a step.
+  absl::node_hash_map<std::string, StreamedPrefill> streamed_prefills_;
   int64_t next_transfer_id_ = 1;
   int64_t num_leases_granted_ = 0;
   int64_t num_leases_committed_ = 0;

@@ -149,7 +149,11 @@ absl::StatusOr<RequestOutput> Engine::FailRemotePrefill(KvTransferId transfer_id
   return output;
 }
 
-absl::Status Engine::AddPrefillOnlyRequest(EngineRequest request, int32_t skip_leading_tokens) {
+absl::Status Engine::AddPrefillOnlyRequest(EngineRequest request, int32_t skip_leading_tokens,
+                                           KvLayerSink on_layer_blocks) {
+  if (on_layer_blocks && runner_.kv_storage() == nullptr) {
+    return absl::FailedPreconditionError("the model runner exposes no KV storage: its KV cannot be streamed");
+  }
   KVMESH_RETURN_IF_ERROR(ValidateEngineRequest(request, limits_));
   const int32_t block_size = limits_.block_size_tokens;
   const int32_t prompt_len = static_cast<int32_t>(request.prompt_token_ids.size());
@@ -162,7 +166,61 @@ absl::Status Engine::AddPrefillOnlyRequest(EngineRequest request, int32_t skip_l
   request.on_output = nullptr;
   KVMESH_RETURN_IF_ERROR(scheduler_->AddPrefillOnlyRequest(request, skip_leading_tokens / block_size));
   if (callback) callbacks_[request.request_id] = std::move(callback);
+  if (on_layer_blocks) {
+    streamed_prefills_[request.request_id] =
+        StreamedPrefill{.kv_id = *scheduler_->FirstSequenceKvId(request.request_id),
+                        .sink = std::move(on_layer_blocks),
+                        .num_prompt_tokens = prompt_len,
+                        .next_block = skip_leading_tokens / block_size};
+  }
   return absl::OkStatus();
+}
+
+std::vector<Engine::LayerExport> Engine::PlanLayerExports(const SchedulerOutput& scheduled) {
+  std::vector<LayerExport> plan;
+  const int32_t block_size = limits_.block_size_tokens;
+  for (auto& [request_id, stream] : streamed_prefills_) {
+    for (size_t i = 0; i < scheduled.chunks.size(); ++i) {
+      const ScheduledChunk& chunk = scheduled.chunks[i];
+      if (chunk.kv_id != stream.kv_id) continue;
+      // A block is final once the chunk covers all its positions, or the prompt ends in it.
+      const int32_t end = chunk.start_position + chunk.num_tokens;
+      const int32_t num_final = end >= stream.num_prompt_tokens ? (stream.num_prompt_tokens + block_size - 1) / block_size
+                                                                : end / block_size;
+      if (num_final <= stream.next_block) break;
+      // NOTE: a recompute after preemption writes the same bytes into new blocks; what
+      // went out before stays valid, so next_block never moves back.
+      const std::vector<int32_t>& table = scheduled.batch.chunks[i].block_table;
+      LayerExport& e = plan.emplace_back();
+      e.sink = &stream.sink;
+      e.first_block_index = stream.next_block;
+      for (int32_t b = stream.next_block; b < num_final; ++b) e.block_ids.push_back(kv::BlockId{table[static_cast<size_t>(b)]});
+      stream.next_block = num_final;
+      break;
+    }
+  }
+  return plan;
+}
+
+void Engine::ExportLayer(const std::vector<LayerExport>& plan, int32_t layer) {
+  kv::KvStorage* storage = runner_.kv_storage();
+  std::vector<std::span<const std::byte>> spans;
+  for (const LayerExport& e : plan) {
+    spans.clear();
+    for (const kv::BlockId id : e.block_ids) spans.push_back(storage->BlockData(layer, id));
+    (*e.sink)(KvLayerBlocks{.layer = layer, .first_block_index = e.first_block_index, .blocks = spans});
+  }
+}
+
+void Engine::FinishStreamedPrefill(const std::string& request_id, const PrefillResult& result) {
+  const auto it = streamed_prefills_.find(request_id);
+  const int32_t num_blocks = static_cast<int32_t>(result.block_ids.size());
+  if (it->second.next_block < num_blocks) {
+    LayerExport rest{.sink = &it->second.sink, .first_block_index = it->second.next_block, .block_ids = {}};
+    rest.block_ids.assign(result.block_ids.begin() + it->second.next_block, result.block_ids.end());
+    for (int32_t layer = 0; layer < runner_.kv_storage()->layout().num_layers(); ++layer) ExportLayer({rest}, layer);
+  }
+  streamed_prefills_.erase(it);
 }
 
 absl::StatusOr<std::span<const std::byte>> Engine::ExportKvBlock(const std::string& request_id, int32_t layer,

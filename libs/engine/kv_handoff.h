@@ -18,6 +18,14 @@
 //   D.CommitRemotePrefill(lease.transfer_id, first token (+ logprobs))
 //   D.Step() ... decodes as usual
 //
+// Layered streaming (prefill side): AddPrefillOnlyRequest may take a KvLayerSink. The
+// engine then hands it each layer's blocks as soon as the model runner has written that
+// layer (ModelBatch::on_layer_kv_written) — every step of a chunked prefill sends the
+// blocks its chunk completed — so the transport overlaps the later layers' compute. By
+// the time the PrefillResult output is delivered, every (layer, block >=
+// num_skipped_blocks) has gone through the sink exactly once; the bytes are those
+// ExportKvBlock would return after the prefill.
+//
 // A lease ends in exactly one of: committed (CommitRemotePrefill), failed
 // (FailRemotePrefill: the transfer failed; a retry takes a new lease), aborted
 // (Engine::Abort of the request) or expired (EngineOptions::lease_timeout_ms, reclaimed
@@ -27,7 +35,10 @@
 // Thread-safety: plain values.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,5 +83,19 @@ struct RemotePrefillLease {
   }
   int32_t num_blocks() const { return static_cast<int32_t>(block_ids.size()); }
 };
+
+// Blocks [first_block_index, first_block_index + blocks.size()) of a streamed prefill
+// (indices into PrefillResult::block_ids, all >= its num_skipped_blocks) for one layer,
+// each the layout's block bytes. The spans point into the KV storage: valid only during
+// the sink call.
+struct KvLayerBlocks {
+  int32_t layer = 0;
+  int32_t first_block_index = 0;
+  std::span<const std::span<const std::byte>> blocks;
+};
+
+// Called on the engine thread in the middle of a step (between two layers): it must be
+// quick (copy, queue) and must not call into the Engine.
+using KvLayerSink = std::function<void(const KvLayerBlocks&)>;
 
 }  // namespace kvmesh::engine

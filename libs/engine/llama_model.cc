@@ -28,7 +28,12 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   progress("config", 1, 1);
   progress("weights", 0, 1);
   KVMESH_ASSIGN_OR_RETURN(model->store_, model::SafetensorsStore::Open(model_dir));
-  KVMESH_ASSIGN_OR_RETURN(model->weights_, model::BindModelWeights(model->config_, *model->store_));
+  KVMESH_ASSIGN_OR_RETURN(model->shard_,
+                          model::ComputeTensorParallelShard(model->config_, options.tensor_parallel_rank,
+                                                            options.tensor_parallel_size));
+  KVMESH_ASSIGN_OR_RETURN(const model::ModelWeights full, model::BindModelWeights(model->config_, *model->store_));
+  // Views of this rank's slice of the mmap: packing below reads only those bytes.
+  model->weights_ = model::ShardModelWeights(full, model->config_, model->shard_);
   progress("weights", 1, 1);
   KVMESH_RETURN_IF_ERROR(model->Pack(options));
   model->inv_freq_ = model->config_.RopeInverseFrequencies();
@@ -95,6 +100,8 @@ void LlamaModel::EnsureScratch(int64_t t) {
 absl::Status LlamaModel::Forward(std::span<const int32_t> tokens, DenseKvCache& cache,
                                  std::span<const int32_t> logit_rows, std::vector<float>* logits) {
   const int64_t t = static_cast<int64_t>(tokens.size());
+  if (shard_.is_sharded())
+    return absl::FailedPreconditionError("Forward: the dense path runs the whole model, not a tensor-parallel shard");
   if (t == 0) return absl::InvalidArgumentError("Forward: empty token chunk");
   for (int32_t id : tokens) {
     if (id < 0 || id >= config_.vocab_size)

@@ -24,6 +24,7 @@
 #include "model/model_config.h"
 #include "model/model_weights.h"
 #include "model/safetensors.h"
+#include "model/tensor_parallel_shard.h"
 
 namespace kvmesh::engine {
 
@@ -36,6 +37,10 @@ struct LoadProgress {
 struct LlamaModelOptions {
   // Called as loading advances (for a progress display); may be empty.
   std::function<void(const LoadProgress&)> on_progress;
+  // Tensor parallelism: load only rank `tensor_parallel_rank`'s slice of the weights
+  // (model/tensor_parallel_shard.h). The config stays the full model's.
+  int32_t tensor_parallel_rank = 0;
+  int32_t tensor_parallel_size = 1;
 };
 
 class LlamaModel {
@@ -48,7 +53,8 @@ class LlamaModel {
     std::unique_ptr<backend::PackedLinear> down;     // [E, I]
   };
 
-  // Errors name the file and the key or tensor at fault (see model/).
+  // Errors name the file and the key or tensor at fault (see model/); InvalidArgument
+  // when the model cannot be split over options.tensor_parallel_size.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir,
                                                           backend::Backend& backend,
                                                           const LlamaModelOptions& options = {});
@@ -56,6 +62,8 @@ class LlamaModel {
   LlamaModel& operator=(const LlamaModel&) = delete;
 
   const model::ModelConfig& config() const { return config_; }
+  // This rank's slice; the whole model (size 1) without tensor parallelism.
+  const model::TensorParallelShard& shard() const { return shard_; }
   const std::string& model_dir() const { return model_dir_; }
 
   // A cache sized for `capacity_tokens` positions of this model.
@@ -65,7 +73,8 @@ class LlamaModel {
   // their K/V into the cache and advances it. For each index i in `logit_rows`
   // (indices into `tokens`), appends vocab_size logits to *logits (f32).
   // InvalidArgument: empty chunk, a token id outside the vocabulary, a row out of
-  // range. ResourceExhausted: the cache has no room for the chunk.
+  // range. ResourceExhausted: the cache has no room for the chunk. FailedPrecondition
+  // on a tensor-parallel shard (the dense path is the unsharded oracle).
   absl::Status Forward(std::span<const int32_t> tokens, DenseKvCache& cache, std::span<const int32_t> logit_rows,
                        std::vector<float>* logits);
 
@@ -75,7 +84,8 @@ class LlamaModel {
   // Bytes of the packed LM head alone (prefill computes it for one row only).
   int64_t lm_head_bytes() const { return lm_head_->num_bytes(); }
 
-  // The parts, for runners that execute the same layers over another KV layout.
+  // The parts, for runners that execute the same layers over another KV layout. Under
+  // tensor parallelism these are this rank's slices (see shard()).
   backend::Backend& backend() const { return backend_; }
   const model::ModelWeights& weights() const { return weights_; }
   const PackedLayer& layer(size_t i) const { return layers_[i]; }
@@ -90,6 +100,7 @@ class LlamaModel {
   backend::Backend& backend_;
   std::string model_dir_;
   model::ModelConfig config_;
+  model::TensorParallelShard shard_;
   std::unique_ptr<model::SafetensorsStore> store_;
   model::ModelWeights weights_;
   std::vector<PackedLayer> layers_;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -34,6 +35,13 @@ struct KvBlockCopy {
 struct ModelBatch {
   std::vector<SequenceChunk> chunks;
   std::vector<KvBlockCopy> block_copies;
+  // Optional: Execute calls it once per layer, in layer order, on its own thread, as
+  // soon as that layer's new KV of every chunk is in kv_storage() (every rank's, under
+  // TP) and before the next layer starts. It may read that layer's blocks (and must not
+  // write any, nor call back into the runner). The engine streams a prefill's KV out
+  // layer by layer through it while the later layers compute. NOTE: empty for ordinary
+  // steps; a runner only tests it, so it costs nothing then.
+  std::function<void(int32_t layer)> on_layer_kv_written;
 };
 
 struct ModelOutput {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "comm/communicator.h"
 #include "core/status_macros.h"
 
 namespace kvmesh::engine {
@@ -16,11 +17,18 @@ TensorView F32(std::vector<float>& buffer, int64_t rows, int64_t cols) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PagedModelRunner>> PagedModelRunner::Create(LlamaModel& model,
-                                                                          const PagedModelRunnerOptions& options) {
+                                                                          const PagedModelRunnerOptions& options,
+                                                                          comm::Communicator* comm) {
   const auto& c = model.config();
+  const model::TensorParallelShard& shard = model.shard();
+  const int world = comm == nullptr ? 1 : comm->world_size();
+  if (world != shard.size || (comm != nullptr && comm->rank() != shard.rank))
+    return absl::InvalidArgumentError(absl::StrCat("model shard is rank ", shard.rank, " of ", shard.size,
+                                                   ", communicator is rank ", comm ? comm->rank() : 0, " of ", world));
   kv::KvLayoutOptions layout{
       .num_layers = static_cast<int32_t>(c.num_hidden_layers),
-      .num_kv_heads = static_cast<int32_t>(c.num_key_value_heads),
+      .num_kv_heads = static_cast<int32_t>(shard.num_kv_heads),
+      .kv_head_replication = shard.kv_head_replication,
       .head_dim = static_cast<int32_t>(c.head_dim),
       .block_size_tokens = options.block_size_tokens,
       .dtype = DType::kF32,
@@ -28,7 +36,7 @@ absl::StatusOr<std::unique_ptr<PagedModelRunner>> PagedModelRunner::Create(Llama
       .num_blocks = options.num_blocks,
   };
   KVMESH_ASSIGN_OR_RETURN(auto storage, kv::KvStorage::Create(layout));
-  return std::unique_ptr<PagedModelRunner>(new PagedModelRunner(model, std::move(storage)));
+  return std::unique_ptr<PagedModelRunner>(new PagedModelRunner(model, std::move(storage), comm));
 }
 
 absl::Status PagedModelRunner::Prepare(const ModelBatch& batch) {
@@ -84,7 +92,8 @@ absl::Status PagedModelRunner::Prepare(const ModelBatch& batch) {
 void PagedModelRunner::EnsureScratch(int64_t t) {
   if (t <= scratch_tokens_) return;
   const auto& c = model_.config();
-  const int64_t e = c.hidden_size, d = c.head_dim, h = c.num_attention_heads, hkv = c.num_key_value_heads;
+  const model::TensorParallelShard& shard = model_.shard();
+  const int64_t e = c.hidden_size, d = c.head_dim, h = shard.num_heads, hkv = shard.num_kv_heads;
   residual_.resize(t * e);
   hidden_.resize(t * e);
   qkv_.resize(t * (h + 2 * hkv) * d);
@@ -93,8 +102,8 @@ void PagedModelRunner::EnsureScratch(int64_t t) {
   v_.resize(t * hkv * d);
   attn_.resize(t * h * d);
   proj_.resize(t * e);
-  gate_up_.resize(t * 2 * c.intermediate_size);
-  act_.resize(t * c.intermediate_size);
+  gate_up_.resize(t * 2 * shard.intermediate_size);
+  act_.resize(t * shard.intermediate_size);
   head_in_.resize(t * e);
   scratch_tokens_ = t;
 }
@@ -104,9 +113,11 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
   if (batch.chunks.empty()) return output;
   KVMESH_RETURN_IF_ERROR(Prepare(batch));
   const auto& c = model_.config();
+  // This rank's heads and MLP slice (all of them without tensor parallelism).
+  const model::TensorParallelShard& shard = model_.shard();
   const int64_t t = static_cast<int64_t>(token_ids_.size());
-  const int64_t e = c.hidden_size, d = c.head_dim, h = c.num_attention_heads, hkv = c.num_key_value_heads;
-  const int64_t inter = c.intermediate_size, qkv_width = (h + 2 * hkv) * d;
+  const int64_t e = c.hidden_size, d = c.head_dim, h = shard.num_heads, hkv = shard.num_kv_heads;
+  const int64_t inter = shard.intermediate_size, qkv_width = (h + 2 * hkv) * d;
   const float eps = c.rms_norm_eps;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   EnsureScratch(t);
@@ -121,7 +132,11 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
   TensorView k = TensorView::Contiguous(k_.data(), DType::kF32, {t, hkv, d});
   TensorView v = TensorView::Contiguous(v_.data(), DType::kF32, {t, hkv, d});
   TensorView attn = TensorView::Contiguous(attn_.data(), DType::kF32, {t, h, d});
-  be.Embedding(token_ids_, weights.embed_tokens, residual);
+  if (comm_ != nullptr) {
+    KVMESH_RETURN_IF_ERROR(ShardedEmbedding(residual));
+  } else {
+    be.Embedding(token_ids_, weights.embed_tokens, residual);
+  }
   for (size_t l = 0; l < weights.layers.size(); ++l) {
     const model::LayerWeights& w = weights.layers[l];
     const LlamaModel::PackedLayer& packed = model_.layer(l);
@@ -140,12 +155,16 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
     be.ApplyRope(q, k, positions_, model_.rope_inv_freq());
     const TensorView kv_cache = storage_->LayerView(static_cast<int32_t>(l));
     be.WriteKvCache(k, v, slots_, kv_cache);
+    if (batch.on_layer_kv_written) batch.on_layer_kv_written(static_cast<int32_t>(l));
     be.PagedAttention(q, kv_cache, attention_batch, scale, attn);
     be.Linear(F32(attn_, t, h * d), *packed.o, proj);
+    // Row-parallel: each rank holds a partial sum over its heads.
+    if (comm_ != nullptr) KVMESH_RETURN_IF_ERROR(comm_->AllReduceSum(proj_.data(), t * e, DType::kF32));
     be.AddRmsNorm(residual, proj, w.post_attention_layernorm, eps, hidden);
     be.Linear(hidden, *packed.gate_up, F32(gate_up_, t, 2 * inter));
     be.SiluAndMul(F32(gate_up_, t, 2 * inter), F32(act_, t, inter));
     be.Linear(F32(act_, t, inter), *packed.down, proj);
+    if (comm_ != nullptr) KVMESH_RETURN_IF_ERROR(comm_->AllReduceSum(proj_.data(), t * e, DType::kF32));
   }
   if (logit_rows_.empty()) return output;
   // The final norm and LM head run only on the rows whose logits are wanted.
@@ -156,9 +175,50 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
   }
   TensorView head_in = F32(head_in_, r, e);
   be.RmsNorm(head_in, weights.norm, eps, head_in);
+  if (comm_ != nullptr) {
+    KVMESH_RETURN_IF_ERROR(ShardedLmHead(head_in, r, output.logits));
+    return output;
+  }
   output.logits.resize(r * c.vocab_size);
   be.Linear(head_in, model_.lm_head(), TensorView::Contiguous(output.logits.data(), DType::kF32, {r, c.vocab_size}));
   return output;
+}
+
+absl::Status PagedModelRunner::ShardedEmbedding(const TensorView& out) {
+  const model::TensorParallelShard& shard = model_.shard();
+  const int64_t t = static_cast<int64_t>(token_ids_.size());
+  const int64_t e = model_.config().hidden_size;
+  local_token_ids_.resize(t);
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t local = token_ids_[i] - shard.vocab_begin;
+    // Another rank's token: look up any row, zeroed below.
+    local_token_ids_[i] = local >= 0 && local < shard.vocab_size ? static_cast<int32_t>(local) : 0;
+  }
+  model_.backend().Embedding(local_token_ids_, model_.weights().embed_tokens, out);
+  float* rows = out.data_as<float>();
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t local = token_ids_[i] - shard.vocab_begin;
+    if (local < 0 || local >= shard.vocab_size) std::memset(rows + i * e, 0, sizeof(float) * e);
+  }
+  // Exactly one rank contributes each row, so the sum is exact.
+  return comm_->AllReduceSum(rows, t * e, DType::kF32);
+}
+
+absl::Status PagedModelRunner::ShardedLmHead(const TensorView& head_in, int64_t r, std::vector<float>& out) {
+  const model::TensorParallelShard& shard = model_.shard();
+  const int64_t vl = shard.vocab_size, n = shard.size, vocab = model_.config().vocab_size;
+  local_logits_.resize(r * vl);
+  gathered_logits_.resize(n * r * vl);
+  model_.backend().Linear(head_in, model_.lm_head(), TensorView::Contiguous(local_logits_.data(), DType::kF32, {r, vl}));
+  KVMESH_RETURN_IF_ERROR(comm_->AllGather(local_logits_.data(), gathered_logits_.data(), r * vl, DType::kF32));
+  // gathered: [rank, row, vl] -> out: [row, rank * vl + j].
+  out.resize(r * vocab);
+  for (int64_t p = 0; p < n; ++p) {
+    for (int64_t i = 0; i < r; ++i) {
+      std::memcpy(out.data() + i * vocab + p * vl, gathered_logits_.data() + (p * r + i) * vl, sizeof(float) * vl);
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvmesh::engine

@@ -6,8 +6,15 @@
 // block table (Backend::PagedAttention), after the new K/V are written into
 // their slots (Backend::WriteKvCache).
 //
-// Thread-safety: not thread-safe; owned by the engine loop. The model (and its
-// backend) must outlive the runner.
+// Under tensor parallelism (TensorParallelRunner) each rank has its own runner over
+// its shard of the model (LlamaModel::shard()) and a KV pool of its own KV heads only;
+// the runner then all-reduces the row-parallel outputs (o_proj, down_proj) and the
+// vocab-parallel embedding through the rank's Communicator and all-gathers the
+// vocab-parallel logits. Every rank must Execute the same batch. Without a
+// communicator (one rank) none of that runs.
+//
+// Thread-safety: not thread-safe; owned by the engine loop (or its rank's thread). The
+// model (and its backend) and the communicator must outlive the runner.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +25,10 @@
 #include "engine/llama_model.h"
 #include "engine/model_runner.h"
 #include "kv/kv_layout.h"
+
+namespace kvmesh::comm {
+class Communicator;
+}  // namespace kvmesh::comm
 
 namespace kvmesh::engine {
 
@@ -30,9 +41,11 @@ struct PagedModelRunnerOptions {
 
 class PagedModelRunner : public ModelRunner {
  public:
-  // InvalidArgument if the pool cannot hold one block, or both/neither sizes are set.
+  // InvalidArgument if the pool cannot hold one block, or both/neither sizes are set, or
+  // `comm`'s group does not match the model's shard (a sharded model needs one).
   static absl::StatusOr<std::unique_ptr<PagedModelRunner>> Create(LlamaModel& model,
-                                                                  const PagedModelRunnerOptions& options);
+                                                                  const PagedModelRunnerOptions& options,
+                                                                  comm::Communicator* comm = nullptr);
 
   int32_t vocab_size() const override { return static_cast<int32_t>(model_.config().vocab_size); }
   int32_t block_size_tokens() const override { return storage_->layout().block_size_tokens(); }
@@ -45,13 +58,20 @@ class PagedModelRunner : public ModelRunner {
   LlamaModel& model() { return model_; }
 
  private:
-  PagedModelRunner(LlamaModel& model, std::unique_ptr<kv::KvStorage> storage)
-      : model_(model), storage_(std::move(storage)) {}
+  PagedModelRunner(LlamaModel& model, std::unique_ptr<kv::KvStorage> storage, comm::Communicator* comm)
+      : model_(model), storage_(std::move(storage)), comm_(comm) {}
   absl::Status Prepare(const ModelBatch& batch);
   void EnsureScratch(int64_t num_tokens);
+  // Vocab-parallel embedding: this rank's rows, zero for other ranks' tokens, summed.
+  absl::Status ShardedEmbedding(const TensorView& out);
+  // Vocab-parallel LM head: this rank's logits, gathered into [rows, vocab] `out`.
+  absl::Status ShardedLmHead(const TensorView& head_in, int64_t rows, std::vector<float>& out);
 
   LlamaModel& model_;
   std::unique_ptr<kv::KvStorage> storage_;
+  comm::Communicator* const comm_;  // null without tensor parallelism
+  std::vector<int32_t> local_token_ids_;  // TP: token ids within this rank's vocabulary slice
+  std::vector<float> local_logits_, gathered_logits_;
 
   // Per-step metadata, rebuilt by Prepare().
   std::vector<int32_t> token_ids_, positions_, query_start_, context_lens_, block_tables_, logit_rows_;

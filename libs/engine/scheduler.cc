@@ -213,6 +213,12 @@ std::optional<SequenceStatus> Scheduler::FirstSequenceStatus(const std::string& 
   return it->second->seqs[0]->status;
 }
 
+std::optional<kv::RequestId> Scheduler::FirstSequenceKvId(const std::string& request_id) const {
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) return std::nullopt;
+  return it->second->seqs[0]->kv_id;
+}
+
 void Scheduler::HoldPrefilled(Sequence* seq) {
   RequestState* request = seq->request;
   RemoveFromRunning(seq);

@@ -201,6 +201,9 @@ class Scheduler {
 
   // The status of a request's first sequence; nullopt for an unknown request.
   std::optional<SequenceStatus> FirstSequenceStatus(const std::string& request_id) const;
+  // The KV id of a request's first sequence (what ScheduledChunk::kv_id names; kept
+  // across preemption); nullopt for an unknown request.
+  std::optional<kv::RequestId> FirstSequenceKvId(const std::string& request_id) const;
 
   bool HasUnfinishedRequests() const { return !requests_.empty(); }
   bool HasRequest(const std::string& request_id) const { return requests_.contains(request_id); }

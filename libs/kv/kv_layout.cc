@@ -60,7 +60,8 @@ int32_t NumBlocksForBudget(const KvLayoutOptions& shape, int64_t budget_bytes) {
 }
 
 absl::StatusOr<KvLayout> KvLayout::Create(const KvLayoutOptions& o) {
-  if (o.num_layers <= 0 || o.num_kv_heads <= 0 || o.head_dim <= 0 || o.block_size_tokens <= 0) {
+  if (o.num_layers <= 0 || o.num_kv_heads <= 0 || o.head_dim <= 0 || o.block_size_tokens <= 0 ||
+      o.kv_head_replication <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("KV layout needs positive dimensions, got ", ShapeString(o)));
   }
   if (!IsKvDType(o.dtype)) {
@@ -96,6 +97,7 @@ absl::StatusOr<KvLayout> KvLayout::Create(const KvLayoutOptions& o) {
   layout.block_size_tokens_ = o.block_size_tokens;
   layout.num_blocks_ = num_blocks;
   layout.dtype_ = o.dtype;
+  layout.kv_head_replication_ = o.kv_head_replication;
   layout.block_bytes_ = block_bytes;
   return layout;
 }

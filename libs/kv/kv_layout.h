@@ -17,7 +17,9 @@
 // per-block scales, kept beside the pool). Token slot s = block * B + offset.
 //
 // Under tensor parallelism each rank's pool holds only its own KV heads:
-// num_kv_heads here is the per-rank count.
+// num_kv_heads here is the per-rank count. When there are more ranks than KV heads
+// (MQA, small GQA) each head is held by kv_head_replication ranks, and the accounting
+// says so: UniqueBytes() is the share of this pool no other rank duplicates.
 #pragma once
 
 #include <cstddef>
@@ -37,6 +39,9 @@ namespace kvmesh::kv {
 struct KvLayoutOptions {
   int32_t num_layers = 0;
   int32_t num_kv_heads = 0;  // per rank
+  // Ranks holding a copy of each of this pool's KV heads (1 without TP or when the heads
+  // split evenly). Accounting only: the pool's size does not depend on it.
+  int32_t kv_head_replication = 1;
   int32_t head_dim = 0;
   int32_t block_size_tokens = kDefaultBlockSizeTokens;
   DType dtype = DType::kF32;  // element type of K and V
@@ -60,7 +65,7 @@ int32_t NumBlocksForBudget(const KvLayoutOptions& shape, int64_t budget_bytes);
 // Thread-safety: immutable after Create.
 class KvLayout {
  public:
-  // InvalidArgument if a dimension is not positive, the dtype is not a KV element type
+  // InvalidArgument if a dimension (or kv_head_replication) is not positive, the dtype is not a KV element type
   // (f32, bf16, f16, fp8e4m3, int8), both or neither of budget_bytes / num_blocks are
   // set, the budget cannot hold one block per layer (the message gives the numbers), or
   // the pool's size overflows int64.
@@ -72,6 +77,7 @@ class KvLayout {
   int32_t block_size_tokens() const { return block_size_tokens_; }
   int32_t num_blocks() const { return num_blocks_; }
   DType dtype() const { return dtype_; }
+  int32_t kv_head_replication() const { return kv_head_replication_; }
 
   // One block of one layer, K and V.
   int64_t BlockBytes() const { return block_bytes_; }
@@ -79,6 +85,8 @@ class KvLayout {
   int64_t LayerBytes() const { return static_cast<int64_t>(num_blocks_) * block_bytes_; }
   // The whole pool: num_layers * LayerBytes().
   int64_t TotalBytes() const { return static_cast<int64_t>(num_layers_) * LayerBytes(); }
+  // TotalBytes() / kv_head_replication(): this pool's share of the group's distinct KV.
+  int64_t UniqueBytes() const { return TotalBytes() / kv_head_replication_; }
   // KV bytes of one token across all layers (what a token costs the budget).
   int64_t BytesPerToken() const { return static_cast<int64_t>(num_layers_) * block_bytes_ / block_size_tokens_; }
 
@@ -100,6 +108,7 @@ class KvLayout {
   int32_t block_size_tokens_ = 0;
   int32_t num_blocks_ = 0;
   DType dtype_ = DType::kF32;
+  int32_t kv_head_replication_ = 1;
   int64_t block_bytes_ = 0;
 };
 

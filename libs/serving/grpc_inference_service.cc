@@ -74,7 +74,7 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
         stream_ended_ = true;
         action = NextLocked();
       }
-      Run(this, service_.engine_, std::move(action));
+      Run(this, service_.source_, std::move(action));
     }
   }
 
@@ -86,7 +86,7 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
       if (!ok) CancelLocked();  // the stream broke: the client is gone
       action = NextLocked();
     }
-    Run(this, service_.engine_, std::move(action));
+    Run(this, service_.source_, std::move(action));
   }
 
   // The client cancelled, its deadline passed, or the server is shutting down.
@@ -97,11 +97,11 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
       CancelLocked();
       action = NextLocked();
     }
-    Run(this, service_.engine_, std::move(action));
+    Run(this, service_.source_, std::move(action));
   }
 
   void OnDone() override {
-    engine::AsyncEngine& engine = service_.engine_;
+    TokenSource& engine = service_.source_;
     std::string abort_id;
     bool last;
     {
@@ -143,7 +143,7 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
     if (!params.ok()) return params.status();  // messages already name sampling.*
     absl::StatusOr<int32_t> n = rpc::NumSamplesFromProto(request.sampling());
     if (!n.ok()) return n.status();
-    const engine::RequestLimits& limits = svc.engine_.limits();
+    const engine::RequestLimits& limits = svc.source_.limits();
     if (*n > limits.max_num_seqs) {
       return Invalid("sampling.n", absl::StrCat("must be at most ", limits.max_num_seqs,
                                                 " (the engine's max_num_seqs), got ", *n));
@@ -234,7 +234,7 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
       std::lock_guard<std::mutex> lock(mu_);
       engine_finished_ = false;  // from here on the engine holds a pointer to this reactor
     }
-    if (absl::Status s = svc.engine_.Submit(std::move(r)); !s.ok()) {
+    if (absl::Status s = svc.source_.Submit(std::move(r)); !s.ok()) {
       // Submit refused it without keeping the callback: nothing will call back.
       std::lock_guard<std::mutex> lock(mu_);
       engine_finished_ = true;
@@ -248,7 +248,7 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
 
   // Engine thread: one output of the request.
   void OnEngineOutput(const engine::RequestOutput& out) {
-    engine::AsyncEngine& engine = service_.engine_;
+    TokenSource& engine = service_.source_;
     Action action;
     bool last = false;
     {
@@ -431,7 +431,7 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
   // Carries out `action` without mu_. Static, with `engine` passed in, because with
   // kNone `self` may already be gone (deleted on another thread); with kWrite or
   // kFinish it cannot be: gRPC calls OnDone only after the write completes / Finish.
-  static void Run(GenerateReactor* self, engine::AsyncEngine& engine, Action action) {
+  static void Run(GenerateReactor* self, TokenSource& engine, Action action) {
     if (!action.abort_id.empty()) engine.Abort(action.abort_id);
     if (action.kind == Action::kWrite) {
       self->StartWrite(&self->writing_);  // gRPC's until OnWriteDone; nothing else touches it meanwhile
@@ -477,10 +477,25 @@ GrpcInferenceService::GrpcInferenceService(const GrpcInferenceServiceOptions& op
                                            const model::Tokenizer& tokenizer,
                                            std::optional<model::ChatTemplate> chat_template,
                                            engine::AsyncEngine& engine, ServingMetrics* metrics)
+    : GrpcInferenceService(options, tokenizer, std::move(chat_template),
+                           std::make_unique<AsyncEngineTokenSource>(engine), nullptr, metrics) {}
+
+GrpcInferenceService::GrpcInferenceService(const GrpcInferenceServiceOptions& options,
+                                           const model::Tokenizer& tokenizer,
+                                           std::optional<model::ChatTemplate> chat_template, TokenSource& source,
+                                           ServingMetrics* metrics)
+    : GrpcInferenceService(options, tokenizer, std::move(chat_template), nullptr, &source, metrics) {}
+
+GrpcInferenceService::GrpcInferenceService(const GrpcInferenceServiceOptions& options,
+                                           const model::Tokenizer& tokenizer,
+                                           std::optional<model::ChatTemplate> chat_template,
+                                           std::unique_ptr<TokenSource> owned_source, TokenSource* source,
+                                           ServingMetrics* metrics)
     : options_(options),
       tokenizer_(tokenizer),
       chat_template_(std::move(chat_template)),
-      engine_(engine),
+      owned_source_(std::move(owned_source)),
+      source_(source != nullptr ? *source : *owned_source_),
       metrics_(metrics),
       created_unix_s_(std::chrono::duration_cast<std::chrono::seconds>(
                           std::chrono::system_clock::now().time_since_epoch())

@@ -1,8 +1,9 @@
-// GrpcInferenceService: the gRPC front door (kvmesh.v1.Inference) over a token
-// generator — today the in-process AsyncEngine of `kvmesh serve`, beside the REST
-// front door (OpenAiService), which it mirrors: the same chat template, tokenizer,
-// validation (engine::ValidateEngineRequest before anything is submitted), stop
-// strings and usage through TextGenerationStream, and the same serving metrics.
+// GrpcInferenceService: the gRPC front door (kvmesh.v1.Inference) over a TokenSource
+// — the in-process AsyncEngine of `kvmesh serve`, or the cluster behind the router
+// (RemoteTokenSource) — beside the REST front door (OpenAiService), which it
+// mirrors: the same chat template, tokenizer, validation
+// (engine::ValidateEngineRequest before anything is submitted), stop strings and
+// usage through TextGenerationStream, and the same serving metrics.
 //
 //   Generate    server streaming: one GenerateResponse per sample step (token ids,
 //               text delta, logprobs when asked); a sample's last message has its
@@ -23,17 +24,20 @@
 // flight at a time and the next starts from OnWriteDone. While a write is in
 // flight, new deltas of the same sample are merged into the queued message
 // (backpressure coalescing: a slow client receives fewer, larger messages). A
-// client that cancels, or whose deadline passes, aborts the engine request at once,
-// which frees its KV blocks. No lock is held while calling into gRPC.
+// client that cancels, or whose deadline passes, aborts the engine request at once
+// (TokenSource::Abort: on the router, that cancels the decode worker's stream, which
+// aborts the request on the workers), which frees its KV blocks. No lock is held
+// while calling into gRPC or the token source.
 //
-// Thread-safety: thread-safe. The tokenizer, engine and metrics must outlive the
-// service, and the service must outlive the grpc::Server it is registered with
-// (a call's reactor is deleted only after both gRPC is done with it and the
-// engine has delivered the request's final output).
+// Thread-safety: thread-safe. The tokenizer, engine (token source) and metrics must
+// outlive the service, and the service must outlive the grpc::Server it is registered
+// with (a call's reactor is deleted only after both gRPC is done with it and the
+// token source has delivered the request's final output).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +47,7 @@
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "serving/serving_metrics.h"
+#include "serving/token_source.h"
 
 namespace kvmesh::serving {
 
@@ -60,6 +65,10 @@ class GrpcInferenceService final : public v1::Inference::CallbackService {
   GrpcInferenceService(const GrpcInferenceServiceOptions& options, const model::Tokenizer& tokenizer,
                        std::optional<model::ChatTemplate> chat_template, engine::AsyncEngine& engine,
                        ServingMetrics* metrics);
+  // Over any token source (the router's cluster); `source` must outlive the service.
+  GrpcInferenceService(const GrpcInferenceServiceOptions& options, const model::Tokenizer& tokenizer,
+                       std::optional<model::ChatTemplate> chat_template, TokenSource& source,
+                       ServingMetrics* metrics);
   ~GrpcInferenceService() override;
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(grpc::CallbackServerContext* context,
@@ -76,6 +85,11 @@ class GrpcInferenceService final : public v1::Inference::CallbackService {
   class GenerateReactor;
   friend class GenerateReactor;
 
+  // Exactly one of `owned_source` and `source` is set.
+  GrpcInferenceService(const GrpcInferenceServiceOptions& options, const model::Tokenizer& tokenizer,
+                       std::optional<model::ChatTemplate> chat_template, std::unique_ptr<TokenSource> owned_source,
+                       TokenSource* source, ServingMetrics* metrics);
+
   // NotFound unless `model` is empty or the served model.
   absl::Status CheckModel(const std::string& model) const;
   // The prompt text of a chat prompt (InvalidArgument naming the chat.* field).
@@ -84,7 +98,8 @@ class GrpcInferenceService final : public v1::Inference::CallbackService {
   const GrpcInferenceServiceOptions options_;
   const model::Tokenizer& tokenizer_;
   const std::optional<model::ChatTemplate> chat_template_;
-  engine::AsyncEngine& engine_;
+  std::unique_ptr<TokenSource> owned_source_;  // the AsyncEngine adapter, when given one
+  TokenSource& source_;                         // where tokens come from
   ServingMetrics* metrics_;  // may be null
   std::atomic<int64_t> inflight_{0};
   std::atomic<uint64_t> next_id_{1};

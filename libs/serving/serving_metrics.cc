@@ -40,6 +40,7 @@ absl::StatusOr<std::unique_ptr<ServingMetrics>> ServingMetrics::Create(
   KVMESH_ASSIGN_OR_RETURN(i.prompt_tokens, registry.AddCounter("kvmesh_prompt_tokens_total", "Prompt tokens processed."));
   KVMESH_ASSIGN_OR_RETURN(i.generation_tokens,
                           registry.AddCounter("kvmesh_generation_tokens_total", "Tokens generated."));
+  if (!engine_stats) return m;
   // Engine state, read at scrape time. NOTE: the stats call copies a snapshot under a
   // mutex; one scrape calls it once per gauge, which is cheap at scrape rates.
   struct GaugeSpec {

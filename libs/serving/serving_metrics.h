@@ -30,7 +30,8 @@ namespace kvmesh::serving {
 class ServingMetrics {
  public:
   // Registers every family in `registry` (which must outlive this). `engine_stats`
-  // is called at scrape time (from the HTTP thread) for the engine gauges.
+  // is called at scrape time (from the HTTP thread) for the engine gauges; without it
+  // (a process with no engine: the router) they are left out.
   static absl::StatusOr<std::unique_ptr<ServingMetrics>> Create(metrics::Registry& registry,
                                                                std::function<engine::EngineStats()> engine_stats);
 

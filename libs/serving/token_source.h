@@ -1,6 +1,6 @@
 // TokenSource: where a front door (OpenAiService) gets its tokens from — the
 // in-process AsyncEngine of `kvmesh serve` (AsyncEngineTokenSource), or a cluster of
-// workers behind the scheduler (the router's RemoteTokenSource, services/kvmesh).
+// workers behind the scheduler (the router's RemoteTokenSource, services/router).
 //
 // The contract is AsyncEngine's: Submit validates and queues a request, whose
 // on_output then receives every output, exactly one of them final (also on abort and

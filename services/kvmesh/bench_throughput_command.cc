@@ -65,7 +65,7 @@ int RunBenchThroughput(int argc, char** argv) {
 
   auto built = BuildEngineFromFlags(model);
   if (!built.ok()) return Fail(std::string(built.status().message()));
-  std::unique_ptr<engine::PagedModelRunner>& runner = built->runner;
+  std::unique_ptr<engine::ModelRunner>& runner = built->runner;
   const engine::EngineOptions& options = built->options;
   auto engine = engine::Engine::Create(options, *runner);
   if (!engine.ok()) return Fail(std::string(engine.status().message()));

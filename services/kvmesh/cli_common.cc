@@ -5,10 +5,12 @@
 
 #include <chrono>
 #include <csignal>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
@@ -17,6 +19,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/command_line.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
 
@@ -26,6 +29,7 @@ ABSL_FLAG(std::string, model, KVMESH_DEFAULT_MODEL_DIR,
 ABSL_FLAG(std::string, backend, "cpu", "Backend for the model ops: cpu or reference (the slow scalar oracle).");
 ABSL_FLAG(int, threads, 0, "Kernel threads; 0 means one per core.");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
+ABSL_DECLARE_FLAG(int, tensor_parallel_size);  // engine_flags.cc
 
 namespace kvmesh::cli {
 namespace {
@@ -41,17 +45,6 @@ bool IsSubcommandFile(absl::string_view file) {
     if (absl::StrContains(file, f)) return true;
   }
   return false;
-}
-
-// `--max-tokens=3` -> `--max_tokens=3`: Abseil flag names have no dashes.
-std::string NormalizeFlagName(const char* arg) {
-  std::string s(arg);
-  if (s.size() < 3 || s[0] != '-' || s[1] != '-') return s;
-  const size_t end = std::min(s.find('='), s.size());
-  for (size_t i = 2; i < end; ++i) {
-    if (s[i] == '-') s[i] = '_';
-  }
-  return s;
 }
 
 // KVMESH_<NAME> sets the default of flag <name> defined by the CLI.
@@ -141,6 +134,9 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags(bool quiet) {
   const std::string dir = absl::GetFlag(FLAGS_model);
   const bool tty = isatty(STDERR_FILENO);
   engine::LlamaModelOptions options;
+  // Under tensor parallelism the engine's rank threads load their own shards: this copy
+  // (config, tokenizer) then holds only rank 0's slice instead of a whole extra model.
+  options.tensor_parallel_size = std::max(1, absl::GetFlag(FLAGS_tensor_parallel_size));
   if (!quiet) {
     options.on_progress = [tty, &dir](const engine::LoadProgress& p) {
       if (!tty && p.done != p.total) return;

@@ -1,8 +1,14 @@
 #include "engine_flags.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "core/logging.h"
 #include "core/memory_info.h"
 #include "core/status_macros.h"
+#include "engine/tensor_parallel_runner.h"
 
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{1} << 30, "KV cache pool size in bytes (unless --kv-cache-memory-fraction).");
 ABSL_FLAG(double, kv_cache_memory_fraction, 0.0,
@@ -11,6 +17,10 @@ ABSL_FLAG(int, block_size, 16, "KV block size in tokens.");
 ABSL_FLAG(bool, enable_prefix_caching, true, "Reuse the KV blocks of shared prompt prefixes.");
 ABSL_FLAG(int, max_num_seqs, 64, "Scheduler: sequences per engine step.");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "Scheduler: tokens per engine step (chunked-prefill budget).");
+ABSL_FLAG(int, tensor_parallel_size, 1,
+          "Split the model over this many rank threads (tensor parallelism; heads, MLP and vocabulary must divide). "
+          "The KV budget is the group's total; --threads is shared among the ranks.");
+ABSL_DECLARE_FLAG(int, threads);  // cli_common.cc
 ABSL_FLAG(int, max_model_len, 0, "Context length (prompt + completion); 0: the model's max_position_embeddings.");
 
 namespace kvmesh::cli {
@@ -23,9 +33,28 @@ absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model) 
     kv_bytes = static_cast<int64_t>(fraction * static_cast<double>(available));
   }
   EngineFromFlags out;
-  KVMESH_ASSIGN_OR_RETURN(out.runner,
-                          engine::PagedModelRunner::Create(
-                              model, {.block_size_tokens = absl::GetFlag(FLAGS_block_size), .kv_cache_bytes = kv_bytes}));
+  const int tp = absl::GetFlag(FLAGS_tensor_parallel_size);
+  if (tp < 1) return absl::InvalidArgumentError("--tensor-parallel-size must be >= 1");
+  if (tp == 1) {
+    KVMESH_ASSIGN_OR_RETURN(out.runner, engine::PagedModelRunner::Create(
+                                            model, {.block_size_tokens = absl::GetFlag(FLAGS_block_size),
+                                                    .kv_cache_bytes = kv_bytes}));
+  } else {
+    engine::TensorParallelRunnerOptions tp_options{
+        .tensor_parallel_size = tp,
+        .block_size_tokens = absl::GetFlag(FLAGS_block_size),
+        .kv_cache_bytes = kv_bytes,
+        .total_threads = absl::GetFlag(FLAGS_threads),
+    };
+    tp_options.on_group_failure = [](const absl::Status& status) {
+      KVMESH_LOG(kError) << "stopping: a tensor-parallel rank failed and the group cannot continue"
+                         << LogKv("error", status.message());
+      // Process-directed (not raise()): the commands take SIGTERM with sigwait on their
+      // main thread, and every other thread blocks it.
+      kill(getpid(), SIGTERM);
+    };
+    KVMESH_ASSIGN_OR_RETURN(out.runner, engine::TensorParallelRunner::Create(model.model_dir(), tp_options));
+  }
   out.options.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   out.options.scheduler.max_num_batched_tokens = absl::GetFlag(FLAGS_max_num_batched_tokens);
   out.options.kv.block_size_tokens = absl::GetFlag(FLAGS_block_size);

@@ -1,5 +1,6 @@
-// The engine flags `serve` and `bench throughput` share (KV pool, block size,
-// scheduler budget) and building the paged runner and Engine options from them.
+// The engine flags `serve`, `worker` and `bench throughput` share (KV pool, block size,
+// scheduler budget, tensor parallelism) and building the runner and Engine options
+// from them.
 #pragma once
 
 #include <memory>
@@ -14,13 +15,19 @@ namespace kvmesh::cli {
 inline constexpr char kEngineFlagsFile[] = "engine_flags";
 
 struct EngineFromFlags {
-  std::unique_ptr<engine::PagedModelRunner> runner;
+  // A PagedModelRunner over `model`; with --tensor-parallel-size N > 1 a
+  // TensorParallelRunner whose N rank threads load their own shards of model.model_dir().
+  std::unique_ptr<engine::ModelRunner> runner;
   engine::EngineOptions options;  // max_model_len: --max-model-len, else the model's context
 };
 
 // Sizes the KV pool from --kv-cache-bytes or --kv-cache-memory-fraction and fills the
 // scheduler/KV options and max_model_len. InvalidArgument for out-of-range flags
-// (e.g. --max-model-len beyond the model's max_position_embeddings).
+// (e.g. --max-model-len beyond the model's max_position_embeddings), or a model that
+// cannot be split over --tensor-parallel-size (the message says which dimension).
+// Under tensor parallelism a failed rank stops the process: the error is logged and
+// SIGTERM raised, so the command's usual shutdown runs (requests in flight end with
+// the error) instead of the worker hanging or serving from a broken group.
 absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model);
 
 }  // namespace kvmesh::cli

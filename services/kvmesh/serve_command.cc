@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -33,9 +34,11 @@
 #include "serving/openai_service.h"
 #include "serving/serving_metrics.h"
 
+ABSL_DECLARE_FLAG(std::string, served_model_name);  // serving_flags.cc
+ABSL_DECLARE_FLAG(int64_t, drain_timeout_ms);
+
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all interfaces).");
 ABSL_FLAG(int, port, 8000, "Port to listen on; 0 picks a free one (printed at start).");
-ABSL_FLAG(std::string, served_model_name, "", "Model name clients use (default: the model directory's name).");
 ABSL_FLAG(std::string, api_keys, "", "Comma-separated API keys; when set, requests need 'Authorization: Bearer KEY'.");
 ABSL_FLAG(int, grpc_port, 50051,
           "gRPC port (kvmesh.v1.Inference + health + reflection) on --host; 0 picks a free one (printed at "
@@ -44,7 +47,6 @@ ABSL_FLAG(int, max_inflight_requests, 256,
           "Requests in flight before new ones get 429 (REST) / RESOURCE_EXHAUSTED (gRPC); each front door "
           "counts its own.");
 ABSL_FLAG(int, http_threads, 2, "HTTP I/O threads.");
-ABSL_FLAG(int64_t, drain_timeout_ms, 30000, "On SIGTERM: how long running requests may take to finish.");
 
 namespace kvmesh::cli {
 namespace {
@@ -76,7 +78,7 @@ int RunServe(int argc, char** argv) {
                        "kvmesh serve [--model DIR] [--host H --port P --grpc-port G]: the OpenAI-compatible "
                        "server (REST) and the kvmesh.v1.Inference gRPC API with the continuous-batching engine "
                        "in one process",
-                       {"serve_command", kEngineFlagsFile});
+                       {"serve_command", "serving_flags", kEngineFlagsFile});
   auto loaded = LoadModelOffThread(/*quiet=*/false);
   if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
   engine::LlamaModel& model = *loaded->model;
@@ -84,7 +86,7 @@ int RunServe(int argc, char** argv) {
 
   auto built = BuildEngineFromFlags(model);
   if (!built.ok()) return Fail(std::string(built.status().message()));
-  std::unique_ptr<engine::PagedModelRunner> runner = std::move(built->runner);
+  std::unique_ptr<engine::ModelRunner> runner = std::move(built->runner);
   engine::EngineOptions options = built->options;
   const int32_t max_model_len = options.max_model_len;
   auto engine = engine::Engine::Create(options, *runner);

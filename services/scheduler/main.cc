@@ -1,5 +1,6 @@
 // kvmesh-scheduler: the control plane. Keeps the worker registry and the global prefix
-// index and answers Place() (kvmesh.v1.Scheduler), with gRPC health and reflection.
+// index and answers Place() (kvmesh.v1.Scheduler), with gRPC health and reflection,
+// and serves /metrics (SchedulerMetrics) over HTTP on --metrics_port.
 //
 // Flags may be spelled with dashes or underscores; KVMESH_<FLAG> environment variables
 // set their defaults (KVMESH_LISTEN=0.0.0.0:50052). SIGTERM / SIGINT: report
@@ -7,28 +8,26 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <iostream>
-#include <map>
+#include <memory>
 #include <string>
 #include <thread>
-#include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/reflection.h"
-#include "absl/flags/usage.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "cluster/placement_policy.h"
 #include "cluster/worker_registry.h"
+#include "core/command_line.h"
 #include "core/logging.h"
+#include "core/status_macros.h"
+#include "http/http_server.h"
+#include "metrics/registry.h"
+#include "metrics/text_format.h"
 #include "rpc/grpc_server.h"
+#include "scheduler_metrics.h"
 #include "scheduler_options.h"
 #include "scheduler_service.h"
 
@@ -43,9 +42,37 @@ ABSL_FLAG(double, kv_usage_weight, 0.5, "Placement score weight of KV-cache usag
 ABSL_FLAG(double, overload_kv_usage, 0.95, "KV usage at which a worker counts as overloaded");
 ABSL_FLAG(int64_t, shutdown_grace_ms, 5000, "On SIGTERM, how long running calls may take to finish");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+ABSL_FLAG(int, metrics_port, 0,
+          "HTTP port of /metrics (Prometheus text) and /health, on --listen's host; 0 picks a free one (logged), "
+          "-1 disables it");
 
 namespace kvmesh::scheduler {
 namespace {
+
+// "0.0.0.0:50052" -> "0.0.0.0", "[::1]:0" -> "::1".
+std::string ListenHost(const std::string& listen_address) {
+  std::string host = listen_address.substr(0, listen_address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+// GET /metrics (the registry's Prometheus text) and GET /health on host:port.
+absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetricsServer(const std::string& host, int port,
+                                                                    const metrics::Registry& registry) {
+  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<http::HttpServer> server,
+                          http::HttpServer::Create({.address = host, .port = static_cast<uint16_t>(port),
+                                                    .num_threads = 1}));
+  server->Handle("GET", "/metrics", [&registry](http::HttpRequest, std::shared_ptr<http::ResponseWriter> writer) {
+    (void)writer->Send(
+        http::HttpResponse::Text(200, registry.Exposition(), std::string(metrics::kExpositionContentType)));
+  });
+  server->Handle("GET", "/health", [](http::HttpRequest, std::shared_ptr<http::ResponseWriter> writer) {
+    (void)writer->Send(http::HttpResponse::Json(200, R"({"status":"ok"})"));
+  });
+  KVMESH_RETURN_IF_ERROR(server->Start());
+  KVMESH_LOG(kInfo) << "scheduler metrics on http://" << host << ":" << server->port() << "/metrics";
+  return server;
+}
 
 constexpr char kUsage[] =
     "kvmesh-scheduler: the kvmesh control plane (worker registry, global prefix index, placement).\n"
@@ -55,65 +82,9 @@ constexpr char kUsage[] =
     "Flags may be spelled with dashes or underscores; KVMESH_<FLAG> environment variables\n"
     "set their defaults (KVMESH_LISTEN=0.0.0.0:50052, KVMESH_WORKER_TTL_MS=5000).\n";
 
-bool IsOurFlag(const absl::CommandLineFlag& flag) { return absl::StrContains(flag.Filename(), "services/scheduler"); }
-
-void PrintHelp() {
-  std::cout << kUsage << "\nFlags:\n";
-  std::map<std::string, const absl::CommandLineFlag*> sorted;
-  for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (IsOurFlag(*flag)) sorted.emplace(std::string(name), flag);
-  }
-  for (const auto& [name, flag] : sorted) {
-    std::cout << "  --" << name << " (" << flag->Help() << ")\n      default: " << flag->DefaultValue()
-              << "   env: KVMESH_" << absl::AsciiStrToUpper(name) << "\n";
-  }
-}
-
-// KVMESH_<NAME> sets the default of our flag <name>; a bad value exits with 2.
-void ApplyEnvironmentDefaults() {
-  for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (!IsOurFlag(*flag)) continue;
-    const std::string env = absl::StrCat("KVMESH_", absl::AsciiStrToUpper(name));
-    const char* value = std::getenv(env.c_str());
-    if (value == nullptr) continue;
-    std::string error;
-    if (!flag->ParseFrom(value, &error)) {
-      std::fprintf(stderr, "kvmesh-scheduler: bad value in %s: %s\n", env.c_str(), error.c_str());
-      std::exit(2);
-    }
-  }
-}
-
-// `--worker-ttl-ms=5` -> `--worker_ttl_ms=5`.
-std::string NormalizeFlagName(const char* arg) {
-  std::string s(arg);
-  if (s.size() < 3 || s[0] != '-' || s[1] != '-') return s;
-  const size_t end = std::min(s.find('='), s.size());
-  for (size_t i = 2; i < end; ++i) {
-    if (s[i] == '-') s[i] = '_';
-  }
-  return s;
-}
-
 int Run(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0 ||
-        std::strcmp(argv[i], "--helpfull") == 0) {
-      PrintHelp();
-      return 0;
-    }
-  }
-  absl::SetProgramUsageMessage(kUsage);
-  ApplyEnvironmentDefaults();
-  std::vector<std::string> normalized;
-  for (int i = 0; i < argc; ++i) normalized.push_back(i == 0 ? std::string(argv[0]) : NormalizeFlagName(argv[i]));
-  std::vector<char*> args;
-  for (std::string& s : normalized) args.push_back(s.data());
-  const std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
-  if (positional.size() > 1) {
-    std::fprintf(stderr, "kvmesh-scheduler: unexpected argument \"%s\" (see --help)\n", positional[1]);
-    return 2;
-  }
+  ParseServiceCommandLine(argc, argv,
+                          {.program = "kvmesh-scheduler", .usage = kUsage, .flags_path = "services/scheduler"});
   LogLevel level;
   if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
     std::fprintf(stderr, "kvmesh-scheduler: --log_level must be debug, info, warning or error\n");
@@ -135,6 +106,11 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "kvmesh-scheduler: need 0 < --heartbeat_interval_ms < --worker_ttl_ms\n");
     return 2;
   }
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (options.metrics_port < -1 || options.metrics_port > 65535) {
+    std::fprintf(stderr, "kvmesh-scheduler: --metrics_port must be -1 (off), 0 (any free port) or a port number\n");
+    return 2;
+  }
   if (options.shutdown_grace_ms < 0 || options.placement.disaggregation_threshold_tokens < 0) {
     std::fprintf(stderr, "kvmesh-scheduler: --shutdown_grace_ms and --disaggregation_threshold_tokens must be >= 0\n");
     return 2;
@@ -152,7 +128,23 @@ int Run(int argc, char** argv) {
                                     .worker_ttl_ms = options.worker_ttl_ms,
                                     .clock = nullptr});
   const cluster::PlacementPolicy policy(options.placement);
-  SchedulerService service(registry, policy);
+  metrics::Registry metrics_registry;
+  absl::StatusOr<std::unique_ptr<SchedulerMetrics>> metrics = SchedulerMetrics::Create(metrics_registry, registry);
+  if (!metrics.ok()) {
+    KVMESH_LOG(kError) << "cannot create metrics" << LogKv("error", metrics.status().ToString());
+    return 1;
+  }
+  std::unique_ptr<http::HttpServer> metrics_server;
+  if (options.metrics_port >= 0) {
+    absl::StatusOr<std::unique_ptr<http::HttpServer>> started =
+        StartMetricsServer(ListenHost(options.listen_address), options.metrics_port, metrics_registry);
+    if (!started.ok()) {
+      KVMESH_LOG(kError) << "cannot start the metrics server" << LogKv("error", started.status().ToString());
+      return 1;
+    }
+    metrics_server = std::move(started).value();
+  }
+  SchedulerService service(registry, policy, metrics->get());
   absl::StatusOr<std::unique_ptr<rpc::GrpcServer>> server = rpc::GrpcServer::Start(
       {.address = options.listen_address}, {{&service, v1::Scheduler::service_full_name()}});
   if (!server.ok()) {
@@ -180,6 +172,7 @@ int Run(int argc, char** argv) {
   stop_sweeper.Notify();
   sweeper.join();
   server->reset();
+  if (metrics_server) metrics_server->Shutdown(std::chrono::milliseconds(1000));
   KVMESH_LOG(kInfo) << "scheduler stopped";
   return 0;
 }

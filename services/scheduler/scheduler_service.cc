@@ -1,5 +1,6 @@
 #include "scheduler_service.h"
 
+#include <chrono>
 #include <utility>
 
 #include "core/logging.h"
@@ -9,8 +10,9 @@
 
 namespace kvmesh::scheduler {
 
-SchedulerService::SchedulerService(cluster::WorkerRegistry& registry, const cluster::PlacementPolicy& policy)
-    : registry_(registry), policy_(policy) {}
+SchedulerService::SchedulerService(cluster::WorkerRegistry& registry, const cluster::PlacementPolicy& policy,
+                                   SchedulerMetrics* metrics)
+    : registry_(registry), policy_(policy), metrics_(metrics) {}
 
 grpc::ServerUnaryReactor* SchedulerService::Register(grpc::CallbackServerContext* context,
                                                      const v1::RegisterRequest* request,
@@ -18,6 +20,7 @@ grpc::ServerUnaryReactor* SchedulerService::Register(grpc::CallbackServerContext
   absl::StatusOr<cluster::WorkerRegistration> registration = RegistrationFromProto(*request);
   absl::Status status = registration.status();
   if (status.ok()) status = registry_.Register(*registration);
+  if (metrics_) metrics_->CountRegistration(status.code());
   if (!status.ok()) {
     KVMESH_LOG(kWarning) << "register rejected" << LogKv("worker", request->worker_id())
                          << LogKv("error", status.ToString());
@@ -38,6 +41,7 @@ grpc::ServerUnaryReactor* SchedulerService::Heartbeat(grpc::CallbackServerContex
   absl::StatusOr<cluster::HeartbeatReport> report = HeartbeatReportFromProto(*request);
   absl::Status status = report.status();
   if (status.ok()) status = registry_.Heartbeat(request->worker_id(), *report);
+  if (metrics_) metrics_->CountHeartbeat(status.code());
   if (!status.ok()) {
     KVMESH_LOG(kDebug) << "heartbeat rejected" << LogKv("worker", request->worker_id())
                        << LogKv("error", status.ToString());
@@ -59,8 +63,13 @@ grpc::ServerUnaryReactor* SchedulerService::Deregister(grpc::CallbackServerConte
 
 grpc::ServerUnaryReactor* SchedulerService::Place(grpc::CallbackServerContext* context,
                                                   const v1::PlaceRequest* request, v1::PlaceResponse* response) {
+  const auto start = std::chrono::steady_clock::now();
   const absl::StatusOr<cluster::Placement> placement =
       policy_.Place(PlacementRequestFromProto(*request), registry_);
+  if (metrics_) {
+    metrics_->ObservePlace(placement.status().code(), placement.ok() && placement->prefill_locally,
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
   if (!placement.ok()) {
     KVMESH_LOG(kWarning) << "place failed" << LogKv("request", request->request_id())
                          << LogKv("model", request->model()) << LogKv("error", placement.status().ToString());

@@ -10,12 +10,15 @@
 #include "cluster/placement_policy.h"
 #include "cluster/worker_registry.h"
 #include "kvmesh/v1/scheduler.grpc.pb.h"
+#include "scheduler_metrics.h"
 
 namespace kvmesh::scheduler {
 
 class SchedulerService final : public v1::Scheduler::CallbackService {
  public:
-  SchedulerService(cluster::WorkerRegistry& registry, const cluster::PlacementPolicy& policy);
+  // `metrics` may be null; otherwise it must outlive the service too.
+  SchedulerService(cluster::WorkerRegistry& registry, const cluster::PlacementPolicy& policy,
+                   SchedulerMetrics* metrics = nullptr);
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
                                      v1::RegisterResponse* response) override;
@@ -31,6 +34,7 @@ class SchedulerService final : public v1::Scheduler::CallbackService {
  private:
   cluster::WorkerRegistry& registry_;
   const cluster::PlacementPolicy& policy_;
+  SchedulerMetrics* const metrics_;
 };
 
 }  // namespace kvmesh::scheduler

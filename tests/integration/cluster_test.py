@@ -3,8 +3,11 @@ worker and the router on 127.0.0.1 (started by tools/dev-cluster), driven by the
 `openai` client and compared with `kvmesh serve` (aggregated) on the same model:
 greedy text must be identical, also for a repeated prompt (whose prefix is then cached
 on the workers); a prefill worker killed mid-request fails that request with a clear
-error and leaves no KV block in use on the decode worker."""
+error and leaves no KV block in use on the decode worker; both workers' /metrics pass
+`promtool check metrics`, and a client that leaves mid-stream (or mid-prefill) leaves
+no KV block in use on either worker."""
 
+import http.client
 import importlib
 import json
 import os
@@ -15,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -57,7 +61,8 @@ def _make_stubs():
     out = tempfile.mkdtemp(prefix="kvmesh-cluster-stubs-")
     include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
     rc = protoc.main(["grpc_tools.protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={out}",
-                      f"--grpc_python_out={out}", "kvmesh/v1/common.proto", "kvmesh/v1/scheduler.proto"])
+                      f"--grpc_python_out={out}", "kvmesh/v1/common.proto", "kvmesh/v1/scheduler.proto",
+                      "kvmesh/v1/worker.proto"])
     assert rc == 0
     sys.path.insert(0, out)
     pb = importlib.import_module("kvmesh.v1.scheduler_pb2")
@@ -179,6 +184,133 @@ def _worker_status(stubs, cluster, worker_id):
 def _decode_load(stubs, cluster):
     status = _worker_status(stubs, cluster, "dev-decode")
     return status.load if status is not None else None
+
+
+def _worker_metrics(cluster, role):
+    with urllib.request.urlopen(cluster.state["processes"][role]["metrics_url"] + "/metrics", timeout=10) as r:
+        assert r.status == 200
+        return r.read().decode()
+
+
+def _metric(text, name, labels=""):
+    m = re.search(r"^" + re.escape(name + labels) + r" (\S+)$", text, re.M)
+    assert m, f"{name}{labels} not in\n{text}"
+    return float(m.group(1))
+
+
+def test_promtool_accepts_both_workers_metrics(cluster):
+    for role in ("prefill", "decode"):
+        text = _worker_metrics(cluster, role)
+        out = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+        assert out.returncode == 0, f"{role}: {out.stdout}{out.stderr}"
+        for name in ("kvmesh_kv_blocks", "kvmesh_prefix_cache_queries", "kvmesh_num_requests_running",
+                     "kvmesh_prompt_tokens_total", "kvmesh_generation_tokens_total", "kvmesh_num_preemptions",
+                     "kvmesh_batch_size_tokens", "kvmesh_kv_transfer_bytes_total", "kvmesh_kv_transfer_seconds_total",
+                     "kvmesh_kv_transfer_failures_total"):
+            assert f"\n{name}" in text, f"{role} lacks {name}"
+    # The earlier tests moved KV from the prefill worker to the decode worker.
+    sent = _metric(_worker_metrics(cluster, "prefill"), "kvmesh_kv_transfer_bytes_total", '{direction="sent"}')
+    received = _metric(_worker_metrics(cluster, "decode"), "kvmesh_kv_transfer_bytes_total", '{direction="received"}')
+    assert sent > 0 and sent == received, (sent, received)
+
+
+def _stream_then_disconnect(url, prompt, max_tokens, events_before_leaving):
+    """Starts a streaming completion and closes the connection after some SSE events."""
+    host, port = url.split("//")[1].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "stream": True, "ignore_eos": True})
+    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    if events_before_leaving > 0:
+        resp = conn.getresponse()
+        assert resp.status == 200
+        seen = 0
+        while seen < events_before_leaving:
+            line = resp.readline()
+            assert line, "the stream ended before the client left"
+            seen += line.startswith(b"data: ")
+    conn.sock.shutdown(2)
+    conn.close()
+
+
+def _kv_blocks_used_eventually_zero(cluster):
+    deadline = time.time() + 15
+    used = {}
+    while time.time() < deadline:
+        used = {role: _metric(_worker_metrics(cluster, role), "kvmesh_kv_blocks", '{state="used"}')
+                for role in ("prefill", "decode")}
+        if all(v == 0 for v in used.values()):
+            return used
+        time.sleep(0.2)
+    raise AssertionError(f"KV blocks still used after the client left: {used}{cluster.logs()}")
+
+
+def test_a_client_disconnecting_mid_stream_frees_kv_blocks_on_both_workers(cluster):
+    # Mid-stream: the decode worker is generating.
+    _stream_then_disconnect(cluster.url, "A client that leaves in the middle " * 6, 2000, 5)
+    _kv_blocks_used_eventually_zero(cluster)
+    # Before the first token: a long prompt still being prefilled (or transferred).
+    _stream_then_disconnect(cluster.url, "A long prompt whose client leaves early " * 60, 2000, 0)
+    _kv_blocks_used_eventually_zero(cluster)
+    # Both workers still serve.
+    assert _complete(_client(cluster.url), PROMPTS[0])[1] == "length"
+
+
+def _start_worker_binary(path, *args):
+    proc = subprocess.Popen([path, "--listen=127.0.0.1:0", "--metrics-port=0", "--kv-cache-bytes", str(64 << 20),
+                             *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    address = metrics = None
+    deadline = time.time() + 120
+    while time.time() < deadline and not (address and metrics):
+        line = proc.stderr.readline()
+        if not line:
+            break
+        m = re.search(r"worker listening on (\S+)", line)
+        address = m.group(1) if m else address
+        m = re.search(r"worker metrics on (http://\S+)/metrics", line)
+        metrics = m.group(1) if m else metrics
+    assert address and metrics, f"{path} did not start"
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+    return proc, address, metrics
+
+
+def test_the_role_binaries_serve_a_disaggregated_request():
+    prefill_bin, decode_bin = os.environ.get("KVMESH_PREFILL_WORKER_BIN"), os.environ.get("KVMESH_DECODE_WORKER_BIN")
+    if not prefill_bin or not decode_bin:
+        pytest.skip("KVMESH_PREFILL_WORKER_BIN / KVMESH_DECODE_WORKER_BIN not set")
+    stubs = _scheduler_stubs()
+    if stubs is None:
+        pytest.skip("grpcio / grpcio-tools missing")
+    grpc = stubs[0]
+    wpb = importlib.import_module("kvmesh.v1.worker_pb2")
+    wpb_grpc = importlib.import_module("kvmesh.v1.worker_pb2_grpc")
+    # A role binary refuses the other role.
+    out = subprocess.run([prefill_bin, "--role=decode"], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "role" in out.stderr, out.stderr
+    prefill, prefill_address, prefill_metrics = _start_worker_binary(prefill_bin)
+    decode, decode_address, decode_metrics = _start_worker_binary(decode_bin)
+    try:
+        with grpc.insecure_channel(decode_address) as channel:
+            request = wpb.WorkerGenerateRequest(request_id="bin-1", prompt_token_ids=list(range(5, 70)),
+                                                prefill_worker_address=prefill_address)
+            request.sampling.temperature = 0
+            request.sampling.max_tokens = 8
+            request.sampling.ignore_eos = True
+            tokens = [t for r in wpb_grpc.WorkerStub(channel).Generate(request, timeout=60) for t in r.token_ids]
+        assert len(tokens) == 8
+        for url in (prefill_metrics, decode_metrics):
+            with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+                text = r.read().decode()
+            check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+            assert check.returncode == 0, check.stdout + check.stderr
+            assert re.search(r'^kvmesh_kv_blocks\{state="used"\} 0$', text, re.M), text
+        with urllib.request.urlopen(prefill_metrics + "/metrics", timeout=10) as r:
+            assert _metric(r.read().decode(), "kvmesh_kv_transfer_bytes_total", '{direction="sent"}') > 0
+    finally:
+        for proc in (prefill, decode):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (prefill, decode):
+            assert proc.wait(timeout=60) == 0
 
 
 def test_killing_the_prefill_worker_fails_the_request_and_leaks_nothing(cluster):

@@ -3,18 +3,17 @@ server process on 127.0.0.1 with both REST and gRPC ports, driven by grpcio with
 generated at test time from proto/ (grpc_tools.protoc), and compared with the REST API
 and the CLI."""
 
-import importlib
 import json
 import os
 import re
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 import urllib.request
 
 import pytest
+
+import grpc_stubs
 
 grpc = pytest.importorskip("grpc")
 protoc = pytest.importorskip("grpc_tools.protoc")
@@ -27,33 +26,9 @@ MODEL = "tiny-llama"
 RPC_TIMEOUT_S = 60
 
 
-def _generate_stubs():
-    """kvmesh/v1/{common,api}_pb2(_grpc) and the gRPC health stubs, generated into a
-    temp dir and imported."""
-    out = tempfile.mkdtemp(prefix="kvmesh-grpc-stubs-")
-    # The standard health protocol (grpc.health.v1), under a file name of our own so
-    # the generated module cannot clash with the grpc package: the test needs no
-    # grpcio-health-checking.
-    with open(os.path.join(out, "kvmesh_test_health.proto"), "w") as f:
-        f.write('syntax = "proto3";\npackage grpc.health.v1;\n'
-                "message HealthCheckRequest { string service = 1; }\n"
-                "message HealthCheckResponse {\n"
-                "  enum ServingStatus { UNKNOWN = 0; SERVING = 1; NOT_SERVING = 2; SERVICE_UNKNOWN = 3; }\n"
-                "  ServingStatus status = 1;\n}\n"
-                "service Health { rpc Check(HealthCheckRequest) returns (HealthCheckResponse); }\n")
-    include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
-    for root, files in ((PROTO_DIR, ["kvmesh/v1/common.proto", "kvmesh/v1/api.proto"]),
-                        (out, ["kvmesh_test_health.proto"])):
-        rc = protoc.main(["grpc_tools.protoc", f"-I{root}", f"-I{include}", f"--python_out={out}",
-                          f"--grpc_python_out={out}", *files])
-        assert rc == 0, f"protoc failed on {files}"
-    sys.path.insert(0, out)
-    return tuple(importlib.import_module(m) for m in (
-        "kvmesh.v1.api_pb2", "kvmesh.v1.api_pb2_grpc", "kvmesh.v1.common_pb2",
-        "kvmesh_test_health_pb2", "kvmesh_test_health_pb2_grpc"))
-
-
-pb, pb_grpc, common, health_pb, health_grpc = _generate_stubs()
+pb, pb_grpc, common, health_pb, health_grpc = grpc_stubs.load(
+    protoc, PROTO_DIR, ["kvmesh/v1/common.proto", "kvmesh/v1/api.proto"],
+    ["kvmesh.v1.api_pb2", "kvmesh.v1.api_pb2_grpc", "kvmesh.v1.common_pb2"])
 
 
 class Server:

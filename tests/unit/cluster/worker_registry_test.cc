@@ -120,6 +120,35 @@ TEST_F(WorkerRegistryTest, ExactlyTtlIsStillAlive) {
   EXPECT_EQ(registry_.num_workers(), 0);
 }
 
+TEST_F(WorkerRegistryTest, StatsCountWorkersByRoleIndexedHashesAndExpirations) {
+  const auto hashes = kv::HashFullBlocks(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}, 4, 0);
+  ASSERT_TRUE(registry_.Register(Worker("p", WorkerRole::kPrefill)).ok());
+  ASSERT_TRUE(registry_.Register(Worker("d", WorkerRole::kDecode)).ok());
+  ASSERT_TRUE(registry_.Register(Worker("b", WorkerRole::kBoth)).ok());
+  ASSERT_TRUE(registry_.Heartbeat("p", {.kv_events = StoredEvents(hashes)}).ok());
+  ASSERT_TRUE(registry_.Heartbeat("d", {.kv_events = StoredEvents({hashes[0]}), .draining = true}).ok());
+  RegistryStats stats = registry_.stats();
+  EXPECT_EQ(stats.num_prefill_workers, 1);
+  EXPECT_EQ(stats.num_decode_workers, 1);
+  EXPECT_EQ(stats.num_both_workers, 1);
+  EXPECT_EQ(stats.num_draining_workers, 1);
+  EXPECT_EQ(stats.num_indexed_hashes, 2);  // distinct hashes, whoever holds them
+  EXPECT_EQ(stats.num_expired_total, 0);
+
+  clock_.Advance(absl::Milliseconds(600));
+  ASSERT_TRUE(registry_.Heartbeat("b", {}).ok());
+  clock_.Advance(absl::Milliseconds(600));
+  EXPECT_EQ(registry_.ExpireStale(), (std::vector<std::string>{"d", "p"}));
+  stats = registry_.stats();
+  EXPECT_EQ(stats.num_prefill_workers + stats.num_decode_workers, 0);
+  EXPECT_EQ(stats.num_both_workers, 1);
+  EXPECT_EQ(stats.num_indexed_hashes, 0);
+  EXPECT_EQ(stats.num_expired_total, 2);
+  // A deregistration is not an expiration.
+  ASSERT_TRUE(registry_.Deregister("b").ok());
+  EXPECT_EQ(registry_.stats().num_expired_total, 2);
+}
+
 TEST_F(WorkerRegistryTest, ExpiryDropsTheWorkersIndexedBlocks) {
   const auto hashes = kv::HashFullBlocks(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}, 4, 0);
   ASSERT_TRUE(registry_.Register(Worker("a")).ok());

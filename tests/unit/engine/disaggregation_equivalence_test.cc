@@ -7,9 +7,11 @@
 // same requests, the logprobs within 1e-3, and every block must be back on both sides.
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -108,14 +110,16 @@ EngineRequest Greedy(const std::string& id, std::vector<int32_t> prompt, int32_t
   return r;
 }
 
+std::vector<int32_t> RandomTokens(std::mt19937& rng, int32_t n) {
+  std::uniform_int_distribution<int32_t> token(2, 3999);
+  std::vector<int32_t> v;
+  for (int32_t i = 0; i < n; ++i) v.push_back(token(rng));
+  return v;
+}
+
 TEST_P(DisaggregationEquivalenceTest, DisaggregatedTokensMatchTheAggregatedEngine) {
   std::mt19937 rng(4242);
-  std::uniform_int_distribution<int32_t> token(2, 3999);
-  auto tokens = [&](int32_t n) {
-    std::vector<int32_t> v;
-    for (int32_t i = 0; i < n; ++i) v.push_back(token(rng));
-    return v;
-  };
+  auto tokens = [&rng](int32_t n) { return RandomTokens(rng, n); };
   // Two shared prefixes (40 and 70 tokens: 2 and 4 full blocks plus a partial one).
   const std::vector<std::vector<int32_t>> prefixes = {tokens(40), tokens(70)};
   std::vector<std::vector<EngineRequest>> waves(2);
@@ -222,6 +226,99 @@ TEST_P(DisaggregationEquivalenceTest, DisaggregatedTokensMatchTheAggregatedEngin
   std::printf("%s: %lld blocks sent, %lld skipped (cached on D), P prefix-hit tokens %lld, max |dlogprob| %.3g\n",
               GetParam().c_str(), static_cast<long long>(blocks_sent), static_cast<long long>(blocks_skipped),
               static_cast<long long>(p.engine->stats().prefix_cache_hit_tokens), worst);
+}
+
+// The layered path: P streams each layer's finished blocks through a KvLayerSink while
+// it computes (chunked: 48 tokens a step), D imports what the sink delivered. Every
+// (layer, block) must arrive exactly once, before the PrefillResult, bitwise equal to
+// what ExportKvBlock returns afterwards (the post-prefill path above); long prompts
+// must stream over several steps; and D's greedy tokens must equal the aggregated ones.
+TEST_P(DisaggregationEquivalenceTest, LayeredStreamingSendsTheSameBytesAsExportAndTheSameTokens) {
+  std::mt19937 rng(99);
+  auto tokens = [&rng](int32_t n) { return RandomTokens(rng, n); };
+  const std::vector<int32_t> prefix = tokens(50);
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> prompt = i % 2 ? prefix : std::vector<int32_t>{};
+    const std::vector<int32_t> own = tokens(std::uniform_int_distribution<int32_t>(5, 150)(rng));
+    prompt.insert(prompt.end(), own.begin(), own.end());
+    requests.push_back(Greedy(absl::StrCat("L", i), std::move(prompt), 6));
+  }
+  Stack agg;
+  MakeStack(&agg, 2048);
+  for (const EngineRequest& r : requests) ASSERT_TRUE(agg.engine->AddRequest(agg.Track(r)).ok());
+  agg.RunToCompletion();
+
+  Stack p, d;
+  MakeStack(&p, 48);
+  MakeStack(&d, 2048);
+  struct Streamed {
+    std::map<std::pair<int32_t, int32_t>, std::vector<std::byte>> blocks;  // (layer, block index) -> bytes
+    std::set<int64_t> steps;                                               // P steps that streamed some
+    int32_t last_layer = -1;
+  };
+  std::map<std::string, Streamed> streamed;
+  int64_t step = 0;
+  std::vector<RemotePrefillLease> leases;
+  for (const EngineRequest& r : requests) {
+    absl::StatusOr<RemotePrefillLease> lease = d.engine->ReserveForRemotePrefill(d.Track(r));
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    Streamed* out = &streamed[r.request_id];
+    KvLayerSink sink = [out, &step](const KvLayerBlocks& layer) {
+      if (!out->steps.contains(step)) out->last_layer = -1;
+      EXPECT_GT(layer.layer, out->last_layer) << "layers of one step arrive in order";
+      out->last_layer = layer.layer;
+      out->steps.insert(step);
+      for (size_t i = 0; i < layer.blocks.size(); ++i) {
+        const auto key = std::make_pair(layer.layer, layer.first_block_index + static_cast<int32_t>(i));
+        EXPECT_FALSE(out->blocks.contains(key)) << "layer " << key.first << " block " << key.second << " sent twice";
+        out->blocks[key].assign(layer.blocks[i].begin(), layer.blocks[i].end());
+      }
+    };
+    ASSERT_TRUE(p.engine->AddPrefillOnlyRequest(p.Track(r), lease->num_cached_tokens, std::move(sink)).ok());
+    leases.push_back(*std::move(lease));
+  }
+  auto all_prefilled = [&] {
+    for (const RemotePrefillLease& l : leases) {
+      if (!p.got[l.request_id].prefill.has_value()) return false;
+    }
+    return true;
+  };
+  for (; step < 1000 && !all_prefilled(); ++step) p.Step();
+  ASSERT_TRUE(all_prefilled());
+
+  bool some_streamed_over_several_steps = false;
+  for (const RemotePrefillLease& lease : leases) {
+    const PrefillResult& result = *p.got[lease.request_id].prefill;
+    const Streamed& got = streamed[lease.request_id];
+    const int32_t num_layers = lease.kv_spec.num_layers;
+    ASSERT_EQ(static_cast<int32_t>(got.blocks.size()), num_layers * (lease.num_blocks() - result.num_skipped_blocks))
+        << lease.request_id;
+    some_streamed_over_several_steps |= got.steps.size() > 1;
+    for (const auto& [key, bytes] : got.blocks) {
+      ASSERT_GE(key.second, result.num_skipped_blocks);
+      absl::StatusOr<std::span<const std::byte>> exported = p.engine->ExportKvBlock(lease.request_id, key.first, key.second);
+      ASSERT_TRUE(exported.ok()) << exported.status();
+      ASSERT_EQ(bytes.size(), exported->size());
+      ASSERT_EQ(std::memcmp(bytes.data(), exported->data(), bytes.size()), 0)
+          << lease.request_id << " layer " << key.first << " block " << key.second << " differs from ExportKvBlock";
+      ASSERT_TRUE(d.engine->ImportKvBlock(lease.transfer_id, key.first, key.second, bytes).ok());
+    }
+    ASSERT_TRUE(p.engine->ReleasePrefill(lease.request_id).ok());
+    ASSERT_TRUE(d.engine->CommitRemotePrefill(lease.transfer_id, result.first_token_id, result.first_token_logprobs).ok());
+  }
+  EXPECT_TRUE(some_streamed_over_several_steps) << "a chunked prompt should stream as its chunks complete";
+  d.RunToCompletion();
+  for (const EngineRequest& r : requests) {
+    ASSERT_EQ(d.got[r.request_id].num_final, 1);
+    EXPECT_TRUE(d.got[r.request_id].status.ok()) << d.got[r.request_id].status;
+    EXPECT_EQ(d.got[r.request_id].tokens, agg.got[r.request_id].tokens) << "request " << r.request_id;
+  }
+  for (Stack* s : {&p, &d}) {
+    EXPECT_EQ(s->engine->kv_cache().num_used_blocks(), 0);
+    const absl::Status inv = s->engine->kv_cache().CheckInvariants();
+    EXPECT_TRUE(inv.ok()) << inv;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DisaggregationEquivalenceTest, testing::Values("llama-f32", "tiny-llama"),

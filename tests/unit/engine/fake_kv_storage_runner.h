@@ -59,6 +59,11 @@ class FakeKvStorageRunner : public ModelRunner {
         Write(*slot, chunk.token_ids[i]);
       }
     }
+    // Every layer is written by now: report them in order, as a real runner would
+    // between its layers.
+    if (batch.on_layer_kv_written) {
+      for (int32_t l = 0; l < storage_->layout().num_layers(); ++l) batch.on_layer_kv_written(l);
+    }
     ModelOutput out;
     for (const SequenceChunk& chunk : batch.chunks) {
       if (!chunk.compute_logits) continue;

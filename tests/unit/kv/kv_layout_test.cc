@@ -92,6 +92,19 @@ TEST(KvLayoutTest, RejectsBadShapes) {
   EXPECT_EQ(KvLayout::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(KvLayoutTest, ReplicatedKvHeadsShowInTheAccountingNotInTheSize) {
+  KvLayoutOptions shape = SmallShape();
+  const KvLayout plain = KvLayout::Create(shape).value();
+  EXPECT_EQ(plain.kv_head_replication(), 1);
+  EXPECT_EQ(plain.UniqueBytes(), plain.TotalBytes());
+  shape.kv_head_replication = 4;  // e.g. 2 KV heads over 8 tensor-parallel ranks
+  const KvLayout replicated = KvLayout::Create(shape).value();
+  EXPECT_EQ(replicated.TotalBytes(), plain.TotalBytes());
+  EXPECT_EQ(replicated.UniqueBytes() * 4, plain.TotalBytes());
+  shape.kv_head_replication = 0;
+  EXPECT_EQ(KvLayout::Create(shape).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(KvStorageTest, IsAlignedZeroedAndViewedPerLayer) {
   auto storage = KvStorage::Create(SmallShape()).value();
   EXPECT_EQ(reinterpret_cast<uintptr_t>(storage->data()) % 64, 0u);

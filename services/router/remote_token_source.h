@@ -5,9 +5,18 @@
 // finished with the worker's status when the stream fails (UNAVAILABLE when no
 // worker serves the model or a worker died), with "abort" after Abort().
 //
+// Retry. When the chosen decode worker cannot be reached before it sent any token —
+// the call fails UNAVAILABLE and its channel is not connected (refused, reset: the
+// worker died and the scheduler has not expired it yet) — the request is placed
+// again with that worker excluded, up to max_attempts placements in all. A worker
+// that answered the call itself (its channel is up: e.g. UNAVAILABLE because its
+// prefill worker died) is not retried, nor is a request once tokens have streamed
+// (they reached the client already): those fail with the worker's status, named.
+//
 // Thread-safety: thread-safe. Outputs are delivered on gRPC threads.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -17,9 +26,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "kvmesh/v1/scheduler.grpc.pb.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
+#include "router_metrics.h"
 #include "serving/token_source.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::router {
 
 struct RemoteTokenSourceOptions {
   std::string scheduler_address;  // host:port
@@ -27,19 +37,28 @@ struct RemoteTokenSourceOptions {
   engine::RequestLimits limits;   // what Submit validates against
   int64_t place_timeout_ms = 5'000;
   int64_t generate_timeout_ms = 600'000;
+  // Placements per request, the first included (>= 1): an unreachable decode worker
+  // costs one.
+  int32_t max_attempts = 3;
 };
 
 class RemoteTokenSource final : public serving::TokenSource {
  public:
-  explicit RemoteTokenSource(RemoteTokenSourceOptions options);
+  // `metrics` may be null; otherwise it must outlive this.
+  explicit RemoteTokenSource(RemoteTokenSourceOptions options, RouterMetrics* metrics = nullptr);
   // Cancels what is in flight and waits until every request had its final output.
   ~RemoteTokenSource() override;
   RemoteTokenSource(const RemoteTokenSource&) = delete;
   RemoteTokenSource& operator=(const RemoteTokenSource&) = delete;
 
+  // InvalidArgument (engine::ValidateEngineRequest), AlreadyExists for a running
+  // request id, Unavailable once draining.
   absl::Status Submit(engine::EngineRequest request) override;
   void Abort(const std::string& request_id) override;
   const engine::RequestLimits& limits() const override { return options_.limits; }
+
+  // New requests are refused (Unavailable) from now on; running ones continue.
+  void StartDraining() { draining_.store(true); }
 
   // Requests whose final output has not been delivered.
   int64_t num_inflight() const;
@@ -48,17 +67,19 @@ class RemoteTokenSource final : public serving::TokenSource {
 
  private:
   class Call;
-  friend class Call;
+  class Stream;
 
   std::shared_ptr<grpc::Channel> Channel(const std::string& address);
   void Forget(const std::string& request_id);
 
   const RemoteTokenSourceOptions options_;
+  RouterMetrics* const metrics_;
   std::unique_ptr<v1::Scheduler::Stub> scheduler_;
+  std::atomic<bool> draining_{false};
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
   absl::flat_hash_map<std::string, std::shared_ptr<Call>> calls_;  // guarded by mu_
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
 };
 
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::router

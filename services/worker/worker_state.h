@@ -1,19 +1,8 @@
-// The kvmesh.v1.Worker service of `kvmesh worker` (worker_command.cc): thin gRPC
-// reactors over the worker's AsyncEngine.
-//   - Generate (decode side): with a prefill worker in the request, leases destination
-//     blocks (ReserveForRemotePrefill), asks the prefill worker to fill them (Prefill),
-//     imports what it pushes (PushKvBlocks), then commits its first token
-//     (CommitRemotePrefill) and streams the decoded tokens; a failed prefill (peer down,
-//     error, corrupt KV) ends with FailRemotePrefill (blocks freed) and the client gets
-//     its status (UNAVAILABLE when the prefill worker is gone). Without one (or with
-//     prefill_locally) the request is prefilled here.
-//   - Prefill (prefill side): AddPrefillOnlyRequest; once computed, pushes every layer's
-//     blocks the destination lacks over PushKvBlocks, replies with the first token, then
-//     ReleasePrefill.
-//   - PushKvBlocks: per chunk XXH64 (DATA_LOSS), transfer (NOT_FOUND), block ids
-//     (INVALID_ARGUMENT), then ImportKvBlock on the engine thread; answers once every
-//     import has run, so a Prefill reply always follows its imports.
-//   - Abort.
+// WorkerState: what the reactors of one worker's kvmesh.v1.Worker service share — the
+// engine, the worker's identity and KV layout, channels to peers, the decode side's open
+// leases by wire transfer id, the live requests, and the metrics.
+//
+// Thread-safety: thread-safe. SetIdentity and SetMetrics happen once, before serving.
 #pragma once
 
 #include <cstdint>
@@ -34,12 +23,14 @@
 #include "kvmesh/v1/worker.grpc.pb.h"
 #include "rpc/channel.h"
 #include "rpc/sampling_conversions.h"
+#include "serving/serving_metrics.h"
+#include "worker/kv_transfer_metrics.h"
 
-namespace kvmesh::cli {
+namespace kvmesh::worker {
 
-// What the worker's reactors share. Thread-safe.
 class WorkerState {
  public:
+  // `engine` must outlive this.
   WorkerState(engine::AsyncEngine& engine, std::string worker_id, v1::KvCacheSpec spec, kv::KvBlockSpec block_spec,
               std::vector<int32_t> eos_token_ids, int64_t lease_timeout_ms)
       : engine_(engine),
@@ -60,6 +51,19 @@ class WorkerState {
   }
   const std::string& address() const { return address_; }
   const std::string& worker_id() const { return worker_id_; }
+
+  // Optional; both must outlive this. Set once, before serving.
+  void SetMetrics(serving::ServingMetrics* serving, KvTransferMetrics* transfer) {
+    serving_metrics_ = serving;
+    transfer_metrics_ = transfer;
+  }
+  serving::ServingMetrics* serving_metrics() const { return serving_metrics_; }
+
+  // Prefill side: push each layer's KV as soon as it is computed (the default), or all
+  // of it after the prefill (for comparison). Set once, before serving.
+  void SetStreamKvLayers(bool stream) { stream_kv_layers_ = stream; }
+  bool stream_kv_layers() const { return stream_kv_layers_; }
+  KvTransferMetrics* transfer_metrics() const { return transfer_metrics_; }
 
   // A channel per peer address, reused.
   std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
@@ -134,6 +138,9 @@ class WorkerState {
   const std::vector<int32_t> eos_token_ids_;
   const int64_t lease_timeout_ms_;
   std::string address_;  // set once before serving
+  serving::ServingMetrics* serving_metrics_ = nullptr;  // set once before serving
+  KvTransferMetrics* transfer_metrics_ = nullptr;       // set once before serving
+  bool stream_kv_layers_ = true;                        // set once before serving
 
   std::mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_;
@@ -141,22 +148,4 @@ class WorkerState {
   absl::flat_hash_set<std::string> live_;
 };
 
-class WorkerService final : public v1::Worker::CallbackService {
- public:
-  // `state` must outlive the service.
-  explicit WorkerService(WorkerState& state) : state_(state) {}
-
-  grpc::ServerWriteReactor<v1::WorkerGenerateResponse>* Generate(grpc::CallbackServerContext* context,
-                                                                 const v1::WorkerGenerateRequest* request) override;
-  grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context, const v1::PrefillRequest* request,
-                                    v1::PrefillResponse* response) override;
-  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context, const v1::AbortRequest* request,
-                                  v1::AbortResponse* response) override;
-  grpc::ServerReadReactor<v1::KvBlockChunk>* PushKvBlocks(grpc::CallbackServerContext* context,
-                                                          v1::KvPushAck* ack) override;
-
- private:
-  WorkerState& state_;
-};
-
-}  // namespace kvmesh::cli
+}  // namespace kvmesh::worker

@@ -1,0 +1,128 @@
+// TensorParallelRunner: a ModelRunner that runs one model split over N rank threads
+// (ARCHITECTURE.md §3 "Sharding (TP)"). Rank 0 is the driver: the engine calls
+// Execute on its thread, which runs rank 0's shard there; ranks 1..N-1 each own a
+// thread that follows the driver's step plan (a copy of the batch: the same tokens,
+// positions and block ids on every rank). The block tables and prefix cache stay with
+// the driver's engine; every rank's KV pool has the same block ids and holds only its
+// own KV heads (LlamaModel::shard()).
+//
+// Each rank has its own backend (a CPU backend with max(1, total_threads / N) kernel
+// threads: OpenMP keeps one pool per thread that opens parallel regions, so N ranks
+// at full width would oversubscribe the cores), its own LlamaModel shard (weights
+// sliced from the shared mmap and packed per rank), a Gloo communicator, and a
+// PagedModelRunner that all-reduces / all-gathers through it. The ranks rendezvous
+// through a TcpStoreServer on 127.0.0.1 served by the driver.
+//
+// Failure: if any rank fails a step (an error status, an exception, a lost or stuck
+// peer surfacing as a communicator error within comm_timeout), the group is broken:
+// that Execute returns Unavailable naming each failing rank and its error,
+// on_group_failure is called once, and every later Execute returns FailedPrecondition
+// at once — no step waits on a dead group. A batch every rank rejects before
+// communicating (InvalidArgument) leaves the group healthy.
+//
+// Thread-safety: not thread-safe; Execute is called by one thread at a time (the engine
+// loop). The destructor stops and joins the rank threads.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/llama_model.h"
+#include "engine/model_runner.h"
+#include "engine/paged_model_runner.h"
+
+namespace kvmesh::comm {
+class TcpStoreServer;
+}  // namespace kvmesh::comm
+
+namespace kvmesh::engine {
+
+struct TensorParallelRunnerOptions {
+  int32_t tensor_parallel_size = 2;
+  int32_t block_size_tokens = kv::kDefaultBlockSizeTokens;
+  // Size every rank's pool to the same block count by exactly one of: the whole group's
+  // KV budget (all ranks together: each rank's pool gets 1/N of it, so without
+  // replication the block count equals one rank's at the same budget), or a block count.
+  int64_t kv_cache_bytes = 0;
+  int32_t num_blocks = 0;
+  // Kernel threads of all ranks together; <= 0: one per core.
+  int total_threads = 0;
+  std::string isa = "auto";  // CpuBackendOptions::isa
+  // Bound on the rendezvous and on each collective: how long a lost peer can stall a step.
+  absl::Duration comm_timeout = absl::Seconds(30);
+  // Progress of rank 0's load (the others load the same way in parallel).
+  std::function<void(const LoadProgress&)> on_progress;
+  // Called once, on the driver's thread, when the group breaks (see above).
+  std::function<void(const absl::Status&)> on_group_failure;
+  // Test hook: runs on each rank's thread before it executes a step; may throw or block
+  // to simulate a failing rank.
+  std::function<void(int32_t rank, int64_t step)> before_rank_step;
+};
+
+class TensorParallelRunner : public ModelRunner {
+ public:
+  // Loads every rank's shard in parallel and connects the group. InvalidArgument (before
+  // any thread starts) when the model cannot be split over tensor_parallel_size (heads,
+  // KV heads, intermediate size or vocabulary not divisible) or the pool sizes are
+  // invalid; a rank's load or rendezvous error otherwise, naming the rank.
+  static absl::StatusOr<std::unique_ptr<TensorParallelRunner>> Create(const std::string& model_dir,
+                                                                      const TensorParallelRunnerOptions& options);
+  ~TensorParallelRunner() override;
+  TensorParallelRunner(const TensorParallelRunner&) = delete;
+  TensorParallelRunner& operator=(const TensorParallelRunner&) = delete;
+
+  int32_t vocab_size() const override;
+  int32_t block_size_tokens() const override;
+  int32_t num_blocks() const override;
+  absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override;
+  // NOTE: nullptr: KV is spread over the ranks' pools, so the engine cannot copy whole
+  // blocks in or out (prefill/decode disaggregation under TP is not supported yet).
+  kv::KvStorage* kv_storage() override { return nullptr; }
+
+  int32_t tensor_parallel_size() const { return static_cast<int32_t>(ranks_.size()); }
+  // Rank `rank`'s KV pool (its accounting: layout().TotalBytes(), kv_head_replication()).
+  const kv::KvStorage& rank_storage(int32_t rank) const;
+  const LlamaModel& rank_model(int32_t rank) const;
+  // Wall seconds rank `rank` has spent inside collectives (waiting for peers included),
+  // for the communication share of step time. Not to be called during Execute of a
+  // broken group (the rank's communicator is gone; then 0).
+  double communication_seconds(int32_t rank) const;
+  // OK until the group breaks; then the error every Execute reports.
+  absl::Status health() const;
+  // One line for the start-up log: ranks, heads and KV heads per rank, replication.
+  std::string DescribeSharding() const;
+
+ private:
+  struct Rank;
+  explicit TensorParallelRunner(const TensorParallelRunnerOptions& options);
+  // Builds rank `r` (backend, shard, communicator, runner) on the calling thread.
+  absl::Status SetUpRank(int32_t r, const std::string& model_dir, const std::string& store_address,
+                         int32_t num_blocks);
+  // Runs rank `r`'s share of one step; exceptions become Internal. On failure closes the
+  // rank's communicator so that peers fail fast instead of waiting out the timeout.
+  absl::StatusOr<ModelOutput> RunRank(int32_t r, const ModelBatch& batch, int64_t step);
+  void FollowerLoop(int32_t r);
+  void StopFollowers();
+
+  const TensorParallelRunnerOptions options_;
+  std::unique_ptr<comm::TcpStoreServer> store_server_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  absl::Status group_status_;  // driver thread only
+
+  // Driver <-> followers. The plan is written only while no follower runs a step.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  ModelBatch plan_;          // guarded by mu_ (copy of the batch, without callbacks)
+  int64_t step_ = 0;         // guarded by mu_: the step the plan belongs to
+  bool stopping_ = false;    // guarded by mu_
+};
+
+}  // namespace kvmesh::engine

@@ -1,0 +1,234 @@
+#include "decode_worker/generate_call.h"
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "rpc/status_conversion.h"
+
+namespace kvmesh::worker {
+namespace {
+
+// One outgoing Prefill call. Shared by its completion callback and the reactor (which
+// cancels it when the request ends first).
+struct PrefillClientCall {
+  grpc::ClientContext context;
+  v1::PrefillRequest request;
+  v1::PrefillResponse response;
+  std::unique_ptr<v1::Worker::Stub> stub;
+};
+
+class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateResponse> {
+ public:
+  GenerateReactor(WorkerState& state, const v1::WorkerGenerateRequest* request)
+      : state_(state), request_id_(request->request_id()) {
+    Start(*request);
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = false;
+      if (!ok) queue_.clear();  // the stream is broken; OnCancel aborts the request
+    }
+    Pump();
+  }
+  void OnCancel() override { state_.engine().Abort(request_id_); }
+  void OnDone() override { Unref(); }
+
+ private:
+  void Start(const v1::WorkerGenerateRequest& request) {
+    auto engine_request = state_.ToEngineRequest(request.request_id(), request.prompt_token_ids(),
+                                                 request.sampling(), request.eos_token_ids());
+    if (!engine_request.ok()) return FailSubmit(engine_request.status());
+    engine_request->priority = request.priority();
+    engine_request->arrival_order = request.arrival_order() > 0 ? request.arrival_order() : -1;
+    engine_request->on_output = [this](const engine::RequestOutput& out) { OnOutput(out); };
+    const std::string& prefill = request.prefill_worker_address();
+    absl::Status s;
+    if (prefill.empty() || request.prefill_locally() || prefill == state_.address()) {
+      s = state_.engine().Submit(*std::move(engine_request));
+    } else {
+      auto sampling = std::make_shared<v1::SamplingParams>(request.sampling());
+      auto prompt = std::make_shared<std::vector<int32_t>>(request.prompt_token_ids().begin(),
+                                                           request.prompt_token_ids().end());
+      s = state_.engine().SubmitWith(
+          *std::move(engine_request),
+          [this, prefill, sampling, prompt](engine::Engine& e, engine::EngineRequest r) -> absl::Status {
+            auto lease = e.ReserveForRemotePrefill(std::move(r));
+            if (!lease.ok()) return lease.status();
+            StartRemotePrefill(*lease, prefill, *sampling, *prompt);
+            return absl::OkStatus();
+          });
+    }
+    if (!s.ok()) return FailSubmit(s);
+    state_.AddLive(request_id_);
+  }
+
+  void FailSubmit(const absl::Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finish_status_ = status;
+    }
+    Pump();
+    Unref();  // the engine never saw the request
+  }
+
+  // On the engine thread, right after the lease is granted: asks the prefill worker to
+  // fill it. The reply (gRPC thread) posts the commit or the failure.
+  void StartRemotePrefill(const engine::RemotePrefillLease& lease, const std::string& prefill_address,
+                          const v1::SamplingParams& sampling, const std::vector<int32_t>& prompt) {
+    const std::string transfer_id = absl::StrCat(state_.worker_id(), "/", lease.transfer_id.value);
+    WorkerState::Lease entry{.id = lease.transfer_id, .index_of_block = {}};
+    for (int32_t i = lease.num_cached_blocks(); i < lease.num_blocks(); ++i) {
+      entry.index_of_block[lease.block_ids[i].value] = i;
+    }
+    state_.AddLease(transfer_id, std::move(entry));
+
+    auto call = std::make_shared<PrefillClientCall>();
+    call->request.set_request_id(request_id_);
+    call->request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+    *call->request.mutable_sampling() = sampling;
+    v1::KvDestination* dest = call->request.mutable_destination();
+    dest->set_decode_worker_address(state_.address());
+    dest->set_transfer_id(transfer_id);
+    v1::RankBlocks* blocks = dest->add_blocks_per_rank();
+    blocks->set_rank(0);
+    for (int32_t i = lease.num_cached_blocks(); i < lease.num_blocks(); ++i) {
+      blocks->add_block_ids(lease.block_ids[i].value);
+    }
+    *dest->mutable_kv_cache_spec() = state_.spec();
+    dest->set_num_skip_blocks(lease.num_cached_blocks());
+    dest->set_transport(v1::KV_TRANSPORT_GRPC_STREAM);
+    rpc::SetTimeout(&call->context, state_.lease_timeout_ms());
+    call->stub = v1::Worker::NewStub(state_.Channel(prefill_address));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      prefill_call_ = call;
+    }
+    const engine::KvTransferId id = lease.transfer_id;
+    WorkerState* state = &state_;
+    const bool want_logprobs = sampling.has_logprobs();
+    // NOTE: the callback captures the state, not the reactor: the reactor may be gone
+    // (request aborted) by the time the prefill worker answers.
+    call->stub->async()->Prefill(
+        &call->context, &call->request, &call->response,
+        [call, state, id, transfer_id, prefill_address, want_logprobs](grpc::Status status) {
+          state->RemoveLease(transfer_id);
+          if (!status.ok()) {
+            const absl::Status s = rpc::FromGrpcStatus(status);
+            const absl::Status failure(s.code(), absl::StrCat("remote prefill on ", prefill_address, " failed: ",
+                                                              s.message()));
+            KVMESH_LOG(kWarning) << "remote prefill failed" << LogKv("transfer", transfer_id)
+                                 << LogKv("status", failure.ToString());
+            // FailedPrecondition when the request already ended (aborted): nothing to do.
+            state->engine().Post([id, failure](engine::Engine& e) { (void)e.FailRemotePrefill(id, failure); });
+            return;
+          }
+          std::optional<engine::SampleResult> logprobs;
+          if (want_logprobs) logprobs = rpc::SampleResultFromProto(call->response.first_logprob());
+          const int32_t first = call->response.first_token_id();
+          state->engine().Post([id, first, logprobs](engine::Engine& e) {
+            auto committed = e.CommitRemotePrefill(id, first, logprobs);
+            if (!committed.ok() && !absl::IsFailedPrecondition(committed.status())) {
+              (void)e.FailRemotePrefill(id, committed.status());
+            } else if (!committed.ok()) {
+              // Not all blocks arrived (or the lease ended meanwhile: then this fails too, harmlessly).
+              (void)e.FailRemotePrefill(id, absl::DataLossError(absl::StrCat("KV transfer incomplete: ",
+                                                                             committed.status().message())));
+            }
+          });
+        });
+  }
+
+  // Engine thread.
+  void OnOutput(const engine::RequestOutput& out) {
+    serving::ServingMetrics* metrics = state_.serving_metrics();
+    std::shared_ptr<PrefillClientCall> prefill_call;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const engine::CompletionOutput& c : out.outputs) {
+        v1::WorkerGenerateResponse response;
+        response.set_request_id(out.request_id);
+        response.set_index(c.index);
+        response.mutable_token_ids()->Add(c.new_token_ids.begin(), c.new_token_ids.end());
+        for (const engine::SampleResult& r : c.new_logprobs) rpc::SampleResultToProto(r, response.add_logprobs());
+        response.set_finish_reason(rpc::FinishReasonToProto(c.finish_reason));
+        if (c.stop_token_id) response.set_stop_token_id(*c.stop_token_id);
+        if (!sent_first_[c.index]) {
+          sent_first_[c.index] = true;
+          response.set_num_prompt_tokens(out.num_prompt_tokens);
+          response.set_num_cached_tokens(out.num_cached_prompt_tokens);
+          if (metrics && c.index == 0) metrics->AddPromptTokens(out.num_prompt_tokens);
+        }
+        if (metrics) metrics->AddGenerationTokens(static_cast<int64_t>(c.new_token_ids.size()));
+        if (!out.status.ok() && c.finish_reason == engine::CompletionFinishReason::kError) continue;
+        queue_.push_back(std::move(response));
+      }
+      if (out.finished) {
+        finish_status_ = out.status;
+        prefill_call = std::move(prefill_call_);
+      }
+    }
+    // The request ended: a Prefill still running for it is cancelled (a finished call
+    // ignores this), so the prefill worker frees its blocks too.
+    if (prefill_call) prefill_call->context.TryCancel();
+    Pump();
+    if (out.finished) {
+      state_.RemoveLive(request_id_);
+      Unref();
+    }
+  }
+
+  void Pump() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (writing_ || finish_called_) return;
+    if (!queue_.empty()) {
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      writing_ = true;
+      lock.unlock();
+      StartWrite(&current_);
+      return;
+    }
+    if (finish_status_.has_value()) {
+      finish_called_ = true;
+      const absl::Status s = *finish_status_;
+      lock.unlock();
+      Finish(rpc::ToGrpcStatus(s));
+    }
+  }
+
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  WorkerState& state_;
+  const std::string request_id_;
+  std::atomic<int> refs_{2};  // gRPC + the engine
+  std::mutex mu_;
+  std::deque<v1::WorkerGenerateResponse> queue_;
+  v1::WorkerGenerateResponse current_;
+  bool writing_ = false;
+  bool finish_called_ = false;
+  std::optional<absl::Status> finish_status_;
+  absl::flat_hash_map<int32_t, bool> sent_first_;
+  std::shared_ptr<PrefillClientCall> prefill_call_;  // until the request ends
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::WorkerGenerateResponse>* StartGenerateCall(WorkerState& state,
+                                                                        const v1::WorkerGenerateRequest* request) {
+  return new GenerateReactor(state, request);
+}
+
+}  // namespace kvmesh::worker

@@ -1,0 +1,242 @@
+#include "prefill_worker/prefill_call.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "prefill_worker/kv_push_stream.h"
+#include "rpc/status_conversion.h"
+
+namespace kvmesh::worker {
+namespace {
+
+// Chunks of at most this many payload bytes on PushKvBlocks (a layer's blocks usually
+// fit in one).
+constexpr size_t kMaxChunkBytes = 4 << 20;
+
+// KV layouts must match field for field (the proto has no == operator).
+bool SameSpec(const v1::KvCacheSpec& a, const v1::KvCacheSpec& b) {
+  return a.block_size_tokens() == b.block_size_tokens() && a.num_layers() == b.num_layers() &&
+         a.num_kv_heads() == b.num_kv_heads() && a.head_dim() == b.head_dim() && a.dtype() == b.dtype() &&
+         a.tp_size() == b.tp_size() && a.block_hash_salt() == b.block_hash_salt();
+}
+
+class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
+ public:
+  PrefillJob(WorkerState& state, grpc::ServerUnaryReactor* reactor, const v1::PrefillRequest& request,
+             v1::PrefillResponse* response)
+      : state_(state), reactor_(reactor), request_(request), response_(response) {}
+
+  void Start() {
+    const v1::KvDestination& dest = request_.destination();
+    if (!SameSpec(dest.kv_cache_spec(), state_.spec())) {
+      return Respond(absl::InvalidArgumentError("destination kv_cache_spec differs from this worker's"));
+    }
+    if (dest.transport() == v1::KV_TRANSPORT_UCX) {
+      return Respond(absl::UnimplementedError("KV_TRANSPORT_UCX: this worker pushes over gRPC only"));
+    }
+    if (dest.blocks_per_rank_size() != 1 || dest.decode_worker_address().empty() || dest.num_skip_blocks() < 0) {
+      return Respond(absl::InvalidArgumentError("destination: one rank's blocks and an address are required"));
+    }
+    const int32_t block_size = state_.block_spec().block_size_tokens;
+    const int32_t num_prompt_blocks = (request_.prompt_token_ids_size() + block_size - 1) / block_size;
+    if (request_.prompt_token_ids_size() > 0 &&
+        dest.blocks_per_rank(0).block_ids_size() != num_prompt_blocks - dest.num_skip_blocks()) {
+      return Respond(absl::InvalidArgumentError(
+          absl::StrCat("destination has ", dest.blocks_per_rank(0).block_ids_size(), " blocks after skipping ",
+                       dest.num_skip_blocks(), "; the prompt has ", num_prompt_blocks)));
+    }
+    auto r = state_.ToEngineRequest(request_.request_id(), request_.prompt_token_ids(), request_.sampling(), {});
+    if (!r.ok()) return Respond(r.status());
+    // Ids of concurrent prefills for several decode workers could collide: qualify them.
+    engine_id_ = absl::StrCat(dest.transfer_id(), "#", request_.request_id());
+    r->request_id = engine_id_;
+    auto self = shared_from_this();
+    r->on_output = [self](const engine::RequestOutput& out) { self->OnOutput(out); };
+    // The stream opens now, so its connection is ready when the first layer is.
+    start_ = std::chrono::steady_clock::now();
+    push_ = KvPushStream::Start(state_.Channel(dest.decode_worker_address()), dest.transfer_id(),
+                                state_.lease_timeout_ms(),
+                                [self](const absl::Status& status, const v1::KvPushAck&, int64_t bytes) {
+                                  self->OnPushDone(status, bytes);
+                                });
+    engine::KvLayerSink sink;
+    if (state_.stream_kv_layers()) {
+      sink = [self](const engine::KvLayerBlocks& blocks) { self->SendLayer(blocks); };
+    }
+    const int32_t skip = dest.num_skip_blocks() * block_size;
+    const absl::Status s = state_.engine().SubmitWith(
+        *std::move(r), [skip, sink = std::move(sink)](engine::Engine& e, engine::EngineRequest req) mutable {
+          return e.AddPrefillOnlyRequest(std::move(req), skip, std::move(sink));
+        });
+    if (!s.ok()) {
+      push_->Cancel();
+      Respond(s);
+    }
+  }
+
+  // The caller went away: stop computing, free the blocks, drop the stream.
+  void Cancel() {
+    if (!engine_id_.empty()) state_.engine().Abort(engine_id_);
+    if (push_) push_->Cancel();
+    Respond(absl::CancelledError("the decode side cancelled the prefill"));
+  }
+
+ private:
+  // Engine thread, between two layers: copies the layer's finished blocks into chunks.
+  void SendLayer(const engine::KvLayerBlocks& blocks) {
+    const v1::KvDestination& dest = request_.destination();
+    const v1::RankBlocks& dest_blocks = dest.blocks_per_rank(0);
+    const int32_t skip = dest.num_skip_blocks();
+    const size_t block_bytes = static_cast<size_t>(state_.block_spec().block_bytes);
+    const size_t per_chunk = std::max<size_t>(1, kMaxChunkBytes / block_bytes);
+    for (size_t first = 0; first < blocks.blocks.size(); first += per_chunk) {
+      const size_t n = std::min(per_chunk, blocks.blocks.size() - first);
+      v1::KvBlockChunk chunk;
+      chunk.set_transfer_id(dest.transfer_id());
+      chunk.set_rank(0);
+      chunk.set_layer(blocks.layer);
+      std::string* payload = chunk.mutable_payload();
+      payload->reserve(n * block_bytes);
+      for (size_t i = first; i < first + n; ++i) {
+        chunk.add_block_ids(dest_blocks.block_ids(blocks.first_block_index + static_cast<int32_t>(i) - skip));
+        payload->append(reinterpret_cast<const char*>(blocks.blocks[i].data()), blocks.blocks[i].size());
+      }
+      push_->Write(std::move(chunk));
+    }
+  }
+
+  // Engine thread, after the prefill, when layers are not streamed: the same chunks as
+  // SendLayer's, all at once (the pre-overlap behaviour, kept for comparison).
+  void SendAllLayers(engine::Engine& e, int32_t num_blocks) {
+    const int32_t skip = request_.destination().num_skip_blocks();
+    std::vector<std::span<const std::byte>> spans;
+    for (int32_t layer = 0; layer < state_.block_spec().num_layers; ++layer) {
+      spans.clear();
+      for (int32_t b = skip; b < num_blocks; ++b) {
+        absl::StatusOr<std::span<const std::byte>> span = e.ExportKvBlock(engine_id_, layer, b);
+        if (!span.ok()) {
+          push_->Cancel();
+          return Respond(span.status());
+        }
+        spans.push_back(*span);
+      }
+      SendLayer(engine::KvLayerBlocks{.layer = layer, .first_block_index = skip, .blocks = spans});
+    }
+  }
+
+  // Engine thread.
+  void OnOutput(const engine::RequestOutput& out) {
+    if (out.prefill_result.has_value()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        result_ = *out.prefill_result;
+      }
+      if (serving::ServingMetrics* m = state_.serving_metrics()) m->AddPromptTokens(request_.prompt_token_ids_size());
+      // Streamed: every block went through SendLayer already. Otherwise (after the
+      // callback: the engine is not to be called from it) copy them all now. Then unpin
+      // them (they stay cached) and end the stream.
+      auto self = shared_from_this();
+      const bool streamed = state_.stream_kv_layers();
+      const int32_t num_blocks = static_cast<int32_t>(out.prefill_result->block_ids.size());
+      state_.engine().Post([self, streamed, num_blocks](engine::Engine& e) {
+        if (!streamed) self->SendAllLayers(e, num_blocks);
+        (void)e.ReleasePrefill(self->engine_id_);
+        self->push_->Close();
+      });
+      return;
+    }
+    if (!out.finished) return;
+    bool computed;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      computed = result_.has_value();
+    }
+    if (computed) return;  // the release after the result
+    push_->Cancel();
+    Respond(out.status.ok() ? absl::AbortedError("the prefill was aborted before its prompt was computed")
+                            : out.status);
+  }
+
+  // gRPC thread: the receiver imported everything (or the push failed).
+  void OnPushDone(const absl::Status& status, int64_t bytes) {
+    if (KvTransferMetrics* m = state_.transfer_metrics()) {
+      m->AddBytes(KvTransferMetrics::Direction::kSent, bytes);
+      m->EndStream(KvTransferMetrics::Direction::kSent,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(), status.ok());
+    }
+    if (!status.ok()) {
+      state_.engine().Abort(engine_id_);
+      return Respond(absl::Status(status.code(), absl::StrCat("pushing KV to ",
+                                                              request_.destination().decode_worker_address(), ": ",
+                                                              status.message())));
+    }
+    std::optional<engine::PrefillResult> result;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      result = result_;
+    }
+    if (!result) return Respond(absl::InternalError("the KV push ended before the prompt was computed"));
+    Respond(absl::OkStatus(), [&] {
+      response_->set_first_token_id(result->first_token_id);
+      if (result->first_token_logprobs) {
+        rpc::SampleResultToProto(*result->first_token_logprobs, response_->mutable_first_logprob());
+      }
+      response_->set_num_cached_tokens(result->num_cached_tokens);
+      response_->set_kv_bytes_sent(bytes);
+    });
+  }
+
+  // Answers the call once (later answers are dropped); `fill` writes the response first.
+  void Respond(const absl::Status& status, const std::function<void()>& fill = nullptr) {
+    if (responded_.exchange(true)) return;
+    if (fill) fill();
+    reactor_->Finish(rpc::ToGrpcStatus(status));
+  }
+
+  WorkerState& state_;
+  grpc::ServerUnaryReactor* reactor_;  // valid until Respond's Finish; never used after
+  // A copy: the call's own request dies with Finish, which a cancellation may trigger
+  // while the engine thread still reads the destination.
+  const v1::PrefillRequest request_;
+  v1::PrefillResponse* response_;  // written only inside Respond, before Finish
+  std::string engine_id_;          // set in Start, before any callback can run
+  std::chrono::steady_clock::time_point start_;
+  std::shared_ptr<KvPushStream> push_;  // set in Start, before the engine sees the request
+  std::atomic<bool> responded_{false};
+  std::mutex mu_;
+  std::optional<engine::PrefillResult> result_;  // guarded by mu_
+};
+
+// The call's reactor: forwards cancellation and keeps the job alive until gRPC is done.
+class PrefillReactor : public grpc::ServerUnaryReactor {
+ public:
+  void Begin(WorkerState& state, const v1::PrefillRequest* request, v1::PrefillResponse* response) {
+    job_ = std::make_shared<PrefillJob>(state, this, *request, response);
+    job_->Start();
+  }
+  void OnCancel() override { job_->Cancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<PrefillJob> job_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* StartPrefillCall(WorkerState& state, const v1::PrefillRequest* request,
+                                           v1::PrefillResponse* response) {
+  auto* reactor = new PrefillReactor();
+  reactor->Begin(state, request, response);
+  return reactor;
+}
+
+}  // namespace kvmesh::worker

@@ -1,0 +1,350 @@
+#include "remote_token_source.h"
+
+#include <chrono>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "rpc/channel.h"
+#include "rpc/sampling_conversions.h"
+#include "rpc/status_conversion.h"
+
+namespace kvmesh::router {
+
+// One Worker.Generate stream (one attempt of a Call). Holds its Call until OnDone.
+class RemoteTokenSource::Stream final : public grpc::ClientReadReactor<v1::WorkerGenerateResponse> {
+ public:
+  Stream(std::shared_ptr<Call> call, std::shared_ptr<grpc::Channel> channel, v1::WorkerGenerateRequest request,
+         int64_t timeout_ms)
+      : call_(std::move(call)),
+        channel_(std::move(channel)),
+        stub_(v1::Worker::NewStub(channel_)),
+        request_(std::move(request)) {
+    rpc::SetTimeout(&context_, timeout_ms);
+  }
+
+  grpc::ClientContext& context() { return context_; }
+
+  void Start() {
+    stub_->async()->Generate(&context_, &request_, this);
+    StartRead(&response_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& status) override;
+
+ private:
+  std::shared_ptr<Call> call_;  // until OnDone
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Worker::Stub> stub_;
+  grpc::ClientContext context_;
+  v1::WorkerGenerateRequest request_;
+  v1::WorkerGenerateResponse response_;
+};
+
+// One request: Place, then the Generate stream; again with the decode worker excluded
+// when it was unreachable. Kept alive by the source's table until its final output;
+// gRPC callbacks hold a reference too.
+class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
+ public:
+  Call(RemoteTokenSource& source, engine::EngineRequest request)
+      : source_(source), request_(std::move(request)), tokens_(static_cast<size_t>(request_.n)) {}
+
+  const std::string& request_id() const { return request_.request_id; }
+
+  // Asks the scheduler for a placement (attempt number ++attempts_).
+  void Place() {
+    auto attempt = std::make_shared<PlaceAttempt>();
+    attempt->request.set_request_id(request_.request_id);
+    attempt->request.set_model(source_.options_.model);
+    attempt->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
+                                                     request_.prompt_token_ids.end());
+    for (const std::string& id : excluded_) attempt->request.add_exclude_worker_ids(id);
+    rpc::SetTimeout(&attempt->context, source_.options_.place_timeout_ms);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_) return FinishAborted();
+      ++attempts_;
+      current_context_ = &attempt->context;
+      place_attempts_.push_back(attempt);  // the context must outlive a racing Abort()
+    }
+    auto self = shared_from_this();
+    source_.scheduler_->async()->Place(&attempt->context, &attempt->request, &attempt->response,
+                                       [self, attempt](grpc::Status status) { self->OnPlaced(status, *attempt); });
+  }
+
+  void Abort() {
+    grpc::ClientContext* context;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      aborted_ = true;
+      context = current_context_;
+    }
+    // NOTE: the contexts live as long as this Call; a call not started yet is
+    // cancelled when it starts.
+    if (context != nullptr) context->TryCancel();
+  }
+
+  void OnResponse(const v1::WorkerGenerateResponse& response) {
+    streamed_ = true;
+    Emit(response);
+  }
+
+  void OnStreamDone(const grpc::Status& grpc_status, grpc::Channel& channel) {
+    bool aborted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      aborted = aborted_;
+    }
+    if (grpc_status.ok()) return FinishWith(absl::OkStatus());
+    if (aborted) return FinishAborted();
+    const absl::Status status = rpc::FromGrpcStatus(grpc_status);
+    if (source_.metrics_) source_.metrics_->CountUpstreamError("generate", status.code());
+    const std::string worker = absl::StrCat("decode worker ", decode_id_, " (", decode_address_, ")");
+    if (streamed_) {
+      return FinishWith(absl::Status(status.code(), absl::StrCat(worker, " failed after streaming tokens, so the "
+                                                                 "request was not retried: ", status.message())));
+    }
+    // Unreachable, not answering: its channel is down (refused, reset). A worker that
+    // answered UNAVAILABLE itself (e.g. its prefill worker died) keeps its channel up.
+    const bool unreachable = status.code() == absl::StatusCode::kUnavailable &&
+                             channel.GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
+    if (!unreachable) return FinishWith(status);
+    last_error_ = absl::UnavailableError(absl::StrCat(worker, " is unreachable: ", status.message()));
+    if (attempts_ >= source_.options_.max_attempts) {
+      return FinishWith(absl::UnavailableError(
+          absl::StrCat(last_error_.message(), " (", attempts_, " placements tried, the limit)")));
+    }
+    KVMESH_LOG(kWarning) << "decode worker unreachable; placing the request again"
+                         << LogKv("request", request_.request_id) << LogKv("worker", decode_id_)
+                         << LogKv("address", decode_address_) << LogKv("attempt", attempts_)
+                         << LogKv("error", status.message());
+    if (source_.metrics_) source_.metrics_->CountRetry();
+    excluded_.push_back(decode_id_);
+    Place();
+  }
+
+ private:
+  struct PlaceAttempt {
+    grpc::ClientContext context;
+    v1::PlaceRequest request;
+    v1::PlaceResponse response;
+  };
+
+  void OnPlaced(const grpc::Status& grpc_status, const PlaceAttempt& attempt) {
+    bool aborted;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      aborted = aborted_;
+    }
+    if (aborted) return FinishAborted();
+    if (!grpc_status.ok()) {
+      const absl::Status s = rpc::FromGrpcStatus(grpc_status);
+      if (source_.metrics_) source_.metrics_->CountUpstreamError("place", s.code());
+      if (!last_error_.ok()) {  // a retry found no other worker: report why it was retried
+        return FinishWith(absl::Status(last_error_.code(), absl::StrCat(last_error_.message(),
+                                                                        "; no other worker could take the request: ",
+                                                                        s.message())));
+      }
+      return FinishWith(absl::Status(s.code(), absl::StrCat("placement failed: ", s.message())));
+    }
+    const v1::PlaceResponse& placed = attempt.response;
+    KVMESH_LOG(kDebug) << "placed" << LogKv("request", request_.request_id)
+                       << LogKv("decode", placed.decode_worker().address())
+                       << LogKv("prefill", placed.prefill_worker().address())
+                       << LogKv("local", placed.prefill_locally()) << LogKv("attempt", attempts_);
+    decode_id_ = placed.decode_worker().worker_id();
+    decode_address_ = placed.decode_worker().address();
+    v1::WorkerGenerateRequest generate;
+    generate.set_request_id(request_.request_id);
+    generate.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(), request_.prompt_token_ids.end());
+    rpc::SamplingParamsToProto(request_.sampling_params, generate.mutable_sampling());
+    generate.mutable_sampling()->set_n(request_.n);
+    generate.set_prefill_worker_address(placed.prefill_worker().address());
+    generate.set_prefill_locally(placed.prefill_locally());
+    generate.set_priority(request_.priority);
+    if (request_.arrival_order >= 0) generate.set_arrival_order(request_.arrival_order);
+    generate.mutable_eos_token_ids()->Add(request_.eos_token_ids.begin(), request_.eos_token_ids.end());
+    auto stream = std::make_shared<Stream>(shared_from_this(), source_.Channel(decode_address_), std::move(generate),
+                                           source_.options_.generate_timeout_ms);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_) return FinishAborted();
+      current_context_ = &stream->context();
+      stream_ = stream;  // lives as long as this Call (see Abort)
+    }
+    stream->Start();
+  }
+
+  void Emit(const v1::WorkerGenerateResponse& response) {
+    engine::RequestOutput out;
+    out.request_id = request_.request_id;
+    const int32_t index = response.index();
+    if (index < 0 || index >= request_.n) return;
+    engine::CompletionOutput c;
+    c.index = index;
+    c.new_token_ids.assign(response.token_ids().begin(), response.token_ids().end());
+    std::vector<int32_t>& all = tokens_[static_cast<size_t>(index)];
+    all.insert(all.end(), c.new_token_ids.begin(), c.new_token_ids.end());
+    c.token_ids = all;
+    for (const v1::TokenLogprob& lp : response.logprobs()) c.new_logprobs.push_back(rpc::SampleResultFromProto(lp));
+    c.finish_reason = rpc::FinishReasonFromProto(response.finish_reason());
+    if (response.has_stop_token_id()) c.stop_token_id = response.stop_token_id();
+    if (response.num_prompt_tokens() > 0) num_prompt_tokens_ = response.num_prompt_tokens();
+    if (response.num_cached_tokens() > 0) num_cached_tokens_ = response.num_cached_tokens();
+    out.num_prompt_tokens = num_prompt_tokens_;
+    out.num_cached_prompt_tokens = num_cached_tokens_;
+    if (c.finished()) ++num_finished_;
+    out.outputs.push_back(std::move(c));
+    if (num_finished_ >= request_.n) out.finished = true;
+    Deliver(out);
+  }
+
+  void FinishAborted() {
+    engine::RequestOutput out;
+    out.request_id = request_.request_id;
+    out.num_prompt_tokens = num_prompt_tokens_;
+    out.num_cached_prompt_tokens = num_cached_tokens_;
+    for (int32_t i = 0; i < request_.n; ++i) {
+      engine::CompletionOutput c;
+      c.index = i;
+      c.token_ids = tokens_[static_cast<size_t>(i)];
+      c.finish_reason = engine::CompletionFinishReason::kAbort;
+      out.outputs.push_back(std::move(c));
+    }
+    out.finished = true;
+    Deliver(out);
+  }
+
+  void FinishWith(const absl::Status& status) {
+    engine::RequestOutput out;
+    out.request_id = request_.request_id;
+    out.num_prompt_tokens = num_prompt_tokens_;
+    out.num_cached_prompt_tokens = num_cached_tokens_;
+    out.finished = true;
+    if (!status.ok()) {
+      out.status = status;
+    } else if (num_finished_ < request_.n) {
+      out.status = absl::UnavailableError("the decode worker ended the stream before every sample finished");
+    }
+    Deliver(out);
+  }
+
+  // Delivers `out` unless the final output went already; forgets the call after the final.
+  void Deliver(const engine::RequestOutput& out) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (final_delivered_) return;
+      if (out.finished) final_delivered_ = true;
+    }
+    if (request_.on_output) request_.on_output(out);
+    if (out.finished) source_.Forget(request_.request_id);
+  }
+
+  RemoteTokenSource& source_;
+  engine::EngineRequest request_;
+  // Attempt-side state: touched by one gRPC callback at a time (attempts and their
+  // reads are sequential).
+  std::vector<std::string> excluded_;  // decode workers found unreachable
+  absl::Status last_error_;            // why the latest retry happened
+  std::string decode_id_;
+  std::string decode_address_;
+  bool streamed_ = false;  // a response arrived: no retry from here on
+  std::vector<std::vector<int32_t>> tokens_;
+  int32_t num_finished_ = 0;
+  int32_t num_prompt_tokens_ = 0;
+  int32_t num_cached_tokens_ = 0;
+  std::mutex mu_;
+  int32_t attempts_ = 0;                              // guarded by mu_ (read unlocked by the attempt side)
+  std::vector<std::shared_ptr<PlaceAttempt>> place_attempts_;  // guarded by mu_
+  std::shared_ptr<Stream> stream_;                    // guarded by mu_
+  grpc::ClientContext* current_context_ = nullptr;    // guarded by mu_: what Abort() cancels
+  bool aborted_ = false;                              // guarded by mu_
+  bool final_delivered_ = false;                      // guarded by mu_
+};
+
+void RemoteTokenSource::Stream::OnReadDone(bool ok) {
+  if (!ok) return;  // OnDone follows
+  call_->OnResponse(response_);
+  StartRead(&response_);
+}
+
+void RemoteTokenSource::Stream::OnDone(const grpc::Status& status) {
+  // NOTE: the Call may hold the last reference to this stream, and this the last one
+  // to the Call: nothing of this object is touched after the call below.
+  std::shared_ptr<Call> call = std::move(call_);
+  std::shared_ptr<grpc::Channel> channel = channel_;
+  call->OnStreamDone(status, *channel);
+}
+
+RemoteTokenSource::RemoteTokenSource(RemoteTokenSourceOptions options, RouterMetrics* metrics)
+    : options_(std::move(options)),
+      metrics_(metrics),
+      scheduler_(v1::Scheduler::NewStub(rpc::CreateChannel(options_.scheduler_address))) {}
+
+RemoteTokenSource::~RemoteTokenSource() {
+  std::vector<std::shared_ptr<Call>> calls;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, call] : calls_) calls.push_back(call);
+  }
+  for (auto& call : calls) call->Abort();
+  calls.clear();
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [this] { return calls_.empty(); });
+}
+
+absl::Status RemoteTokenSource::Submit(engine::EngineRequest request) {
+  if (draining_.load()) return absl::UnavailableError("the router is draining; retry on another replica");
+  if (absl::Status s = engine::ValidateEngineRequest(request, options_.limits); !s.ok()) return s;
+  auto call = std::make_shared<Call>(*this, std::move(request));
+  const std::string id = call->request_id();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (calls_.contains(id)) return absl::AlreadyExistsError(absl::StrCat("request '", id, "' is already running"));
+    calls_[id] = call;
+  }
+  call->Place();
+  return absl::OkStatus();
+}
+
+void RemoteTokenSource::Abort(const std::string& request_id) {
+  std::shared_ptr<Call> call;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = calls_.find(request_id);
+    if (it == calls_.end()) return;
+    call = it->second;
+  }
+  call->Abort();
+}
+
+int64_t RemoteTokenSource::num_inflight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(calls_.size());
+}
+
+bool RemoteTokenSource::WaitIdle(int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] { return calls_.empty(); });
+}
+
+std::shared_ptr<grpc::Channel> RemoteTokenSource::Channel(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& channel = channels_[address];
+  if (!channel) channel = rpc::CreateChannel(address);
+  return channel;
+}
+
+void RemoteTokenSource::Forget(const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  calls_.erase(request_id);
+  if (calls_.empty()) idle_cv_.notify_all();
+}
+
+}  // namespace kvmesh::router

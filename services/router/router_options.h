@@ -1,0 +1,33 @@
+// Options of the router (services/router): from the kvmesh-router binary's flags, or
+// from `kvmesh router`'s (services/kvmesh/router_command.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvmesh::router {
+
+struct RouterOptions {
+  std::string model_dir;          // config.json + tokenizer (no weights are loaded)
+  std::string served_model_name;  // "": the model directory's name
+  std::string scheduler_address;  // host:port of kvmesh.v1.Scheduler
+  std::string host = "127.0.0.1";
+  int32_t port = 8000;        // REST; 0: an ephemeral port
+  int32_t grpc_port = -1;     // kvmesh.v1.Inference; 0: an ephemeral port, -1: off
+  std::vector<std::string> api_keys;
+  int32_t max_model_len = 0;  // 0: the model's max_position_embeddings
+  // Requests in flight per front door before 429 / RESOURCE_EXHAUSTED. NOTE: a
+  // static bound on purpose, not the sum of the workers' registered max_num_seqs:
+  // it protects the router itself (open streams, buffers), and max_num_seqs is a
+  // batch size, not a request limit — a worker queues beyond it (preempting under KV
+  // pressure), and placement already steers away from workers whose heartbeats
+  // report long queues or full KV caches.
+  int32_t max_inflight_requests = 256;
+  int32_t http_threads = 2;
+  int32_t max_num_seqs = 256;  // the largest n a request may ask for
+  int64_t generate_timeout_ms = 600'000;
+  int32_t max_attempts = 3;    // placements per request (an unreachable decode worker costs one)
+};
+
+}  // namespace kvmesh::router

@@ -1,0 +1,123 @@
+#include "worker/heartbeater.h"
+
+#include <chrono>
+#include <future>
+#include <vector>
+
+#include "core/logging.h"
+#include "engine/engine.h"
+#include "rpc/channel.h"
+#include "rpc/kv_conversions.h"
+
+namespace kvmesh::worker {
+
+Heartbeater::Heartbeater(WorkerState& state, std::string scheduler, v1::RegisterRequest registration)
+    : state_(state),
+      stub_(v1::Scheduler::NewStub(rpc::CreateChannel(scheduler))),
+      registration_(std::move(registration)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Heartbeater::~Heartbeater() { Stop(); }
+
+void Heartbeater::SetDraining() {
+  std::lock_guard<std::mutex> lock(mu_);
+  draining_ = true;
+  cv_.notify_all();
+}
+
+void Heartbeater::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  grpc::ClientContext context;
+  rpc::SetTimeout(&context, 2000);
+  v1::DeregisterRequest request;
+  request.set_worker_id(registration_.worker_id());
+  v1::DeregisterResponse response;
+  const grpc::Status s = stub_->Deregister(&context, request, &response);
+  KVMESH_LOG(kInfo) << "deregistered" << LogKv("ok", s.ok());
+}
+
+bool Heartbeater::Register() {
+  grpc::ClientContext context;
+  rpc::SetTimeout(&context, 2000);
+  v1::RegisterResponse response;
+  const grpc::Status s = stub_->Register(&context, registration_, &response);
+  if (!s.ok()) {
+    KVMESH_LOG(kWarning) << "register failed; retrying" << LogKv("status", s.error_message());
+    return false;
+  }
+  if (response.heartbeat_interval_ms() > 0) interval_ms_ = response.heartbeat_interval_ms();
+  KVMESH_LOG(kInfo) << "registered with the scheduler" << LogKv("worker_id", registration_.worker_id())
+                    << LogKv("heartbeat_ms", interval_ms_);
+  snapshot_ = true;
+  return true;
+}
+
+void Heartbeater::Loop() {
+  bool registered = false;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    if (!registered) registered = Register();
+    if (registered) registered = Beat();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(registered ? interval_ms_ : 1000), [this] { return stopping_; });
+  }
+}
+
+bool Heartbeater::Beat() {
+  auto promise = std::make_shared<std::promise<std::pair<engine::EngineStats, std::vector<kv::KvEvent>>>>();
+  auto future = promise->get_future();
+  state_.engine().Post([promise](engine::Engine& e) { promise->set_value({e.stats(), e.DrainKvEvents()}); });
+  if (future.wait_for(std::chrono::seconds(5)) != std::future_status::ready) return true;
+  auto [stats, events] = future.get();
+  for (const kv::KvEvent& event : events) {
+    if (event.kind == kv::KvEvent::Kind::kStored) {
+      stored_[{event.block_hash, event.tier}] = event;
+    } else {
+      stored_.erase({event.block_hash, event.tier});
+    }
+  }
+  v1::HeartbeatRequest request;
+  request.set_worker_id(registration_.worker_id());
+  v1::WorkerLoad* load = request.mutable_load();
+  load->set_num_running_seqs(stats.num_running_seqs + stats.num_receiving_seqs + stats.num_prefilled_seqs);
+  load->set_num_waiting_seqs(stats.num_waiting_seqs);
+  load->set_kv_blocks_total(stats.num_kv_blocks);
+  load->set_kv_blocks_used(stats.num_kv_blocks_used);
+  load->set_kv_blocks_free(stats.num_kv_blocks_free);
+  load->set_kv_blocks_cached(stats.num_kv_blocks_cached);
+  if (snapshot_) {
+    request.set_kv_events_snapshot(true);
+    for (const auto& [key, event] : stored_) rpc::ToProto(event, request.add_kv_events());
+  } else {
+    for (const kv::KvEvent& event : events) rpc::ToProto(event, request.add_kv_events());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    request.set_draining(draining_);
+  }
+  grpc::ClientContext context;
+  rpc::SetTimeout(&context, 2000);
+  v1::HeartbeatResponse response;
+  const grpc::Status s = stub_->Heartbeat(&context, request, &response);
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) return false;
+  if (!s.ok()) {
+    // Events of a failed heartbeat are lost to the scheduler: resend everything next time.
+    snapshot_ = true;
+    KVMESH_LOG(kWarning) << "heartbeat failed" << LogKv("status", s.error_message());
+    return true;
+  }
+  snapshot_ = false;
+  return true;
+}
+
+}  // namespace kvmesh::worker

@@ -1,0 +1,201 @@
+// The worker process (ARCHITECTURE.md §1): loads the model, runs the
+// continuous-batching engine on its own thread (AsyncEngine) and serves kvmesh.v1.Worker
+// (worker_service.h) on --listen as a prefill worker, a decode worker or both. With
+// --scheduler it registers and heartbeats its load and KV events (heartbeater.h);
+// --metrics-port serves /metrics; on SIGTERM it reports draining, finishes its
+// requests, deregisters and stops.
+#include "worker/worker_process.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "cli_common.h"
+#include "core/logging.h"
+#include "engine/async_engine.h"
+#include "engine_flags.h"
+#include "http/http_server.h"
+#include "kvmesh/v1/scheduler.grpc.pb.h"
+#include "kvmesh/v1/worker.grpc.pb.h"
+#include "metrics/registry.h"
+#include "metrics/text_format.h"
+#include "rpc/grpc_server.h"
+#include "rpc/kv_conversions.h"
+#include "serving/serving_metrics.h"
+#include "worker/heartbeater.h"
+#include "worker/kv_transfer_metrics.h"
+#include "worker/worker_service.h"
+#include "worker/worker_state.h"
+
+ABSL_DECLARE_FLAG(std::string, served_model_name);
+ABSL_DECLARE_FLAG(int, max_model_len);
+ABSL_DECLARE_FLAG(int64_t, drain_timeout_ms);
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Worker gRPC address (host:port; port 0 picks a free one, logged).");
+ABSL_FLAG(std::string, advertise_address, "",
+          "Address other services reach this worker at (default: the bound --listen address).");
+ABSL_FLAG(std::string, role, "both", "prefill, decode or both.");
+ABSL_FLAG(std::string, scheduler, "", "The scheduler's address (host:port); empty: run unregistered.");
+ABSL_FLAG(std::string, worker_id, "", "Stable worker id (default: worker-<advertised address>).");
+ABSL_FLAG(int32_t, metrics_port, -1,
+          "HTTP port serving /metrics (Prometheus text) and /health; 0 picks a free one (logged as "
+          "'worker metrics on http://...'); -1: off.");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "Address the /metrics port binds.");
+ABSL_FLAG(bool, kv_stream_layers, true,
+          "Prefill side: push each layer's KV to the decode worker as soon as it is computed, overlapping the "
+          "transfer with the later layers; false: push it all after the prefill (for comparison).");
+ABSL_FLAG(int64_t, kv_lease_timeout_ms, 30000,
+          "Decode side: a remote prefill must deliver its KV within this; prefill side: pinned blocks are "
+          "released after this.");
+
+namespace kvmesh::worker {
+namespace {
+
+int Fail(const WorkerProcessOptions& process, const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", process.program, message.c_str());
+  return 1;
+}
+
+
+
+absl::StatusOr<v1::WorkerRole> ParseRole(const std::string& role) {
+  if (role == "prefill") return v1::WORKER_ROLE_PREFILL;
+  if (role == "decode") return v1::WORKER_ROLE_DECODE;
+  if (role == "both") return v1::WORKER_ROLE_BOTH;
+  return absl::InvalidArgumentError(absl::StrCat("--role must be prefill, decode or both, not '", role, "'"));
+}
+
+}  // namespace
+
+int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process) {
+  cli::BlockStopSignals();  // before any thread starts: they inherit the mask
+
+  const std::string usage =
+      process.role ? absl::StrCat(process.program, " [--listen HOST:PORT] [--scheduler HOST:PORT]: the ",
+                                  process.role == v1::WORKER_ROLE_PREFILL ? "prefill" : "decode",
+                                  " worker of the disaggregated cluster (kvmesh.v1.Worker over gRPC)")
+                   : absl::StrCat(process.program,
+                                  " --role prefill|decode|both [--listen HOST:PORT] [--scheduler HOST:PORT]: "
+                                  "one worker of the disaggregated cluster (kvmesh.v1.Worker over gRPC)");
+  cli::ParseSubcommandFlags(argc, argv, usage, {"worker_process", "serving_flags", cli::kEngineFlagsFile});
+  absl::StatusOr<v1::WorkerRole> role = ParseRole(absl::GetFlag(FLAGS_role));
+  if (!role.ok()) return Fail(process, std::string(role.status().message()));
+  if (process.role) {
+    // NOTE: --role's default ("both") means "not given" for a role binary.
+    if (*role != v1::WORKER_ROLE_BOTH && *role != *process.role) {
+      return Fail(process, "--role differs from this binary's role");
+    }
+    role = *process.role;
+  }
+  auto loaded = cli::LoadModelOffThread(/*quiet=*/true);
+  if (!loaded.ok()) return Fail(process, std::string(loaded.status().message()));
+  engine::LlamaModel& model = *loaded->model;
+  const auto& config = model.config();
+
+  auto built = cli::BuildEngineFromFlags(model);
+  if (!built.ok()) return Fail(process, std::string(built.status().message()));
+  std::unique_ptr<engine::ModelRunner> runner = std::move(built->runner);
+  engine::EngineOptions options = built->options;
+  const int32_t max_model_len = options.max_model_len;
+  options.kv.record_events = true;  // drained by every heartbeat
+  options.lease_timeout_ms = absl::GetFlag(FLAGS_kv_lease_timeout_ms);
+  options.prefill_release_timeout_ms = absl::GetFlag(FLAGS_kv_lease_timeout_ms);
+  auto created = engine::Engine::Create(options, *runner);
+  if (!created.ok()) return Fail(process, std::string(created.status().message()));
+  auto block_spec = (*created)->kv_block_spec();
+  if (!block_spec.ok()) return Fail(process, std::string(block_spec.status().message()));
+
+  v1::KvCacheSpec spec;
+  spec.set_block_size_tokens(block_spec->block_size_tokens);
+  spec.set_num_layers(block_spec->num_layers);
+  spec.set_num_kv_heads(static_cast<int32_t>(config.num_key_value_heads));
+  spec.set_head_dim(block_spec->head_dim);
+  auto dtype = rpc::KvDtypeToProto(block_spec->dtype);
+  if (!dtype.ok()) return Fail(process, std::string(dtype.status().message()));
+  spec.set_dtype(*dtype);
+  spec.set_tp_size(1);
+  spec.set_block_hash_salt(options.kv.salt);
+
+  std::vector<int32_t> eos_token_ids(config.eos_token_ids.begin(), config.eos_token_ids.end());
+  if (auto id = loaded->tokenizer->eos_token_id();
+      id && std::find(eos_token_ids.begin(), eos_token_ids.end(), *id) == eos_token_ids.end()) {
+    eos_token_ids.push_back(*id);
+  }
+
+  engine::AsyncEngine async_engine(*std::move(created));
+  WorkerState state(async_engine, absl::GetFlag(FLAGS_worker_id), spec, *block_spec, eos_token_ids,
+                    absl::GetFlag(FLAGS_kv_lease_timeout_ms));
+  // /metrics: the engine's gauges and token counters (serving::ServingMetrics) and the
+  // KV transfer counters. Registered before serving, so no call sees them half made.
+  metrics::Registry registry;
+  auto serving_metrics = serving::ServingMetrics::Create(registry, [&async_engine] { return async_engine.stats(); });
+  if (!serving_metrics.ok()) return Fail(process, std::string(serving_metrics.status().message()));
+  auto transfer_metrics = KvTransferMetrics::Create(registry);
+  if (!transfer_metrics.ok()) return Fail(process, std::string(transfer_metrics.status().message()));
+  state.SetMetrics(serving_metrics->get(), transfer_metrics->get());
+  state.SetStreamKvLayers(absl::GetFlag(FLAGS_kv_stream_layers));
+  std::unique_ptr<http::HttpServer> metrics_server;
+  if (const int32_t port = absl::GetFlag(FLAGS_metrics_port); port >= 0) {
+    if (port > 65535) return Fail(process, "--metrics_port must be in [0, 65535] (or -1: off)");
+    auto created_server = http::HttpServer::Create(
+        {.address = absl::GetFlag(FLAGS_metrics_host), .port = static_cast<uint16_t>(port), .num_threads = 1});
+    if (!created_server.ok()) return Fail(process, std::string(created_server.status().message()));
+    metrics_server = *std::move(created_server);
+    metrics_server->Handle("GET", "/metrics", [&registry](http::HttpRequest, std::shared_ptr<http::ResponseWriter> w) {
+      (void)w->Send(http::HttpResponse::Text(200, registry.Exposition(), std::string(metrics::kExpositionContentType)));
+    });
+    metrics_server->Handle("GET", "/health", [](http::HttpRequest, std::shared_ptr<http::ResponseWriter> w) {
+      (void)w->Send(http::HttpResponse::Json(200, R"({"status":"ok"})"));
+    });
+    if (const absl::Status s = metrics_server->Start(); !s.ok()) return Fail(process, std::string(s.message()));
+    KVMESH_LOG(kInfo) << "worker metrics on http://" << absl::GetFlag(FLAGS_metrics_host) << ":"
+                      << metrics_server->port() << "/metrics";
+  }
+  WorkerService service(state);
+  auto server = rpc::GrpcServer::Start({.address = absl::GetFlag(FLAGS_listen)},
+                                       {{&service, v1::Worker::service_full_name()}});
+  if (!server.ok()) return Fail(process, std::string(server.status().message()));
+  std::string address = absl::GetFlag(FLAGS_advertise_address);
+  if (address.empty()) address = (*server)->address();
+  std::string worker_id = absl::GetFlag(FLAGS_worker_id);
+  if (worker_id.empty()) worker_id = absl::StrCat("worker-", address);
+  state.SetIdentity(worker_id, address);
+  KVMESH_LOG(kInfo) << "worker listening on " << address << LogKv("role", absl::GetFlag(FLAGS_role))
+                    << LogKv("worker_id", worker_id) << LogKv("kv_blocks", runner->num_blocks());
+
+  std::unique_ptr<Heartbeater> heartbeater;
+  if (const std::string scheduler = absl::GetFlag(FLAGS_scheduler); !scheduler.empty()) {
+    v1::RegisterRequest registration;
+    registration.set_worker_id(worker_id);
+    registration.set_address(address);
+    registration.set_role(*role);
+    std::string model_name = absl::GetFlag(FLAGS_served_model_name);
+    if (model_name.empty()) model_name = cli::BaseName(cli::ModelDirFlag());
+    registration.set_model(model_name);
+    *registration.mutable_kv_cache_spec() = spec;
+    registration.mutable_capacity()->set_max_num_seqs(options.scheduler.max_num_seqs);
+    registration.mutable_capacity()->set_max_num_batched_tokens(options.scheduler.max_num_batched_tokens);
+    registration.mutable_capacity()->set_max_model_len(max_model_len);
+    heartbeater = std::make_unique<Heartbeater>(state, scheduler, std::move(registration));
+  }
+
+  const int signal = cli::WaitForStopSignal();
+  KVMESH_LOG(kInfo) << "draining" << LogKv("signal", signal);
+  if (heartbeater) heartbeater->SetDraining();
+  (*server)->SetServing(false);
+  async_engine.Drain(absl::GetFlag(FLAGS_drain_timeout_ms));
+  if (heartbeater) heartbeater->Stop();
+  (*server)->Shutdown(/*deadline_ms=*/5000);
+  if (metrics_server) metrics_server->Shutdown(std::chrono::milliseconds(1000));
+  KVMESH_LOG(kInfo) << "stopped";
+  return 0;
+}
+
+}  // namespace kvmesh::worker

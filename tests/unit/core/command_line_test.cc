@@ -1,0 +1,49 @@
+#include "core/command_line.h"
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/flags/flag.h"
+
+ABSL_FLAG(int, command_line_test_port, 1, "A flag of this test file.");
+ABSL_FLAG(std::string, command_line_test_name, "default", "Another flag of this test file.");
+
+namespace kvmesh {
+namespace {
+
+void Parse(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  ParseServiceCommandLine(static_cast<int>(argv.size()), argv.data(),
+                          {.program = "test", .usage = "test usage", .flags_path = "command_line_test"});
+}
+
+TEST(CommandLineTest, DashesEnvironmentDefaultsAndTheCommandLineOverridingThem) {
+  setenv("KVMESH_COMMAND_LINE_TEST_NAME", "from-env", 1);
+  setenv("KVMESH_COMMAND_LINE_TEST_PORT", "7", 1);
+  Parse({"prog", "--command-line-test-port=9"});
+  EXPECT_EQ(absl::GetFlag(FLAGS_command_line_test_port), 9);  // the command line wins
+  EXPECT_EQ(absl::GetFlag(FLAGS_command_line_test_name), "from-env");
+  unsetenv("KVMESH_COMMAND_LINE_TEST_NAME");
+  unsetenv("KVMESH_COMMAND_LINE_TEST_PORT");
+}
+
+TEST(CommandLineTest, NormalizeFlagNameReplacesDashesInTheNameOnly) {
+  EXPECT_EQ(NormalizeFlagName("--max-tokens=a-b"), "--max_tokens=a-b");
+  EXPECT_EQ(NormalizeFlagName("--kv-cache-bytes"), "--kv_cache_bytes");
+  EXPECT_EQ(NormalizeFlagName("-x-y"), "-x-y");
+  EXPECT_EQ(NormalizeFlagName("plain-arg"), "plain-arg");
+}
+
+TEST(CommandLineDeathTest, PositionalArgumentsAndBadEnvironmentValuesExitWithTwo) {
+  EXPECT_EXIT(Parse({"prog", "stray"}), ::testing::ExitedWithCode(2), "unexpected argument \"stray\"");
+  setenv("KVMESH_COMMAND_LINE_TEST_PORT", "not-a-number", 1);
+  EXPECT_EXIT(Parse({"prog"}), ::testing::ExitedWithCode(2), "KVMESH_COMMAND_LINE_TEST_PORT");
+  unsetenv("KVMESH_COMMAND_LINE_TEST_PORT");
+}
+
+}  // namespace
+}  // namespace kvmesh
