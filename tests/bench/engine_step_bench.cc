@@ -89,18 +89,23 @@ StepProfile Profile(engine::LlamaModel& model, backend::TimingBackend& timing, i
 }
 
 int Main(int argc, char** argv) {
-  // Usage: engine_step_bench [--threads N] [MODEL_DIR]
+  // Usage: engine_step_bench [--threads N] [--input-len L] [--steps S] [MODEL_DIR]
   const char* dir = KVMESH_TINY_MODEL_DIR;
   int threads = 0;
+  int input_len = 64;
+  int steps = 200;
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--threads" && i + 1 < argc) {
+    const std::string arg = argv[i];
+    if (arg == "--threads" && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
+    } else if (arg == "--input-len" && i + 1 < argc) {
+      input_len = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--steps" && i + 1 < argc) {
+      steps = std::max(1, std::atoi(argv[++i]));
     } else {
       dir = argv[i];
     }
   }
-  const int input_len = 64;
-  const int steps = 200;
   if (threads > 0) omp_set_num_threads(threads);
   auto cpu = backend::CreateCpuBackend({.num_threads = threads});
   if (!cpu.ok()) Die(cpu.status());
