@@ -40,8 +40,10 @@ struct StepProfile {
   double engine_ms = 0;
 };
 
-StepProfile Profile(engine::LlamaModel& model, backend::TimingBackend& timing, int batch, int input_len, int steps) {
-  auto runner = engine::PagedModelRunner::Create(model, {.kv_cache_bytes = int64_t{256} << 20});
+StepProfile Profile(engine::LlamaModel& model, backend::TimingBackend& timing, DType kv_dtype, int batch,
+                    int input_len, int steps) {
+  auto runner =
+      engine::PagedModelRunner::Create(model, {.kv_cache_bytes = int64_t{256} << 20, .kv_cache_dtype = kv_dtype});
   if (!runner.ok()) Die(runner.status());
   engine::EngineOptions options;
   options.max_model_len = static_cast<int32_t>(model.config().max_position_embeddings);
@@ -89,17 +91,20 @@ StepProfile Profile(engine::LlamaModel& model, backend::TimingBackend& timing, i
 }
 
 int Main(int argc, char** argv) {
-  // Usage: engine_step_bench [--threads N] [--input-len L] [--steps S] [MODEL_DIR]
+  // Usage: engine_step_bench [--threads N] [--input-len L] [--steps S] [--kv-cache-dtype auto|f32|bf16] [MODEL_DIR]
   const char* dir = KVMESH_TINY_MODEL_DIR;
   int threads = 0;
   int input_len = 64;
   int steps = 200;
+  std::string kv_dtype_name = "auto";  // as `kvmesh serve`: bf16 for a bf16 model
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--threads" && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
     } else if (arg == "--input-len" && i + 1 < argc) {
       input_len = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--kv-cache-dtype" && i + 1 < argc) {
+      kv_dtype_name = argv[++i];
     } else if (arg == "--steps" && i + 1 < argc) {
       steps = std::max(1, std::atoi(argv[++i]));
     } else {
@@ -112,11 +117,16 @@ int Main(int argc, char** argv) {
   backend::TimingBackend timing(**cpu);
   auto model = engine::LlamaModel::Load(dir, timing, {});
   if (!model.ok()) Die(model.status());
-  std::printf("model %s, backend %s, %d threads; prompt %d tokens, median of %d decode steps\n", dir,
-              std::string(timing.name()).c_str(), omp_get_max_threads(), input_len, steps);
+  const bool bf16_model = (*model)->weights().embed_tokens.dtype == DType::kBF16;
+  const DType kv_dtype = kv_dtype_name == "f32"    ? DType::kF32
+                         : kv_dtype_name == "bf16" ? DType::kBF16
+                                                   : (bf16_model ? DType::kBF16 : DType::kF32);
+  std::printf("model %s, backend %s, %d threads, KV %s; prompt %d tokens, median of %d decode steps\n", dir,
+              std::string(timing.name()).c_str(), omp_get_max_threads(), kv_dtype == DType::kBF16 ? "bf16" : "f32",
+              input_len, steps);
   const int batches[] = {1, 16};
   StepProfile profiles[2];
-  for (int b = 0; b < 2; ++b) profiles[b] = Profile(**model, timing, batches[b], input_len, steps);
+  for (int b = 0; b < 2; ++b) profiles[b] = Profile(**model, timing, kv_dtype, batches[b], input_len, steps);
   std::printf("\n%-16s", "ms per step");
   for (int b : batches) std::printf("   batch %-3d", b);
   std::printf("\n");
