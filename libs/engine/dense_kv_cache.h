@@ -2,7 +2,9 @@
 //
 // The foundation's single-request path and the numerics oracle for the paged
 // engine: layer l holds K and V as [capacity_tokens, num_kv_heads, head_dim] f32.
-// Positions 0..num_tokens()-1 are filled.
+// Positions 0..num_tokens()-1 are filled. With a bf16 element type the values are
+// kept rounded to bf16 (RoundToStoragePrecision), so this path sees exactly what a
+// bf16 paged cache holds.
 //
 // Thread-safety: not thread-safe; owned by the one request that uses it.
 #pragma once
@@ -18,8 +20,9 @@ namespace kvmesh::engine {
 class DenseKvCache {
  public:
   // InvalidArgument for non-positive sizes.
+  // `element_dtype`: kF32 or kBF16 (the precision K and V are kept at).
   static absl::StatusOr<DenseKvCache> Create(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
-                                             int64_t capacity_tokens);
+                                             int64_t capacity_tokens, DType element_dtype = DType::kF32);
 
   int64_t capacity_tokens() const { return capacity_tokens_; }
   int64_t num_tokens() const { return num_tokens_; }
@@ -35,6 +38,8 @@ class DenseKvCache {
   TensorView value_slots(int64_t layer, int64_t begin, int64_t n);
 
   int64_t num_bytes() const;
+  // Rounds positions begin..begin+n-1 of `layer` to the element type (a no-op for f32).
+  void RoundToStoragePrecision(int64_t layer, int64_t begin, int64_t n);
 
  private:
   DenseKvCache(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim, int64_t capacity_tokens);
@@ -44,6 +49,7 @@ class DenseKvCache {
   int64_t head_dim_;
   int64_t capacity_tokens_;
   int64_t num_tokens_ = 0;
+  DType element_dtype_ = DType::kF32;
   std::vector<std::vector<float>> keys_;    // [layer][capacity * Hkv * D]
   std::vector<std::vector<float>> values_;  // [layer][capacity * Hkv * D]
 };

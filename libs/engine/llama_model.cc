@@ -63,9 +63,9 @@ absl::Status LlamaModel::Pack(const LlamaModelOptions& options) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<DenseKvCache> LlamaModel::NewKvCache(int64_t capacity_tokens) const {
+absl::StatusOr<DenseKvCache> LlamaModel::NewKvCache(int64_t capacity_tokens, DType kv_cache_dtype) const {
   return DenseKvCache::Create(config_.num_hidden_layers, config_.num_key_value_heads, config_.head_dim,
-                              capacity_tokens);
+                              capacity_tokens, kv_cache_dtype);
 }
 
 int64_t LlamaModel::weight_bytes_per_token() const {
@@ -149,6 +149,7 @@ absl::Status LlamaModel::Forward(std::span<const int32_t> tokens, DenseKvCache& 
     }
     TensorView q = TensorView::Contiguous(q_.data(), DType::kF32, {t, h, d});
     backend_.ApplyRope(q, k_slots, positions, inv_freq_);
+    cache.RoundToStoragePrecision(static_cast<int64_t>(l), start, t);
     TensorView attn = TensorView::Contiguous(attn_.data(), DType::kF32, {t, h, d});
     backend_.DenseAttention(q, cache.keys(l, start + t), cache.values(l, start + t), positions, scale, attn);
     backend_.Linear(F32(attn_, t, h * d), *layers_[l].o, proj);

@@ -67,7 +67,7 @@ class LlamaModel {
   const std::string& model_dir() const { return model_dir_; }
 
   // A cache sized for `capacity_tokens` positions of this model.
-  absl::StatusOr<DenseKvCache> NewKvCache(int64_t capacity_tokens) const;
+  absl::StatusOr<DenseKvCache> NewKvCache(int64_t capacity_tokens, DType kv_cache_dtype = DType::kF32) const;
 
   // Runs `tokens` at positions cache.num_tokens() .. + tokens.size() - 1, writes
   // their K/V into the cache and advances it. For each index i in `logit_rows`

@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<PagedModelRunner>> PagedModelRunner::Create(Llama
       .kv_head_replication = shard.kv_head_replication,
       .head_dim = static_cast<int32_t>(c.head_dim),
       .block_size_tokens = options.block_size_tokens,
-      .dtype = DType::kF32,
+      .dtype = options.kv_cache_dtype,
       .budget_bytes = options.kv_cache_bytes,
       .num_blocks = options.num_blocks,
   };

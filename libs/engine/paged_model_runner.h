@@ -37,6 +37,9 @@ struct PagedModelRunnerOptions {
   // Size the KV pool by exactly one of these.
   int64_t kv_cache_bytes = 0;
   int32_t num_blocks = 0;
+  // Element type of the KV pool: kF32, or kBF16 (half the bytes a step's attention
+  // reads; vLLM's kv_cache_dtype "auto" on a bf16 model).
+  DType kv_cache_dtype = DType::kF32;
 };
 
 class PagedModelRunner : public ModelRunner {

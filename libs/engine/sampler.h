@@ -152,6 +152,8 @@ class SequenceSampler {
 
   // Steps 1-2 into penalized_.
   void ApplyMasksAndPenalties(std::span<const float> logits);
+  // Whether ApplyMasksAndPenalties would change any logit beyond sanitizing it.
+  bool MasksOrPenaltiesApply() const;
   // Steps 4-7 over penalized_; false if nothing can be drawn.
   bool SampleRandom(int32_t* token_id);
   // Overwrites the scratch buffers.

@@ -18,7 +18,8 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 absl::StatusOr<GenerationResult> GenerateSingleSequence(LlamaModel& model, std::span<const int32_t> prompt,
                                                         const SamplingParams& params,
                                                         std::span<const int32_t> eos_token_ids,
-                                                        const std::function<bool(const GeneratedToken&)>& on_token) {
+                                                        const std::function<bool(const GeneratedToken&)>& on_token,
+                                                        DType kv_cache_dtype) {
   const auto& config = model.config();
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty");
   const int64_t context = config.max_position_embeddings;
@@ -32,7 +33,7 @@ absl::StatusOr<GenerationResult> GenerateSingleSequence(LlamaModel& model, std::
       SequenceSampler sampler,
       SequenceSampler::Create(params, static_cast<int32_t>(config.vocab_size), prompt, eos_token_ids));
   const StopChecker stop_checker(params, eos_token_ids);
-  KVMESH_ASSIGN_OR_RETURN(DenseKvCache cache, model.NewKvCache(prompt_len + params.max_tokens));
+  KVMESH_ASSIGN_OR_RETURN(DenseKvCache cache, model.NewKvCache(prompt_len + params.max_tokens, kv_cache_dtype));
 
   GenerationResult result;
   result.num_prompt_tokens = static_cast<int32_t>(prompt_len);

@@ -35,6 +35,7 @@ struct GenerationResult {
 absl::StatusOr<GenerationResult> GenerateSingleSequence(LlamaModel& model, std::span<const int32_t> prompt,
                                                         const SamplingParams& params,
                                                         std::span<const int32_t> eos_token_ids,
-                                                        const std::function<bool(const GeneratedToken&)>& on_token);
+                                                        const std::function<bool(const GeneratedToken&)>& on_token,
+                                                        DType kv_cache_dtype = DType::kF32);
 
 }  // namespace kvmesh::engine

@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<TensorParallelRunner>> TensorParallelRunner::Crea
                                        .num_kv_heads = static_cast<int32_t>(shard0.num_kv_heads),
                                        .head_dim = static_cast<int32_t>(config.head_dim),
                                        .block_size_tokens = options.block_size_tokens,
-                                       .dtype = DType::kF32};
+                                       .dtype = options.kv_cache_dtype};
     num_blocks = kv::NumBlocksForBudget(per_rank, options.kv_cache_bytes / n);
     if (num_blocks < 1)
       return absl::InvalidArgumentError(absl::StrCat("KV budget of ", options.kv_cache_bytes, " bytes over ", n,
@@ -146,7 +146,10 @@ absl::Status TensorParallelRunner::SetUpRank(int32_t r, const std::string& model
   if (!comm.ok()) return comm.status();
   rank.comm = std::make_unique<comm::TimedCommunicator>(std::move(comm).value());
   auto runner = PagedModelRunner::Create(
-      *rank.model, {.block_size_tokens = options_.block_size_tokens, .num_blocks = num_blocks}, rank.comm.get());
+      *rank.model,
+      {.block_size_tokens = options_.block_size_tokens, .num_blocks = num_blocks,
+       .kv_cache_dtype = options_.kv_cache_dtype},
+      rank.comm.get());
   if (!runner.ok()) return runner.status();
   rank.runner = std::move(runner).value();
   return absl::OkStatus();

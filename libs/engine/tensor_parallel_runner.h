@@ -53,6 +53,7 @@ struct TensorParallelRunnerOptions {
   // replication the block count equals one rank's at the same budget), or a block count.
   int64_t kv_cache_bytes = 0;
   int32_t num_blocks = 0;
+  DType kv_cache_dtype = DType::kF32;  // PagedModelRunnerOptions::kv_cache_dtype
   // Kernel threads of all ranks together; <= 0: one per core.
   int total_threads = 0;
   std::string isa = "auto";  // CpuBackendOptions::isa

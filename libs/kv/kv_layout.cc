@@ -105,8 +105,10 @@ absl::StatusOr<KvLayout> KvLayout::Create(const KvLayoutOptions& o) {
 int64_t KvLayout::SlotOffset(int32_t layer, int32_t kv, int32_t head, int64_t slot) const {
   const int64_t block = slot / block_size_tokens_;
   const int64_t offset = slot % block_size_tokens_;
-  const int64_t elements =
-      ((static_cast<int64_t>(kv) * num_kv_heads_ + head) * block_size_tokens_ + offset) * head_dim_;
+  // K is dimension-major ([D][B]: the token's dimension 0, the rest B apart); V is
+  // token-major ([B][D]: the token's row).
+  const int64_t head_start = (static_cast<int64_t>(kv) * num_kv_heads_ + head) * block_size_tokens_ * head_dim_;
+  const int64_t elements = head_start + (kv == 0 ? offset : offset * head_dim_);
   return static_cast<int64_t>(layer) * LayerBytes() + block * block_bytes_ + elements * DTypeSize(dtype_);
 }
 

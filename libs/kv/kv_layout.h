@@ -3,10 +3,15 @@
 // A pool serves one layer group (today: all layers of the model) and is indexed by the
 // BlockIds of a BlockPool. Layer-major, then block-major:
 //
-//   pool  = [num_layers][num_blocks][2 (K, V)][num_kv_heads][block_size_tokens][head_dim]
+//   pool  = [num_layers][num_blocks][2 (K, V)][num_kv_heads][B x D]
+//   K head of a block: [head_dim][block_size_tokens]  (dimension-major)
+//   V head of a block: [block_size_tokens][head_dim]  (token-major)
 //
-// so one layer's pool is the dense tensor [num_blocks, 2, Hkv, B, D] that paged
-// attention reads, and one block of one layer is ONE contiguous byte range of
+// K is stored transposed within its block because attention scores take one dimension
+// of many keys at a time (q.k for kLanes keys per vector, no horizontal sums), while
+// P.V takes whole V rows; vLLM's CPU and GPU caches split K the same way. One layer's
+// pool is the dense tensor [num_blocks, 2, Hkv, B, D] (the innermost B x D read as
+// above) that paged attention reads, and one block of one layer is ONE contiguous byte range of
 // BlockBytes() at BlockOffset(layer, block): the unit that later work transfers
 // (prefill -> decode), offloads (device -> host -> disk) and quantizes (fp8/int8 with
 // per-block scales, kept beside the pool). Token slot s = block * B + offset.
@@ -89,8 +94,9 @@ class KvLayout {
   int64_t BlockOffset(int32_t layer, BlockId block) const {
     return static_cast<int64_t>(layer) * LayerBytes() + static_cast<int64_t>(block.value) * block_bytes_;
   }
-  // Byte offset of the head_dim vector of token slot `slot` (block * B + offset),
-  // head `head`, K (kv == 0) or V (kv == 1), in `layer`.
+  // Byte offset of dimension 0 of token slot `slot` (block * B + offset), head `head`,
+  // K (kv == 0) or V (kv == 1), in `layer`. Dimension c is c * B elements further for
+  // K, c elements further for V.
   int64_t SlotOffset(int32_t layer, int32_t kv, int32_t head, int64_t slot) const;
 
  private:

@@ -3,8 +3,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <string>
+
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "core/memory_info.h"
 #include "core/status_macros.h"
@@ -14,6 +17,8 @@ ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{1} << 30, "KV cache pool size in byte
 ABSL_FLAG(double, kv_cache_memory_fraction, 0.0,
           "Size the KV pool as this fraction of the host's available memory (0: use --kv-cache-bytes).");
 ABSL_FLAG(int, block_size, 16, "KV block size in tokens.");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "KV cache element type: auto (bf16 for a bf16 model, else f32), f32 or bf16.");
 ABSL_FLAG(bool, enable_prefix_caching, true, "Reuse the KV blocks of shared prompt prefixes.");
 ABSL_FLAG(int, max_num_seqs, 64, "Scheduler: sequences per engine step.");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "Scheduler: tokens per engine step (chunked-prefill budget).");
@@ -25,6 +30,14 @@ ABSL_FLAG(int, max_model_len, 0, "Context length (prompt + completion); 0: the m
 
 namespace kvmesh::cli {
 
+absl::StatusOr<DType> KvCacheDTypeFromFlags(const engine::LlamaModel& model) {
+  const std::string name = absl::GetFlag(FLAGS_kv_cache_dtype);
+  if (name == "f32") return DType::kF32;
+  if (name == "bf16") return DType::kBF16;
+  if (name == "auto") return model.weights().embed_tokens.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  return absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype must be auto, f32 or bf16, not \"", name, "\""));
+}
+
 absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model) {
   int64_t kv_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   if (const double fraction = absl::GetFlag(FLAGS_kv_cache_memory_fraction); fraction != 0) {
@@ -33,17 +46,20 @@ absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model) 
     kv_bytes = static_cast<int64_t>(fraction * static_cast<double>(available));
   }
   EngineFromFlags out;
+  KVMESH_ASSIGN_OR_RETURN(const DType kv_dtype, KvCacheDTypeFromFlags(model));
   const int tp = absl::GetFlag(FLAGS_tensor_parallel_size);
   if (tp < 1) return absl::InvalidArgumentError("--tensor-parallel-size must be >= 1");
   if (tp == 1) {
     KVMESH_ASSIGN_OR_RETURN(out.runner, engine::PagedModelRunner::Create(
                                             model, {.block_size_tokens = absl::GetFlag(FLAGS_block_size),
-                                                    .kv_cache_bytes = kv_bytes}));
+                                                    .kv_cache_bytes = kv_bytes,
+                                                    .kv_cache_dtype = kv_dtype}));
   } else {
     engine::TensorParallelRunnerOptions tp_options{
         .tensor_parallel_size = tp,
         .block_size_tokens = absl::GetFlag(FLAGS_block_size),
         .kv_cache_bytes = kv_bytes,
+        .kv_cache_dtype = kv_dtype,
         .total_threads = absl::GetFlag(FLAGS_threads),
     };
     tp_options.on_group_failure = [](const absl::Status& status) {

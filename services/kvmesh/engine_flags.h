@@ -30,4 +30,8 @@ struct EngineFromFlags {
 // the error) instead of the worker hanging or serving from a broken group.
 absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model);
 
+// --kv-cache-dtype: f32, bf16, or auto (bf16 for a model whose weights are bf16, as
+// vLLM's "auto" follows the model's dtype; else f32). InvalidArgument otherwise.
+absl::StatusOr<DType> KvCacheDTypeFromFlags(const engine::LlamaModel& model);
+
 }  // namespace kvmesh::cli

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "cli_common.h"
 #include "commands.h"
+#include "engine_flags.h"
 #include "engine/single_sequence_generator.h"
 #include "model/chat_template.h"
 
@@ -132,7 +133,10 @@ int RunGenerate(int argc, char** argv) {
     std::fflush(stdout);
     return true;
   };
-  auto result = engine::GenerateSingleSequence(*loaded->model, prompt, *params, eos, on_token);
+  // The KV precision `serve` would use (--kv-cache-dtype), so both give the same tokens.
+  auto kv_dtype = KvCacheDTypeFromFlags(*loaded->model);
+  if (!kv_dtype.ok()) return Fail(std::string(kv_dtype.status().message()));
+  auto result = engine::GenerateSingleSequence(*loaded->model, prompt, *params, eos, on_token, *kv_dtype);
   if (!result.ok()) return Fail(std::string(result.status().message()));
   if (!json) {
     std::fputc('\n', stdout);

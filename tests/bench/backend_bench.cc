@@ -291,11 +291,11 @@ int Run(int argc, char** argv) {
   for (const auto& l : copies[0]) model_bytes += static_cast<double>(l->num_bytes());
   const int num_copies = quick ? 1 : static_cast<int>(std::ceil((1 << 30) / model_bytes)) + 1;
   for (int c = 1; c < num_copies; ++c) copies.push_back(pack_model(10 + 1000 * c));
-  std::vector<float> x(32000 * 8), y(32000 * 8);
+  std::vector<float> x(32000 * 32), y(32000 * 32);
   std::fill(x.begin(), x.end(), 0.01f);
   std::printf("\nDecode step, all linears of the default model, bf16 weights %.1f MB per step\n", model_bytes / 1e6);
   std::printf("%-6s %3s %10s %10s %8s\n", "", "M", "us/step", "GB/s", "of copy");
-  for (int64_t m : {1, 8}) {
+  for (int64_t m : {1, 8, 16, 32}) {
     for (int cold = 0; cold <= (num_copies > 1 ? 1 : 0); ++cold) {
       int next = 0;
       auto step = [&] {

@@ -57,14 +57,25 @@ def test_generate_json_streams_one_object_per_token():
 
 
 def test_greedy_generation_matches_transformers_fixture():
-    """The first prompt of the bf16 fixture, decoded greedily by the CLI."""
+    """The first prompt of the bf16 fixture, decoded greedily by the CLI.
+
+    The fixture is transformers in float32 (weights widened, f32 KV), so the CLI keeps
+    its KV in f32 too; the default for a bf16 model (auto) is a bf16 KV cache, whose
+    rounding is allowed to change later tokens."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, "tests", "data", "reference", "tiny-llama.json")) as f:
         case = json.load(f)["cases"][0]
-    out = run("generate", "--prompt", "The quick brown fox jumps over the lazy dog.", "--max-tokens", "16",
-              "--temperature", "0", "--ignore-eos", "--json").stdout
+    args = ["generate", "--prompt", "The quick brown fox jumps over the lazy dog.", "--max-tokens", "16",
+            "--temperature", "0", "--ignore-eos", "--json"]
+    out = run(*args, "--kv-cache-dtype", "f32").stdout
     ids = [json.loads(l)["id"] for l in out.splitlines() if l.strip()]
     assert ids == case["greedy_ids"][:16]
+    # bf16 KV: the first token comes from the prompt's attention at bf16 KV precision
+    # and still agrees; an unknown element type is refused.
+    out = run(*args, "--kv-cache-dtype", "bf16").stdout
+    assert json.loads(out.splitlines()[0])["id"] == case["greedy_ids"][0]
+    bad = subprocess.run([KVMESH, *args, "--kv-cache-dtype", "fp4"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--kv-cache-dtype must be auto, f32 or bf16" in bad.stderr
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent():

@@ -232,20 +232,22 @@ class CpuBackend final : public Backend {
   void WriteKvCache(const TensorView& k, const TensorView& v, std::span<const int64_t> slots,
                     const TensorView& kv_cache) override {
     KVMESH_BACKEND_CHECK(k.rank == 3 && v.rank == 3 && kv_cache.rank == 5 && kv_cache.shape[1] == 2);
-    KVMESH_BACKEND_CHECK(k.dtype == DType::kF32 && v.dtype == DType::kF32 && kv_cache.dtype == DType::kF32);
+    KVMESH_BACKEND_CHECK(k.dtype == DType::kF32 && v.dtype == DType::kF32 &&
+                         (kv_cache.dtype == DType::kF32 || kv_cache.dtype == DType::kBF16));
     const int64_t hkv = kv_cache.shape[2];
     const int64_t d = kv_cache.shape[4];
     KVMESH_BACKEND_CHECK(k.shape == v.shape && k.shape[1] == hkv && k.shape[2] == d);
     KVMESH_BACKEND_CHECK(static_cast<int64_t>(slots.size()) == k.shape[0]);
     if (slots.empty()) return;
     kernels_.write_kv_cache(k.data_as<const float>(), v.data_as<const float>(), k.shape[0], slots.data(),
-                            kv_cache.data_as<float>(), hkv, kv_cache.shape[3], d, num_threads_);
+                            kv_cache.data, kv_cache.dtype == DType::kBF16, hkv, kv_cache.shape[3], d, num_threads_);
   }
 
   void PagedAttention(const TensorView& q, const TensorView& kv_cache, const PagedAttentionBatch& batch, float scale,
                       const TensorView& out) override {
     KVMESH_BACKEND_CHECK(q.rank == 3 && kv_cache.rank == 5 && kv_cache.shape[1] == 2);
-    KVMESH_BACKEND_CHECK(q.dtype == DType::kF32 && kv_cache.dtype == DType::kF32 && out.dtype == DType::kF32);
+    KVMESH_BACKEND_CHECK(q.dtype == DType::kF32 && out.dtype == DType::kF32 &&
+                         (kv_cache.dtype == DType::kF32 || kv_cache.dtype == DType::kBF16));
     const int64_t h = q.shape[1];
     const int64_t d = q.shape[2];
     const int64_t hkv = kv_cache.shape[2];
@@ -258,7 +260,8 @@ class CpuBackend final : public Backend {
     KVMESH_BACKEND_CHECK(batch.query_start[0] == 0 && batch.query_start[num_seqs] == q.shape[0]);
     const cpu::PagedAttentionParams params = {
         .q = q.data_as<const float>(),
-        .kv_cache = kv_cache.data_as<const float>(),
+        .kv_cache = kv_cache.data,
+        .kv_bf16 = kv_cache.dtype == DType::kBF16,
         .query_start = batch.query_start.data(),
         .context_lens = batch.context_lens.data(),
         .block_tables = batch.block_tables.data(),

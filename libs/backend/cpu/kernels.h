@@ -42,7 +42,8 @@ struct PackedPanels {
 // One PagedAttention call (ops.h PagedAttentionBatch) as raw pointers.
 struct PagedAttentionParams {
   const float* q = nullptr;             // [t, h, d]
-  const float* kv_cache = nullptr;      // [num_blocks, 2, hkv, block_size, d]
+  const void* kv_cache = nullptr;       // [num_blocks, 2, hkv, block_size, d] (kv/kv_layout.h), f32 or bf16
+  bool kv_bf16 = false;                 // kv_cache holds bf16 (else f32)
   const int32_t* query_start = nullptr;  // [num_seqs + 1]
   const int32_t* context_lens = nullptr;  // [num_seqs]
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
@@ -78,10 +79,11 @@ struct KernelTable {
   // q: [t, h, d]; k, v: [s, hkv, d]; out: [t, h, d].
   void (*dense_attention)(const float* q, const float* k, const float* v, int64_t t, int64_t h, int64_t hkv,
                           int64_t d, const int32_t* positions, float scale, float* out, int num_threads);
-  // cache[slot / b, 0 (K) / 1 (V), :, slot % b, :] = k / v[i, :, :] for slots[i].
-  // k, v: [t, hkv, d]; cache: [num_blocks, 2, hkv, b, d]. Slots must be distinct.
-  void (*write_kv_cache)(const float* k, const float* v, int64_t t, const int64_t* slots, float* cache, int64_t hkv,
-                         int64_t b, int64_t d, int num_threads);
+  // Writes k / v[i, :, :] into slot slots[i] of cache: [num_blocks, 2, hkv, b x d]
+  // (kv/kv_layout.h: K [d][b], V [b][d] per head), f32, or bf16 rounded to nearest
+  // even when `bf16`. k, v: [t, hkv, d]. Slots must be distinct.
+  void (*write_kv_cache)(const float* k, const float* v, int64_t t, const int64_t* slots, void* cache, bool bf16,
+                         int64_t hkv, int64_t b, int64_t d, int num_threads);
   // ops.h PagedAttention; see cpu/paged_attention_kernel.cc for the reduction order.
   void (*paged_attention)(const PagedAttentionParams& params, int num_threads);
 };

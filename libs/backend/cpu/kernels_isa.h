@@ -19,8 +19,8 @@ void Rope(float* q, float* k, int64_t t, int64_t h, int64_t hkv, int64_t d, cons
 void SiluAndMul(const float* gate_up, int64_t t, int64_t i, float* out, int num_threads);
 void DenseAttention(const float* q, const float* k, const float* v, int64_t t, int64_t h, int64_t hkv, int64_t d,
                     const int32_t* positions, float scale, float* out, int num_threads);
-void WriteKvCache(const float* k, const float* v, int64_t t, const int64_t* slots, float* cache, int64_t hkv,
-                  int64_t b, int64_t d, int num_threads);
+void WriteKvCache(const float* k, const float* v, int64_t t, const int64_t* slots, void* cache, bool bf16,
+                  int64_t hkv, int64_t b, int64_t d, int num_threads);
 void PagedAttention(const PagedAttentionParams& params, int num_threads);
 
 }  // namespace kvmesh::backend::cpu::KVMESH_CPU_ISA

@@ -26,9 +26,13 @@
 // so a token's output is bitwise the same alone, in any batch and however its
 // prompt was chunked. (Results differ between the AVX-512 and AVX2 builds.)
 //
-// Scores use K transposed per tile into scratch ([D, tile] so that one vector
-// holds kLanes keys' partial dots, with no horizontal sums); P.V keeps the
-// accumulators of up to kPvRows query vectors in registers. Scratch is
+// Scores want K dimension-major ([D, keys], so that one vector holds kLanes
+// keys' partial dots, with no horizontal sums), which is how the cache stores a
+// block's K (kv/kv_layout.h): when B is a multiple of kLanes the score kernel
+// reads each chunk of kLanes keys straight from its block (row stride B);
+// otherwise the tile's keys are first gathered into scratch [D, tile]. Both
+// give the same operations, hence the same bits. P.V keeps the accumulators of
+// up to kPvRows query vectors in registers (V is token-major). Scratch is
 // thread-local and grow-only: no heap allocation per call once warm.
 #include <omp.h>
 
@@ -36,6 +40,7 @@
 #include <cstdlib>
 
 #include "backend/cpu/kernels_isa.h"
+#include "core/dtype.h"
 
 namespace kvmesh::backend::cpu::KVMESH_CPU_ISA {
 namespace {
@@ -92,79 +97,38 @@ KVMESH_VEC_INLINE V Iota() {
   return Load(kIota);
 }
 
-// ---- K tile transpose: kt[c * ldk + j] = rows[j][c] for j < kLanes, c < d (d % kLanes == 0).
+// ---- KV elements: f32, or bf16 (uint16_t bits) widened exactly to f32 on load.
+KVMESH_VEC_INLINE V LoadKv(const float* p) { return Load(p); }
+KVMESH_VEC_INLINE V LoadKv(const uint16_t* p) { return LoadBf16(p); }
+KVMESH_VEC_INLINE float KvToF32(float x) { return x; }
+KVMESH_VEC_INLINE float KvToF32(uint16_t x) { return __builtin_bit_cast(float, static_cast<uint32_t>(x) << 16); }
 
-#if defined(KVMESH_CPU_AVX512)
-KVMESH_VEC_INLINE void Transpose(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 2; ++i) {
-    for (int j = 0; j < 4; ++j) {
-      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
-      t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
-    }
-  }
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
-    r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
+// ---- K gather for block sizes that are not a multiple of kLanes:
+// kt[c * ldk + j] = K of key j, dimension c, for j < n (keys[j] -> its block's K
+// head at its offset; the block's K is [D][B], row stride bs).
+template <typename T>
+KVMESH_VEC_INLINE void GatherKeys(const T* const* keys, int64_t n, int64_t d, int64_t bs, float* kt, int64_t ldk) {
+  for (int64_t c = 0; c < d; ++c) {
+    for (int64_t j = 0; j < n; ++j) kt[c * ldk + j] = KvToF32(keys[j][c * bs]);
   }
 }
-
-KVMESH_VEC_INLINE void TransposeKeys(const float* const* rows, int64_t d, float* kt, int64_t ldk) {
-  for (int64_t c = 0; c < d; c += 16) {
-    __m512 r[16];
-    for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_ps(rows[j] + c);
-    Transpose(r);
-    for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kt + (c + j) * ldk, r[j]);
-  }
-}
-#else
-KVMESH_VEC_INLINE void TransposeKeys(const float* const* rows, int64_t d, float* kt, int64_t ldk) {
-  for (int64_t c = 0; c < d; c += 8) {
-    __m256 r[8];
-    __m256 t[8];
-    for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(rows[j] + c);
-    for (int i = 0; i < 4; ++i) {
-      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 2; ++i) {
-      r[4 * i + 0] = _mm256_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-      r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i + 0], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-      r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-      r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int j = 0; j < 4; ++j) {
-      t[j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x20);
-      t[4 + j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x31);
-    }
-    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(kt + (c + j) * ldk, t[j]);
-  }
-}
-#endif
 
 // ---- Scores: R query vectors x NC chunks of kLanes keys, one FMA chain over c each.
+// Chunk i's keys are kchunks[i][c * ldk + lane] (dimension-major).
 // scores[r][j * kLanes + lane] = dot * scale, or -inf where the key index >= visible[r].
-template <int R, int NC>
-KVMESH_VEC_INLINE void ScoreBlock(const float* const* q, const float* kt, int64_t ldk, int64_t d, int64_t chunk0,
-                                  const int32_t* visible, float scale, float* scores, int64_t ld_scores) {
+template <int R, int NC, typename T>
+KVMESH_VEC_INLINE void ScoreBlock(const float* const* q, const T* const* kchunks, int64_t ldk, int64_t d,
+                                  int64_t chunk0, const int32_t* visible, float scale, float* scores,
+                                  int64_t ld_scores) {
   V acc[R][NC];
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < NC; ++j) acc[r][j] = Zero();
   }
-  const float* k = kt + chunk0 * kLanes;
+  const T* k[NC];
+  for (int j = 0; j < NC; ++j) k[j] = kchunks[chunk0 + j];
   for (int64_t c = 0; c < d; ++c) {
     V kv[NC];
-    for (int j = 0; j < NC; ++j) kv[j] = Load(k + c * ldk + j * kLanes);
+    for (int j = 0; j < NC; ++j) kv[j] = LoadKv(k[j] + c * ldk);
     for (int r = 0; r < R; ++r) {
       const V qb = Set1(q[r][c]);
       for (int j = 0; j < NC; ++j) acc[r][j] = Fma(qb, kv[j], acc[r][j]);
@@ -182,49 +146,51 @@ KVMESH_VEC_INLINE void ScoreBlock(const float* const* q, const float* kt, int64_
   }
 }
 
-template <int R>
-void Scores(const float* const* q, const float* kt, int64_t ldk, int64_t d, int64_t num_chunks,
+template <int R, typename T>
+void Scores(const float* const* q, const T* const* kt, int64_t ldk, int64_t d, int64_t num_chunks,
             const int32_t* visible, float scale, float* scores, int64_t ld_scores) {
   int64_t chunk = 0;
   for (; chunk + 2 <= num_chunks; chunk += 2) {
-    ScoreBlock<R, 2>(q, kt, ldk, d, chunk, visible, scale, scores, ld_scores);
+    ScoreBlock<R, 2, T>(q, kt, ldk, d, chunk, visible, scale, scores, ld_scores);
   }
-  if (chunk < num_chunks) ScoreBlock<R, 1>(q, kt, ldk, d, chunk, visible, scale, scores, ld_scores);
+  if (chunk < num_chunks) ScoreBlock<R, 1, T>(q, kt, ldk, d, chunk, visible, scale, scores, ld_scores);
 }
 
-void ScoresAny(int r, const float* const* q, const float* kt, int64_t ldk, int64_t d, int64_t num_chunks,
+template <typename T>
+void ScoresAny(int r, const float* const* q, const T* const* kt, int64_t ldk, int64_t d, int64_t num_chunks,
                const int32_t* visible, float scale, float* scores, int64_t ld_scores) {
   static_assert(kQkRows == 4);
   switch (r) {
-    case 1: return Scores<1>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores);
-    case 2: return Scores<2>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores);
-    case 3: return Scores<3>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores);
-    default: return Scores<4>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores);
+    case 1: return Scores<1, T>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores);
+    case 2: return Scores<2, T>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores);
+    case 3: return Scores<3, T>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores);
+    default: return Scores<4, T>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores);
   }
 }
 
 // ---- P.V: for R query vectors and NV vectors of head_dim starting at c0:
 // acc = acc * correction, then acc = fma(p[s], v_s, acc) for s in [0, num_keys).
+template <typename T>
 struct PvArgs {
   float* const* acc;          // [R] -> accumulator row (head_dim floats)
   const float* correction;    // [R]
   const float* const* probs;  // [R] -> probabilities of the keys
-  const float* const* vrows;  // [num_keys] -> V rows
+  const T* const* vrows;      // [num_keys] -> V rows
   int64_t num_keys;
   int64_t c0;
 };
 
-template <int R, int NV>
-KVMESH_VEC_INLINE void PvBlock(const PvArgs& a) {
+template <int R, int NV, typename T>
+KVMESH_VEC_INLINE void PvBlock(const PvArgs<T>& a) {
   V acc[R][NV];
   for (int r = 0; r < R; ++r) {
     const V corr = Set1(a.correction[r]);
     for (int v = 0; v < NV; ++v) acc[r][v] = Mul(Load(a.acc[r] + a.c0 + v * kLanes), corr);
   }
   for (int64_t s = 0; s < a.num_keys; ++s) {
-    const float* vrow = a.vrows[s] + a.c0;
+    const T* vrow = a.vrows[s] + a.c0;
     V x[NV];
-    for (int v = 0; v < NV; ++v) x[v] = Load(vrow + v * kLanes);
+    for (int v = 0; v < NV; ++v) x[v] = LoadKv(vrow + v * kLanes);
     for (int r = 0; r < R; ++r) {
       const V p = Set1(a.probs[r][s]);
       for (int v = 0; v < NV; ++v) acc[r][v] = Fma(p, x[v], acc[r][v]);
@@ -235,28 +201,29 @@ KVMESH_VEC_INLINE void PvBlock(const PvArgs& a) {
   }
 }
 
-template <int R, int NV>
-void PvVecs(int nv, const PvArgs& a) {
+template <int R, int NV, typename T>
+void PvVecs(int nv, const PvArgs<T>& a) {
   if constexpr (NV > 1) {
-    if (nv < NV) return PvVecs<R, NV - 1>(nv, a);
+    if (nv < NV) return PvVecs<R, NV - 1, T>(nv, a);
   }
-  PvBlock<R, NV>(a);
+  PvBlock<R, NV, T>(a);
 }
 
-template <int R>
-void PvAny(int r, int nv, const PvArgs& a) {
+template <int R, typename T>
+void PvAny(int r, int nv, const PvArgs<T>& a) {
   if constexpr (R > 1) {
-    if (r < R) return PvAny<R - 1>(r, nv, a);
+    if (r < R) return PvAny<R - 1, T>(r, nv, a);
   }
-  PvVecs<R, kPvVecs>(nv, a);
+  PvVecs<R, kPvVecs, T>(nv, a);
 }
 
 // Runs P.V over all of head_dim for r (<= kPvRows) query vectors.
-void Pv(int r, float* const* acc, const float* correction, const float* const* probs, const float* const* vrows,
+template <typename T>
+void Pv(int r, float* const* acc, const float* correction, const float* const* probs, const T* const* vrows,
         int64_t num_keys, int64_t d) {
   for (int64_t c0 = 0; c0 < d; c0 += kPvVecs * kLanes) {
     const int nv = static_cast<int>(Min<int64_t>(kPvVecs, (d - c0) / kLanes));
-    PvAny<kPvRows>(r, nv, PvArgs{acc, correction, probs, vrows, num_keys, c0});
+    PvAny<kPvRows, T>(r, nv, PvArgs<T>{acc, correction, probs, vrows, num_keys, c0});
   }
 }
 
@@ -288,6 +255,8 @@ int64_t TileTokens(int64_t block_size) {
   return block_size >= kMinTileTokens ? block_size : block_size * CeilDiv(kMinTileTokens, block_size);
 }
 
+// T: the cache's element type (float, or uint16_t for bf16).
+template <typename T>
 void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
   const int64_t d = p.d;
   const int64_t bs = p.block_size;
@@ -301,13 +270,22 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
   const int64_t last_pos = first_pos + item.rows - 1;
   const int nq = item.rows * item.heads;
 
-  // Scratch: kt [d, ld] | scores [kMaxQueryVectors, ld] | acc [kMaxQueryVectors, d] | row pointers.
+  // K chunks come straight from the cache when every chunk of kLanes keys lies in
+  // one block; otherwise they are gathered into kt.
+  const bool direct_k = bs % kLanes == 0;
+  // Scratch: kt [d, ld] | scores [kMaxQueryVectors, ld] | acc [kMaxQueryVectors, d] | key, V row and K
+  // chunk pointers.
   float* kt = static_cast<float*>(
-      tls_item_scratch.Get((d * ld + kMaxQueryVectors * ld + kMaxQueryVectors * d) * 4 + 2 * ld * 8));
+      tls_item_scratch.Get((d * ld + kMaxQueryVectors * ld + kMaxQueryVectors * d) * 4 + 3 * ld * 8));
   float* scores = kt + d * ld;
   float* acc_base = scores + kMaxQueryVectors * ld;
-  const float** kptr = reinterpret_cast<const float**>(acc_base + kMaxQueryVectors * d);
-  const float** vptr = kptr + ld;
+  const T** kptr = reinterpret_cast<const T**>(acc_base + kMaxQueryVectors * d);
+  const T** vptr = kptr + ld;
+  const T** kchunk = vptr + ld;                                   // direct_k
+  const float** kt_chunk = reinterpret_cast<const float**>(kchunk);  // !direct_k: chunks of kt
+  if (!direct_k) {
+    for (int64_t i = 0; i < ld / kLanes; ++i) kt_chunk[i] = kt + i * kLanes;
+  }
 
   const float* qv[kMaxQueryVectors];
   float* accv[kMaxQueryVectors];
@@ -333,24 +311,30 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
 
   const int32_t* table = p.block_tables + item.seq * p.max_blocks_per_seq;
   const int64_t head_stride = bs * d;
-  const float* k_base = p.kv_cache + kvh * head_stride;
-  const float* v_base = p.kv_cache + (p.hkv + kvh) * head_stride;
+  const T* cache = static_cast<const T*>(p.kv_cache);
+  const T* k_base = cache + kvh * head_stride;
+  const T* v_base = cache + (p.hkv + kvh) * head_stride;
   const int64_t block_stride = 2 * p.hkv * head_stride;
 
   for (int64_t t0 = 0; t0 <= last_pos; t0 += tile) {
     const int64_t num_keys = Min(tile, last_pos + 1 - t0);
     const int64_t num_chunks = CeilDiv(num_keys, kLanes);
-    // Row pointers; padding past num_keys repeats the last key (finite, masked).
-    // A tile is whole blocks (t0 % bs == 0), so rows are walked block by block
-    // without a division per key.
+    // Key pointers (K: the key's column of its block's [D][B] K; V: its row);
+    // padding past num_keys repeats the last key (finite, masked). A tile is whole
+    // blocks (t0 % bs == 0), so keys are walked block by block without a division
+    // per key.
     {
       const int32_t* tile_blocks = table + t0 / bs;
       for (int64_t s0 = 0; s0 < num_keys; s0 += bs) {
         const int64_t off = static_cast<int64_t>(tile_blocks[s0 / bs]) * block_stride;
         const int64_t n_in = Min(bs, num_keys - s0);
         for (int64_t j = 0; j < n_in; ++j) {
-          kptr[s0 + j] = k_base + off + j * d;
+          kptr[s0 + j] = k_base + off + j;
           vptr[s0 + j] = v_base + off + j * d;
+        }
+        if (direct_k) {
+          // Lanes past n_in read the block's unused slots: finite or not, they are masked.
+          for (int64_t j = 0; j < n_in; j += kLanes) kchunk[(s0 + j) / kLanes] = k_base + off + j;
         }
       }
       for (int64_t s = num_keys; s < num_chunks * kLanes; ++s) {
@@ -365,24 +349,26 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
       const int32_t* next_blocks = table + ahead / bs;
       for (int64_t s0 = 0; s0 < next_keys; s0 += bs) {
         const int64_t off = static_cast<int64_t>(next_blocks[s0 / bs]) * block_stride;
-        const int64_t bytes = Min(bs, next_keys - s0) * d * 4;  // the block's rows are contiguous
+        // K of a block head is [D][B] (read whole); V rows are contiguous.
+        const int64_t k_bytes = bs * d * static_cast<int64_t>(sizeof(T));
+        const int64_t v_bytes = Min(bs, next_keys - s0) * d * static_cast<int64_t>(sizeof(T));
         const char* kb = reinterpret_cast<const char*>(k_base + off);
         const char* vb = reinterpret_cast<const char*>(v_base + off);
-        for (int64_t b = 0; b < bytes; b += 64) {
-          Prefetch(kb + b);
-          Prefetch(vb + b);
-        }
+        for (int64_t b = 0; b < k_bytes; b += 64) Prefetch(kb + b);
+        for (int64_t b = 0; b < v_bytes; b += 64) Prefetch(vb + b);
       }
     }
-    for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
-      TransposeKeys(kptr + chunk * kLanes, d, kt + chunk * kLanes, ld);
-    }
+    if (!direct_k) GatherKeys(kptr, num_chunks * kLanes, d, bs, kt, ld);
     // Query vectors are ordered by row, so those that see this tile are a suffix.
     const int first = static_cast<int>(Max<int64_t>(0, t0 - first_pos) * item.heads);
     for (int i = first; i < nq; ++i) visible[i] = static_cast<int32_t>(Min(num_keys, pos[i] - t0 + 1));
     for (int i = first; i < nq; i += kQkRows) {
       const int r = Min(kQkRows, nq - i);
-      ScoresAny(r, qv + i, kt, ld, d, num_chunks, visible + i, p.scale, scores + i * ld, ld);
+      if (direct_k) {
+        ScoresAny<T>(r, qv + i, kchunk, bs, d, num_chunks, visible + i, p.scale, scores + i * ld, ld);
+      } else {
+        ScoresAny<float>(r, qv + i, kt_chunk, ld, d, num_chunks, visible + i, p.scale, scores + i * ld, ld);
+      }
     }
     // Online softmax: the tile's max, probabilities in place, running sum.
     for (int i = first; i < nq; ++i) {
@@ -407,11 +393,11 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
       const int r = Min(kPvRows, nq - i);
       int64_t common = visible[i];
       for (int j = 1; j < r; ++j) common = Min<int64_t>(common, visible[i + j]);
-      Pv(r, accv + i, correction + i, probs + i, vptr, common, d);
+      Pv<T>(r, accv + i, correction + i, probs + i, vptr, common, d);
       for (int j = 0; j < r; ++j) {
         if (visible[i + j] > common) {
           const float* rest = probs[i + j] + common;
-          Pv(1, accv + i + j, kOne, &rest, vptr + common, visible[i + j] - common, d);
+          Pv<T>(1, accv + i + j, kOne, &rest, vptr + common, visible[i + j] - common, d);
         }
       }
     }
@@ -428,8 +414,14 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
 
 }  // namespace
 
-void WriteKvCache(const float* k, const float* v, int64_t t, const int64_t* slots, float* cache, int64_t hkv,
-                  int64_t b, int64_t d, int num_threads) {
+namespace {
+
+KVMESH_VEC_INLINE void StoreKvElement(float* dst, float x) { *dst = x; }
+KVMESH_VEC_INLINE void StoreKvElement(uint16_t* dst, float x) { *dst = F32ToBf16(x); }
+
+template <typename T>
+void WriteKvCacheOf(const float* k, const float* v, int64_t t, const int64_t* slots, T* cache, int64_t hkv, int64_t b,
+                    int64_t d, int num_threads) {
   // A decode step's handful of rows is cheaper than waking the team.
   const int threads = t * hkv * d < (1 << 16) ? 1 : num_threads;
   const int64_t head_stride = b * d;
@@ -437,17 +429,37 @@ void WriteKvCache(const float* k, const float* v, int64_t t, const int64_t* slot
   for (int64_t i = 0; i < t; ++i) {
     const int64_t block = slots[i] / b;
     const int64_t offset = slots[i] % b;
-    for (int64_t kv = 0; kv < 2; ++kv) {
-      const float* src = (kv == 0 ? k : v) + i * hkv * d;
-      float* dst = cache + (block * 2 + kv) * hkv * head_stride + offset * d;
-      for (int64_t hh = 0; hh < hkv; ++hh) {
-        const float* s = src + hh * d;
-        float* o = dst + hh * head_stride;
+    // K: [Hkv][D][B] per block, so the token's dimensions are B apart.
+    const float* ks = k + i * hkv * d;
+    T* kdst = cache + block * 2 * hkv * head_stride + offset;
+    for (int64_t hh = 0; hh < hkv; ++hh) {
+      for (int64_t c = 0; c < d; ++c) StoreKvElement(kdst + hh * head_stride + c * b, ks[hh * d + c]);
+    }
+    // V: [Hkv][B][D], one contiguous row per token and head.
+    const float* vs = v + i * hkv * d;
+    T* vdst = cache + (block * 2 + 1) * hkv * head_stride + offset * d;
+    for (int64_t hh = 0; hh < hkv; ++hh) {
+      const float* src = vs + hh * d;
+      T* o = vdst + hh * head_stride;
+      if constexpr (sizeof(T) == 4) {
         int64_t c = 0;
-        for (; c + kLanes <= d; c += kLanes) Store(o + c, Load(s + c));
-        if (c < d) StorePartial(o + c, LoadPartial(s + c, static_cast<int>(d - c)), static_cast<int>(d - c));
+        for (; c + kLanes <= d; c += kLanes) Store(o + c, Load(src + c));
+        if (c < d) StorePartial(o + c, LoadPartial(src + c, static_cast<int>(d - c)), static_cast<int>(d - c));
+      } else {
+        for (int64_t c = 0; c < d; ++c) StoreKvElement(o + c, src[c]);
       }
     }
+  }
+}
+
+}  // namespace
+
+void WriteKvCache(const float* k, const float* v, int64_t t, const int64_t* slots, void* cache, bool bf16,
+                  int64_t hkv, int64_t b, int64_t d, int num_threads) {
+  if (bf16) {
+    WriteKvCacheOf(k, v, t, slots, static_cast<uint16_t*>(cache), hkv, b, d, num_threads);
+  } else {
+    WriteKvCacheOf(k, v, t, slots, static_cast<float*>(cache), hkv, b, d, num_threads);
   }
 }
 
@@ -487,7 +499,13 @@ void PagedAttention(const PagedAttentionParams& p, int num_threads) {
   // A lone short decode stays on this thread.
   const int threads = total_cost * p.d < (1 << 17) ? 1 : static_cast<int>(Min<int64_t>(num_threads, count));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (int64_t i = 0; i < count; ++i) ProcessItem(p, items[i]);
+  for (int64_t i = 0; i < count; ++i) {
+    if (p.kv_bf16) {
+      ProcessItem<uint16_t>(p, items[i]);
+    } else {
+      ProcessItem<float>(p, items[i]);
+    }
+  }
 }
 
 }  // namespace kvmesh::backend::cpu::KVMESH_CPU_ISA

@@ -233,18 +233,26 @@ class ReferenceBackend final : public Backend {
     const int64_t d = kv_cache.dim(4);
     const float* ks = k.data_as<const float>();
     const float* vs = v.data_as<const float>();
-    float* cache = kv_cache.data_as<float>();
+    // f32 or bf16 (rounded to nearest even) elements.
+    const bool bf16 = kv_cache.dtype == DType::kBF16;
+    auto store = [&](int64_t index, float x) {
+      if (bf16) {
+        kv_cache.data_as<uint16_t>()[index] = F32ToBf16(x);
+      } else {
+        kv_cache.data_as<float>()[index] = x;
+      }
+    };
     for (size_t t = 0; t < slots.size(); ++t) {
       const int64_t block = slots[t] / block_size;
       const int64_t offset = slots[t] % block_size;
       for (int64_t h = 0; h < kv_heads; ++h) {
-        // cache[block, kv, h, offset, :]
-        float* k_dst = cache + (((block * 2 + 0) * kv_heads + h) * block_size + offset) * d;
-        float* v_dst = cache + (((block * 2 + 1) * kv_heads + h) * block_size + offset) * d;
+        // K: cache[block, 0, h, :, offset] (dimension-major); V: cache[block, 1, h, offset, :].
+        const int64_t k_dst = ((block * 2 + 0) * kv_heads + h) * block_size * d + offset;
+        const int64_t v_dst = (((block * 2 + 1) * kv_heads + h) * block_size + offset) * d;
         const int64_t src = (static_cast<int64_t>(t) * kv_heads + h) * d;
         for (int64_t c = 0; c < d; ++c) {
-          k_dst[c] = ks[src + c];
-          v_dst[c] = vs[src + c];
+          store(k_dst + c * block_size, ks[src + c]);
+          store(v_dst + c, vs[src + c]);
         }
       }
     }
@@ -261,12 +269,21 @@ class ReferenceBackend final : public Backend {
     const int64_t group = heads / kv_heads;
     const int64_t num_seqs = static_cast<int64_t>(batch.context_lens.size());
     const float* qs = q.data_as<const float>();
-    const float* cache = kv_cache.data_as<const float>();
     float* o = out.data_as<float>();
-    // Row of head `h`, K (kv == 0) or V (kv == 1), of position `p` of sequence `s`.
-    auto kv_row = [&](int64_t s, int64_t p, int64_t kv, int64_t h) {
+    // Element `index` of the cache, f32 or bf16 widened exactly.
+    const bool bf16 = kv_cache.dtype == DType::kBF16;
+    auto element = [&](int64_t index) {
+      return bf16 ? Bf16ToF32(kv_cache.data_as<const uint16_t>()[index]) : kv_cache.data_as<const float>()[index];
+    };
+    // Position `p` of sequence `s`, head `h`: the index of its K column (dimension c at
+    // + c * block_size) and of its V row (dimension c at + c).
+    auto k_column = [&](int64_t s, int64_t p, int64_t h) {
       const int64_t block = batch.block_tables[s * batch.max_blocks_per_seq + p / block_size];
-      return cache + (((block * 2 + kv) * kv_heads + h) * block_size + p % block_size) * d;
+      return ((block * 2 + 0) * kv_heads + h) * block_size * d + p % block_size;
+    };
+    auto v_row = [&](int64_t s, int64_t p, int64_t h) {
+      const int64_t block = batch.block_tables[s * batch.max_blocks_per_seq + p / block_size];
+      return (((block * 2 + 1) * kv_heads + h) * block_size + p % block_size) * d;
     };
     std::vector<double> scores;
     std::vector<double> acc(static_cast<size_t>(d));
@@ -283,9 +300,9 @@ class ReferenceBackend final : public Backend {
           const float* qv = qs + (t * heads + h) * d;
           double max_score = -INFINITY;
           for (int64_t p = 0; p < len; ++p) {
-            const float* kr = kv_row(s, p, 0, kvh);
+            const int64_t kc = k_column(s, p, kvh);
             double dot = 0.0;
-            for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(qv[c]) * kr[c];
+            for (int64_t c = 0; c < d; ++c) dot += static_cast<double>(qv[c]) * element(kc + c * block_size);
             scores[p] = dot * scale;
             if (scores[p] > max_score) max_score = scores[p];
           }
@@ -296,8 +313,8 @@ class ReferenceBackend final : public Backend {
           }
           for (int64_t c = 0; c < d; ++c) acc[c] = 0.0;
           for (int64_t p = 0; p < len; ++p) {
-            const float* vr = kv_row(s, p, 1, kvh);
-            for (int64_t c = 0; c < d; ++c) acc[c] += scores[p] * vr[c];
+            const int64_t vr = v_row(s, p, kvh);
+            for (int64_t c = 0; c < d; ++c) acc[c] += scores[p] * element(vr + c);
           }
           for (int64_t c = 0; c < d; ++c) o[(t * heads + h) * d + c] = static_cast<float>(acc[c] / denom);
         }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "core/dtype.h"
 #include "core/tensor_view.h"
 #include "gtest/gtest.h"
 
@@ -121,13 +122,15 @@ Batch MakeBatch(const std::vector<SeqSpec>& specs, int64_t block_size, std::mt19
   return b;
 }
 
-// The K (kv == 0) or V (kv == 1) row of `head` at position p of sequence s.
-const float* CacheRow(const Tensor& cache, const Batch& b, size_t s, int64_t p, int kv, int64_t head) {
+// The K (kv == 0) or V (kv == 1) vector of `head` at position p of sequence s, into
+// out[0..d) (K is stored dimension-major within its block, V token-major).
+void CacheVector(const Tensor& cache, const Batch& b, size_t s, int64_t p, int kv, int64_t head, float* out) {
   const int64_t hkv = cache.view.shape[2];
   const int64_t bs = cache.view.shape[3];
   const int64_t d = cache.view.shape[4];
   const int64_t block = b.table(s)[p / bs];
-  return cache.values.data() + (((block * 2 + kv) * hkv + head) * bs + p % bs) * d;
+  const float* head_base = cache.values.data() + ((block * 2 + kv) * hkv + head) * bs * d;
+  for (int64_t c = 0; c < d; ++c) out[c] = kv == 0 ? head_base[c * bs + p % bs] : head_base[(p % bs) * d + c];
 }
 
 float MaxAbsDiff(const float* a, const float* b, int64_t n) {
@@ -176,8 +179,8 @@ void CheckAgainstOracles(const Config& c, const std::vector<SeqSpec>& specs, std
     vd.resize(kd.size());
     for (int64_t p = 0; p < ctx; ++p) {
       for (int64_t hh = 0; hh < c.hkv; ++hh) {
-        std::memcpy(&kd[(p * c.hkv + hh) * c.d], CacheRow(cache, batch, s, p, 0, hh), c.d * 4);
-        std::memcpy(&vd[(p * c.hkv + hh) * c.d], CacheRow(cache, batch, s, p, 1, hh), c.d * 4);
+        CacheVector(cache, batch, s, p, 0, hh, &kd[(p * c.hkv + hh) * c.d]);
+        CacheVector(cache, batch, s, p, 1, hh, &vd[(p * c.hkv + hh) * c.d]);
       }
     }
     std::vector<int32_t> positions(static_cast<size_t>(n));
@@ -222,11 +225,12 @@ void CheckAgainstOracles(const Config& c, const std::vector<SeqSpec>& specs, std
 TEST(PagedAttentionTest, ReferenceMatchesHandComputedValues) {
   auto ref = CreateReferenceBackend();
   // B = 2, one KV head, D = 2; the sequence's block table is {1}: positions 0 and 1
-  // are block 1, offsets 0 and 1. K = (1, 0) at both; V = (2, 4) and (6, 8).
+  // are block 1, offsets 0 and 1. K = (1, 0) at both (stored dimension-major);
+  // V = (2, 4) and (6, 8).
   Tensor cache({2, 2, 1, 2, 2});
   float* c = cache.data();
-  c[(1 * 2 + 0) * 4 + 0] = 1;  // K pos 0
-  c[(1 * 2 + 0) * 4 + 2] = 1;  // K pos 1
+  c[(1 * 2 + 0) * 4 + 0] = 1;  // K dim 0, pos 0 (K is [D][B])
+  c[(1 * 2 + 0) * 4 + 1] = 1;  // K dim 0, pos 1
   c[(1 * 2 + 1) * 4 + 0] = 2;  // V pos 0
   c[(1 * 2 + 1) * 4 + 1] = 4;
   c[(1 * 2 + 1) * 4 + 2] = 6;  // V pos 1
@@ -429,7 +433,7 @@ TEST(PagedAttentionTest, WriteKvCacheIsExact) {
           for (int64_t c = 0; c < d; ++c) {
             const int64_t block = slots[i] / bs;
             const int64_t off = slots[i] % bs;
-            expected.values[(((block * 2 + 0) * hkv + h) * bs + off) * d + c] = k.values[(i * hkv + h) * d + c];
+            expected.values[((block * 2 + 0) * hkv + h) * bs * d + c * bs + off] = k.values[(i * hkv + h) * d + c];
             expected.values[(((block * 2 + 1) * hkv + h) * bs + off) * d + c] = v.values[(i * hkv + h) * d + c];
           }
         }
@@ -445,6 +449,80 @@ TEST(PagedAttentionTest, WriteKvCacheIsExact) {
         backend->WriteKvCache(k.view, v.view, slots, got.view);
         EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * 4), 0)
             << Describe(*backend, index) << " T=" << t << " Hkv=" << hkv << " D=" << d << " B=" << bs;
+        ++index;
+      }
+    }
+  }
+}
+
+// A bf16 cache is read as its exact f32 widening: every backend gives the same bits
+// on a bf16 cache as on an f32 cache holding the same (bf16-representable) values,
+// for every block size (direct and gathered K paths) and GQA shape.
+TEST(PagedAttentionTest, Bf16CacheEqualsF32CacheOfTheSameValuesBitwise) {
+  std::mt19937 rng(5);
+  const std::vector<SeqSpec> specs = {{100, 1}, {1, 1}, {45, 20, 0}, {33, 33}, {67, 1, 2}};
+  for (auto [h, hkv, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{8, 2, 64}, {4, 4, 128}}) {
+    for (int64_t bs : {1, 5, 16, 32}) {
+      const Batch batch = MakeBatch(specs, bs, rng);
+      const int64_t t = batch.num_tokens();
+      Tensor q({t, h, d});
+      q.Fill(rng, -2.0f, 2.0f);
+      Tensor cache({batch.num_blocks, 2, hkv, bs, d});
+      cache.Fill(rng, -1.0f, 1.0f);
+      std::vector<uint16_t> bf16(cache.values.size());
+      for (size_t i = 0; i < bf16.size(); ++i) {
+        bf16[i] = F32ToBf16(cache.values[i]);
+        cache.values[i] = Bf16ToF32(bf16[i]);
+      }
+      TensorView bf16_view = cache.view;
+      bf16_view.data = bf16.data();
+      bf16_view.dtype = DType::kBF16;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      std::vector<std::unique_ptr<Backend>> backends = CpuBackends();
+      backends.push_back(CreateReferenceBackend());
+      int index = 0;
+      for (auto& backend : backends) {
+        Tensor from_f32({t, h, d});
+        Tensor from_bf16({t, h, d});
+        backend->PagedAttention(q.view, cache.view, batch.view(), scale, from_f32.view);
+        backend->PagedAttention(q.view, bf16_view, batch.view(), scale, from_bf16.view);
+        EXPECT_EQ(std::memcmp(from_f32.data(), from_bf16.data(), from_f32.size() * 4), 0)
+            << Describe(*backend, index) << " H=" << h << " Hkv=" << hkv << " D=" << d << " B=" << bs;
+        ++index;
+      }
+    }
+  }
+}
+
+// WriteKvCache into a bf16 cache stores each value rounded to nearest even, where the
+// f32 cache would hold it.
+TEST(PagedAttentionTest, WriteKvCacheBf16RoundsToNearestEvenInPlace) {
+  std::mt19937 rng(12);
+  for (auto [hkv, d, bs] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{2, 64, 16}, {3, 80, 5}}) {
+    for (int64_t t : {1, 600}) {
+      const int64_t num_blocks = (t + bs - 1) / bs + 3;
+      std::vector<int64_t> all(static_cast<size_t>(num_blocks * bs));
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      const std::vector<int64_t> slots(all.begin(), all.begin() + t);
+      Tensor k({t, hkv, d});
+      k.Fill(rng, -1.0f, 1.0f);
+      Tensor v({t, hkv, d});
+      v.Fill(rng, -1.0f, 1.0f);
+      std::vector<std::unique_ptr<Backend>> backends = CpuBackends();
+      backends.push_back(CreateReferenceBackend());
+      int index = 0;
+      for (auto& backend : backends) {
+        Tensor f32({num_blocks, 2, hkv, bs, d});
+        backend->WriteKvCache(k.view, v.view, slots, f32.view);
+        std::vector<uint16_t> bf16(f32.values.size(), 0);
+        TensorView bf16_view = f32.view;
+        bf16_view.data = bf16.data();
+        bf16_view.dtype = DType::kBF16;
+        backend->WriteKvCache(k.view, v.view, slots, bf16_view);
+        std::vector<uint16_t> expected(f32.values.size());
+        for (size_t i = 0; i < expected.size(); ++i) expected[i] = F32ToBf16(f32.values[i]);
+        EXPECT_EQ(bf16, expected) << Describe(*backend, index) << " T=" << t << " Hkv=" << hkv << " B=" << bs;
         ++index;
       }
     }

@@ -35,8 +35,8 @@ class PagedModelRunnerTest : public testing::TestWithParam<std::string> {
   }
 
   // Logits of every position of `tokens`, from the dense path.
-  std::vector<float> DenseLogits(const std::vector<int32_t>& tokens) {
-    auto cache = model_->NewKvCache(static_cast<int64_t>(tokens.size()));
+  std::vector<float> DenseLogits(const std::vector<int32_t>& tokens, DType kv_dtype = DType::kF32) {
+    auto cache = model_->NewKvCache(static_cast<int64_t>(tokens.size()), kv_dtype);
     EXPECT_TRUE(cache.ok());
     std::vector<int32_t> rows(tokens.size());
     std::iota(rows.begin(), rows.end(), 0);
@@ -119,6 +119,41 @@ TEST_P(PagedModelRunnerTest, MixedChunkedBatchesMatchDensePath) {
     ++steps;
   }
   std::printf("%s: %d mixed steps, max |dlogit| vs dense path = %.3g\n", GetParam().c_str(), steps, worst);
+}
+
+// A bf16 KV pool holds K and V rounded to bf16; the dense path keeping its cache at
+// that precision is its oracle (the rest of the step is f32 on both).
+TEST_P(PagedModelRunnerTest, Bf16KvPoolMatchesDensePathAtBf16KvPrecision) {
+  auto bf16_runner = PagedModelRunner::Create(
+      *model_, {.block_size_tokens = kBlockSize, .num_blocks = 8, .kv_cache_dtype = DType::kBF16});
+  ASSERT_TRUE(bf16_runner.ok()) << bf16_runner.status();
+  EXPECT_EQ((*bf16_runner)->kv_storage()->layout().dtype(), DType::kBF16);
+  const int32_t vocab = bf16_runner.value()->vocab_size();
+  std::uniform_int_distribution<int32_t> token(0, std::min(vocab, 4000) - 1);
+  std::vector<int32_t> tokens(40);
+  for (int32_t& t : tokens) t = token(rng_);
+  const std::vector<float> dense_bf16 = DenseLogits(tokens, DType::kBF16);
+  const std::vector<float> dense_f32 = DenseLogits(tokens, DType::kF32);
+  const std::vector<int32_t> table = {5, 2, 7};
+  const int64_t v = vocab;
+  float worst = 0, precision_effect = 0;
+  // A 25-token prefill chunk, then one token per step.
+  for (int32_t done = 0; done < 40;) {
+    const int32_t n = done == 0 ? 25 : 1;
+    ModelBatch batch;
+    batch.chunks.push_back({std::vector<int32_t>(tokens.begin() + done, tokens.begin() + done + n), done, table, true});
+    auto out = (*bf16_runner)->Execute(batch);
+    ASSERT_TRUE(out.ok()) << out.status();
+    done += n;
+    worst = std::max(worst, MaxDiff(out->logits.data(), dense_bf16.data() + (done - 1) * v, v));
+    precision_effect = std::max(precision_effect, MaxDiff(out->logits.data(), dense_f32.data() + (done - 1) * v, v));
+  }
+  // Not ~1e-5 as with f32 KV: the two paths' f32 K/V differ in the last bits (attention
+  // order in earlier layers), and rounding to bf16 now and then lands them on
+  // neighbouring bf16 values (2^-8 apart). Holding bf16 at all moves logits ~20x more.
+  EXPECT_LE(worst, 1e-2f);
+  EXPECT_GT(precision_effect, 5 * worst);  // the pool really holds bf16
+  std::printf("%s: bf16 KV vs dense at bf16 KV %.3g (vs f32 KV %.3g)\n", GetParam().c_str(), worst, precision_effect);
 }
 
 TEST_P(PagedModelRunnerTest, SharedPrefixBlocksGiveTheSameLogits) {

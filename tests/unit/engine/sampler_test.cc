@@ -125,6 +125,26 @@ TEST(SequenceSamplerTest, GreedyIsArgmaxWithLowestIdOnTies) {
   EXPECT_EQ(SampleId(tiny, {0.0f, 0.1f, 0.05f}), 1);
 }
 
+TEST(SequenceSamplerTest, GreedyTiesNanAndInfinityAcrossVectorLanes) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float top = std::numeric_limits<float>::max();
+  for (int32_t vocab : {1, 15, 16, 17, 100, 4099}) {
+    for (int32_t first : {0, vocab / 3, vocab - 1}) {
+      std::vector<float> logits(static_cast<size_t>(vocab), -5.0f);
+      for (int32_t i = 0; i < vocab; i += 7) logits[static_cast<size_t>(i)] = NAN;
+      // The winner and a later tie; +inf sanitizes to the largest float, so they tie too.
+      logits[static_cast<size_t>(first)] = top;
+      if (first + 5 < vocab) logits[static_cast<size_t>(first + 5)] = inf;
+      if (first + 20 < vocab) logits[static_cast<size_t>(first + 20)] = top;
+      SequenceSampler plain = MakeSampler({.temperature = 0.0f}, vocab);
+      EXPECT_EQ(SampleId(plain, logits), first) << vocab;
+      // The same through the penalized copy (a penalty on a token that is not a winner).
+      SequenceSampler penalized = MakeSampler({.temperature = 0.0f, .presence_penalty = 0.5f}, vocab);
+      EXPECT_EQ(SampleId(penalized, logits), first) << vocab;
+    }
+  }
+}
+
 TEST(SequenceSamplerTest, TopKOneEqualsGreedy) {
   for (uint64_t seed = 0; seed < 50; ++seed) {
     // Quantised logits: many ties, as with bf16 logits.

@@ -24,9 +24,10 @@ TEST(KvLayoutTest, OneBlockOfOneLayerIsOneContiguousRange) {
   EXPECT_EQ(layout.BlockOffset(0, BlockId{0}), 0);
   EXPECT_EQ(layout.BlockOffset(0, BlockId{3}), 3 * 512);
   EXPECT_EQ(layout.BlockOffset(2, BlockId{1}), 2 * 5 * 512 + 512);
-  // Within a block: [2 (K, V)][heads][tokens][head_dim].
+  // Within a block: [2 (K, V)][heads], K as [head_dim][tokens], V as [tokens][head_dim].
   const int64_t slot = 3 * 4 + 2;  // block 3, offset 2
-  EXPECT_EQ(layout.SlotOffset(1, 0, 0, slot), layout.BlockOffset(1, BlockId{3}) + 2 * 8 * 4);
+  EXPECT_EQ(layout.SlotOffset(1, 0, 0, slot), layout.BlockOffset(1, BlockId{3}) + 2 * 4);
+  EXPECT_EQ(layout.SlotOffset(1, 0, 1, slot), layout.BlockOffset(1, BlockId{3}) + (1 * 4 * 8 + 2) * 4);
   EXPECT_EQ(layout.SlotOffset(1, 1, 1, slot),
             layout.BlockOffset(1, BlockId{3}) + ((1 * 2 + 1) * 4 + 2) * 8 * 4);
   // Every (kv, head, offset) of a block lies inside that block's range.
@@ -34,8 +35,9 @@ TEST(KvLayoutTest, OneBlockOfOneLayerIsOneContiguousRange) {
     for (int h = 0; h < 2; ++h) {
       for (int o = 0; o < 4; ++o) {
         const int64_t off = layout.SlotOffset(2, kv, h, 4 * 4 + o);
+        const int64_t last = off + (kv == 0 ? 7 * 4 * 4 : 7 * 4);  // dimension 7
         EXPECT_GE(off, layout.BlockOffset(2, BlockId{4}));
-        EXPECT_LE(off + 8 * 4, layout.BlockOffset(2, BlockId{4}) + layout.BlockBytes());
+        EXPECT_LE(last + 4, layout.BlockOffset(2, BlockId{4}) + layout.BlockBytes());
       }
     }
   }

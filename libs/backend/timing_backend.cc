@@ -1,0 +1,73 @@
+#include "backend/timing_backend.h"
+
+#include <chrono>
+
+namespace kvmesh::backend {
+
+std::string_view OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kLinear: return "Linear";
+    case OpKind::kEmbedding: return "Embedding";
+    case OpKind::kRmsNorm: return "RmsNorm";
+    case OpKind::kAddRmsNorm: return "AddRmsNorm";
+    case OpKind::kApplyRope: return "ApplyRope";
+    case OpKind::kSiluAndMul: return "SiluAndMul";
+    case OpKind::kDenseAttention: return "DenseAttention";
+    case OpKind::kWriteKvCache: return "WriteKvCache";
+    case OpKind::kPagedAttention: return "PagedAttention";
+    case OpKind::kCount: break;
+  }
+  return "?";
+}
+
+template <typename Fn>
+void TimingBackend::Timed(OpKind kind, Fn&& fn) {
+  const auto start = std::chrono::steady_clock::now();
+  fn();
+  OpTotals& t = totals_[static_cast<int>(kind)];
+  ++t.calls;
+  t.nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+}
+
+void TimingBackend::Linear(const TensorView& x, const PackedLinear& w, const TensorView& out) {
+  Timed(OpKind::kLinear, [&] { inner_.Linear(x, w, out); });
+}
+
+void TimingBackend::Embedding(std::span<const int32_t> ids, const TensorView& table, const TensorView& out) {
+  Timed(OpKind::kEmbedding, [&] { inner_.Embedding(ids, table, out); });
+}
+
+void TimingBackend::RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
+  Timed(OpKind::kRmsNorm, [&] { inner_.RmsNorm(x, weight, eps, out); });
+}
+
+void TimingBackend::AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
+                               const TensorView& out) {
+  Timed(OpKind::kAddRmsNorm, [&] { inner_.AddRmsNorm(residual, x, weight, eps, out); });
+}
+
+void TimingBackend::ApplyRope(const TensorView& q, const TensorView& k, std::span<const int32_t> positions,
+                              std::span<const float> inv_freq) {
+  Timed(OpKind::kApplyRope, [&] { inner_.ApplyRope(q, k, positions, inv_freq); });
+}
+
+void TimingBackend::SiluAndMul(const TensorView& gate_up, const TensorView& out) {
+  Timed(OpKind::kSiluAndMul, [&] { inner_.SiluAndMul(gate_up, out); });
+}
+
+void TimingBackend::DenseAttention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                   std::span<const int32_t> positions, float scale, const TensorView& out) {
+  Timed(OpKind::kDenseAttention, [&] { inner_.DenseAttention(q, k_cache, v_cache, positions, scale, out); });
+}
+
+void TimingBackend::WriteKvCache(const TensorView& k, const TensorView& v, std::span<const int64_t> slots,
+                                 const TensorView& kv_cache) {
+  Timed(OpKind::kWriteKvCache, [&] { inner_.WriteKvCache(k, v, slots, kv_cache); });
+}
+
+void TimingBackend::PagedAttention(const TensorView& q, const TensorView& kv_cache, const PagedAttentionBatch& batch,
+                                   float scale, const TensorView& out) {
+  Timed(OpKind::kPagedAttention, [&] { inner_.PagedAttention(q, kv_cache, batch, scale, out); });
+}
+
+}  // namespace kvmesh::backend

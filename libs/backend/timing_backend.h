@@ -1,0 +1,78 @@
+// TimingBackend: a Backend decorator that forwards every op to another backend
+// and adds up the wall time each kind of op takes, for profiling an engine step
+// op by op (tests/bench/engine_step_bench) without touching the engine.
+//
+// The times are wall clock around each call, so they include the kernel's own
+// thread team (its fork/join and imbalance), which is what a step pays.
+//
+// Thread-safety: like the backend it wraps, called from one thread at a time;
+// Totals()/Reset() from that same thread.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "backend/ops.h"
+
+namespace kvmesh::backend {
+
+enum class OpKind : int {
+  kLinear,
+  kEmbedding,
+  kRmsNorm,
+  kAddRmsNorm,
+  kApplyRope,
+  kSiluAndMul,
+  kDenseAttention,
+  kWriteKvCache,
+  kPagedAttention,
+  kCount,
+};
+
+std::string_view OpKindName(OpKind kind);
+
+struct OpTotals {
+  int64_t calls = 0;
+  int64_t nanoseconds = 0;
+};
+
+class TimingBackend final : public Backend {
+ public:
+  // `inner` must outlive this backend.
+  explicit TimingBackend(Backend& inner) : inner_(inner) {}
+
+  std::string_view name() const override { return inner_.name(); }
+  const std::array<OpTotals, static_cast<int>(OpKind::kCount)>& Totals() const { return totals_; }
+  void Reset() { totals_ = {}; }
+
+  absl::StatusOr<std::unique_ptr<PackedLinear>> PackLinear(std::span<const TensorView> parts,
+                                                           std::span<const TensorView> biases) override {
+    return inner_.PackLinear(parts, biases);
+  }
+  void Linear(const TensorView& x, const PackedLinear& w, const TensorView& out) override;
+  void Embedding(std::span<const int32_t> ids, const TensorView& table, const TensorView& out) override;
+  void RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
+  void AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
+                  const TensorView& out) override;
+  void ApplyRope(const TensorView& q, const TensorView& k, std::span<const int32_t> positions,
+                 std::span<const float> inv_freq) override;
+  void SiluAndMul(const TensorView& gate_up, const TensorView& out) override;
+  void DenseAttention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                      std::span<const int32_t> positions, float scale, const TensorView& out) override;
+  void WriteKvCache(const TensorView& k, const TensorView& v, std::span<const int64_t> slots,
+                    const TensorView& kv_cache) override;
+  void PagedAttention(const TensorView& q, const TensorView& kv_cache, const PagedAttentionBatch& batch, float scale,
+                      const TensorView& out) override;
+
+ private:
+  template <typename Fn>
+  void Timed(OpKind kind, Fn&& fn);
+
+  Backend& inner_;
+  std::array<OpTotals, static_cast<int>(OpKind::kCount)> totals_{};
+};
+
+}  // namespace kvmesh::backend
