@@ -27,7 +27,8 @@ class KvTransferMetrics {
   static absl::StatusOr<std::unique_ptr<KvTransferMetrics>> Create(metrics::Registry& registry);
 
   enum class Direction : uint8_t { kSent, kReceived };
-  // Bytes as they move (a stream's bytes count even when it later fails).
+  // Payload bytes: the receiver adds each accepted chunk's, the sender a stream's
+  // written bytes when it ends (a failed stream's bytes count too).
   void AddBytes(Direction direction, int64_t bytes) { side(direction).bytes->Increment(bytes); }
   // A push stream ended after `seconds`; `ok` false counts a failure.
   void EndStream(Direction direction, double seconds, bool ok) {
