@@ -153,6 +153,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
   void OnOutput(const engine::RequestOutput& out) {
     serving::ServingMetrics* metrics = state_.serving_metrics();
     std::shared_ptr<PrefillClientCall> prefill_call;
+    bool new_tokens = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const engine::CompletionOutput& c : out.outputs) {
@@ -169,7 +170,11 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
           response.set_num_cached_tokens(out.num_cached_prompt_tokens);
           if (metrics && c.index == 0) metrics->AddPromptTokens(out.num_prompt_tokens);
         }
-        if (metrics) metrics->AddGenerationTokens(static_cast<int64_t>(c.new_token_ids.size()));
+        if (metrics) {
+          metrics->AddGenerationTokens(static_cast<int64_t>(c.new_token_ids.size()));
+          if (c.finished()) metrics->CountFinished(engine::CompletionFinishReasonName(c.finish_reason));
+        }
+        new_tokens |= !c.new_token_ids.empty();
         if (!out.status.ok() && c.finish_reason == engine::CompletionFinishReason::kError) continue;
         queue_.push_back(std::move(response));
       }
@@ -178,6 +183,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
         prefill_call = std::move(prefill_call_);
       }
     }
+    if (metrics) ObserveLatency(*metrics, new_tokens, out.finished);
     // The request ended: a Prefill still running for it is cancelled (a finished call
     // ignores this), so the prefill worker frees its blocks too.
     if (prefill_call) prefill_call->context.TryCancel();
@@ -186,6 +192,21 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
       state_.RemoveLive(request_id_);
       Unref();
     }
+  }
+
+  // Engine thread. This worker's side of the request's latency: from the Generate call
+  // to its first token (the remote prefill included), between outputs, and to its end.
+  void ObserveLatency(serving::ServingMetrics& metrics, bool new_tokens, bool finished) {
+    const auto now = std::chrono::steady_clock::now();
+    if (new_tokens) {
+      if (!last_token_at_) {
+        metrics.ObserveTimeToFirstToken(std::chrono::duration<double>(now - start_).count());
+      } else {
+        metrics.ObserveInterTokenLatency(std::chrono::duration<double>(now - *last_token_at_).count());
+      }
+      last_token_at_ = now;
+    }
+    if (finished) metrics.ObserveEndToEnd(std::chrono::duration<double>(now - start_).count());
   }
 
   void Pump() {
@@ -222,6 +243,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
   std::optional<absl::Status> finish_status_;
   absl::flat_hash_map<int32_t, bool> sent_first_;
   std::shared_ptr<PrefillClientCall> prefill_call_;  // until the request ends
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> last_token_at_;  // engine thread only
 };
 
 }  // namespace

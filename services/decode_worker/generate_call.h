@@ -10,6 +10,9 @@
 //   - When the request ends before its Prefill returned (the client disconnected, Abort,
 //     lease expiry), the Prefill call is cancelled, so the prefill worker stops and frees
 //     its blocks too.
+//   - Metrics (when the worker has them): prompt and generation tokens, finished samples
+//     by reason, and this worker's time to first token, inter-token and end-to-end
+//     latency.
 //
 // Ownership: deleted when both gRPC (OnDone) and the engine (final output, or a failed
 // submit) are done with it. Thread-safety: gRPC and engine callbacks synchronize on a

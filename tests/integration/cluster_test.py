@@ -212,6 +212,9 @@ def test_promtool_accepts_both_workers_metrics(cluster):
     sent = _metric(_worker_metrics(cluster, "prefill"), "kvmesh_kv_transfer_bytes_total", '{direction="sent"}')
     received = _metric(_worker_metrics(cluster, "decode"), "kvmesh_kv_transfer_bytes_total", '{direction="received"}')
     assert sent > 0 and sent == received, (sent, received)
+    decode = _worker_metrics(cluster, "decode")
+    assert _metric(decode, "kvmesh_time_to_first_token_seconds_count") > 0
+    assert _metric(decode, "kvmesh_generation_tokens_total") > 0
 
 
 def _stream_then_disconnect(url, prompt, max_tokens, events_before_leaving):
