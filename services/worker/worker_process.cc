@@ -37,6 +37,7 @@
 ABSL_DECLARE_FLAG(std::string, served_model_name);
 ABSL_DECLARE_FLAG(int, max_model_len);
 ABSL_DECLARE_FLAG(int64_t, drain_timeout_ms);
+ABSL_DECLARE_FLAG(int, tensor_parallel_size);  // engine_flags.cc
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Worker gRPC address (host:port; port 0 picks a free one, logged).");
 ABSL_FLAG(std::string, advertise_address, "",
@@ -93,6 +94,13 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
       return Fail(process, "--role differs from this binary's role");
     }
     role = *process.role;
+  }
+  // KV moves between workers block by block out of one host pool; a tensor-parallel
+  // group's KV is split over its ranks' pools, which no transfer path reads yet.
+  if (absl::GetFlag(FLAGS_tensor_parallel_size) > 1 && *role != v1::WORKER_ROLE_BOTH) {
+    return Fail(process,
+                "--tensor-parallel-size > 1 needs --role both: prefill -> decode KV transfer of a "
+                "tensor-parallel group's sharded KV is not supported");
   }
   auto loaded = cli::LoadModelOffThread(/*quiet=*/true);
   if (!loaded.ok()) return Fail(process, std::string(loaded.status().message()));
