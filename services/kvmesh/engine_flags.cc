@@ -17,8 +17,6 @@ ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{1} << 30, "KV cache pool size in byte
 ABSL_FLAG(double, kv_cache_memory_fraction, 0.0,
           "Size the KV pool as this fraction of the host's available memory (0: use --kv-cache-bytes).");
 ABSL_FLAG(int, block_size, 16, "KV block size in tokens.");
-ABSL_FLAG(std::string, kv_cache_dtype, "auto",
-          "KV cache element type: auto (bf16 for a bf16 model, else f32), f32 or bf16.");
 ABSL_FLAG(bool, enable_prefix_caching, true, "Reuse the KV blocks of shared prompt prefixes.");
 ABSL_FLAG(int, max_num_seqs, 64, "Scheduler: sequences per engine step.");
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "Scheduler: tokens per engine step (chunked-prefill budget).");
@@ -29,14 +27,6 @@ ABSL_DECLARE_FLAG(int, threads);  // cli_common.cc
 ABSL_FLAG(int, max_model_len, 0, "Context length (prompt + completion); 0: the model's max_position_embeddings.");
 
 namespace kvmesh::cli {
-
-absl::StatusOr<DType> KvCacheDTypeFromFlags(const engine::LlamaModel& model) {
-  const std::string name = absl::GetFlag(FLAGS_kv_cache_dtype);
-  if (name == "f32") return DType::kF32;
-  if (name == "bf16") return DType::kBF16;
-  if (name == "auto") return model.weights().embed_tokens.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
-  return absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype must be auto, f32 or bf16, not \"", name, "\""));
-}
 
 absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model) {
   int64_t kv_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);

@@ -87,7 +87,7 @@ absl::StatusOr<std::string> PromptText(const std::string& model_dir, const model
 int RunGenerate(int argc, char** argv) {
   ParseSubcommandFlags(argc, argv,
                        "kvmesh generate --prompt TEXT [--max-tokens N --temperature T --top-p P --seed S --json]",
-                       {"generate_command"});
+                       {"generate_command", "engine_flags_kv_cache_dtype"});
   if (absl::GetFlag(FLAGS_prompt).empty()) return Fail("--prompt is required");
   auto params = SamplingParamsFromFlags();
   if (!params.ok()) return Fail(std::string(params.status().message()));
