@@ -279,8 +279,10 @@ def test_kvmesh_router_binary_serves_the_same_apis_and_drains_on_sigterm(cluster
         pytest.skip("KVMESH_ROUTER_BIN not set")
     log_path = os.path.join(cluster.run_dir, "kvmesh-router.log")
     with open(log_path, "w") as log:
+        # A generous drain deadline: ctest may run other servers beside this cluster, and a
+        # drain that outlives its deadline aborts the stream (another behaviour).
         proc = subprocess.Popen([ROUTER, f"--scheduler={cluster.scheduler}", "--host=127.0.0.1", "--port=0",
-                                 "--grpc-port=0"], stdout=log, stderr=subprocess.STDOUT)
+                                 "--grpc-port=0", "--drain-timeout-ms=240000"], stdout=log, stderr=subprocess.STDOUT)
     try:
         url = grpc_address = None
         deadline = time.time() + 60
@@ -308,8 +310,7 @@ def test_kvmesh_router_binary_serves_the_same_apis_and_drains_on_sigterm(cluster
         # SIGTERM drains: health NOT_SERVING, new calls UNAVAILABLE, the running stream finishes.
         with grpc.insecure_channel(grpc_address) as channel:
             stub = pb_grpc.InferenceStub(channel)
-            running = stub.Generate(pb.GenerateRequest(text="A long story", sampling=greedy(1000)),
-                                    timeout=RPC_TIMEOUT_S)
+            running = stub.Generate(pb.GenerateRequest(text="A long story", sampling=greedy(1000)), timeout=300)
             first = next(running)
             proc.send_signal(signal.SIGTERM)
             health = health_grpc.HealthStub(channel)
@@ -323,7 +324,7 @@ def test_kvmesh_router_binary_serves_the_same_apis_and_drains_on_sigterm(cluster
             rest = list(running)
             assert sum(len(r.token_ids) for r in [first, *rest]) == 1000
             assert rest[-1].finish_reason == common.FINISH_REASON_LENGTH
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=120) == 0
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -423,9 +423,11 @@ def test_concurrent_streams_all_complete(server):
 
 
 def test_over_the_inflight_limit_is_resource_exhausted_and_sigterm_drains():
-    s = Server("--max-inflight-requests", "1")
+    # Generous drain and call deadlines: ctest may run other servers beside this one, and
+    # a drain that outlives its deadline aborts the stream (another behaviour).
+    s = Server("--max-inflight-requests", "1", "--drain-timeout-ms", "180000")
     try:
-        long_call = s.stub.Generate(pb.GenerateRequest(text="x", sampling=greedy(300)), timeout=RPC_TIMEOUT_S)
+        long_call = s.stub.Generate(pb.GenerateRequest(text="x", sampling=greedy(300)), timeout=240)
         first = next(long_call)  # admitted and running
         assert first.token_ids
         with pytest.raises(grpc.RpcError) as e:
