@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -56,6 +57,14 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
       : source_(source), request_(std::move(request)), tokens_(static_cast<size_t>(request_.n)) {}
 
   const std::string& request_id() const { return request_.request_id; }
+
+  // The stage this call is in, from mu_-guarded state only (safe from any thread).
+  std::string DescribeStage() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return absl::StrCat("attempts=", attempts_, " placements=", place_attempts_.size(),
+                        " stream=", stream_ != nullptr ? "open or done" : "none", " aborted=", aborted_,
+                        " final_delivered=", final_delivered_);
+  }
 
   // Asks the scheduler for a placement (attempt number ++attempts_).
   void Place() {
@@ -327,6 +336,18 @@ void RemoteTokenSource::Abort(const std::string& request_id) {
 int64_t RemoteTokenSource::num_inflight() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(calls_.size());
+}
+
+void RemoteTokenSource::LogInflight() const {
+  std::vector<std::shared_ptr<Call>> calls;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, call] : calls_) calls.push_back(call);
+  }
+  for (const auto& call : calls) {
+    KVMESH_LOG(kWarning) << "in-flight call" << LogKv("request", call->request_id())
+                         << LogKv("stage", call->DescribeStage());
+  }
 }
 
 bool RemoteTokenSource::WaitIdle(int64_t timeout_ms) {

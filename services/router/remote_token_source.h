@@ -64,6 +64,9 @@ class RemoteTokenSource final : public serving::TokenSource {
   int64_t num_inflight() const;
   // Blocks until num_inflight() == 0 or `timeout_ms` passed; true when idle.
   bool WaitIdle(int64_t timeout_ms);
+  // Logs (warning) where each in-flight call stands: for a drain that outlived its
+  // deadline, which stage held it.
+  void LogInflight() const;
 
  private:
   class Call;

@@ -125,7 +125,9 @@ bool Router::Drain(int64_t timeout_ms) {
   if (grpc_server_) grpc_server_->SetServing(false);  // probes and load balancers look elsewhere
   rest_service_->StartDraining();
   source_->StartDraining();
-  return source_->WaitIdle(timeout_ms);
+  if (source_->WaitIdle(timeout_ms)) return true;
+  source_->LogInflight();
+  return false;
 }
 
 }  // namespace kvmesh::router

@@ -291,6 +291,14 @@ TEST_F(RemoteTokenSourceTest, DrainingRefusesNewRequestsAndDuplicateIdsAreReject
   Outputs late;
   EXPECT_EQ(source.Submit(Request("r2", late)).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(source.num_inflight(), 1);
+  // A drain that outlives its deadline can say which stage holds each call.
+  EXPECT_FALSE(source.WaitIdle(50));
+  testing::internal::CaptureStderr();
+  source.LogInflight();
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("in-flight call"), std::string::npos) << log;
+  EXPECT_NE(log.find("r1"), std::string::npos) << log;
+  EXPECT_NE(log.find("stream=open or done"), std::string::npos) << log;
   // Destruction cancels what still runs and waits for its final output.
 }
 
