@@ -353,4 +353,4 @@ def test_killing_the_prefill_worker_fails_the_request_and_leaks_nothing(cluster)
             time.sleep(0.5)
     out = cluster.stop()
     assert out.returncode == 0, out.stderr
-    assert "killing" not in out.stderr, out.stderr
+    assert "killing" not in out.stderr, out.stderr + cluster.logs()
