@@ -273,16 +273,16 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
   // K chunks come straight from the cache when every chunk of kLanes keys lies in
   // one block; otherwise they are gathered into kt.
   const bool direct_k = bs % kLanes == 0;
-  // Scratch: kt [d, ld] | scores [kMaxQueryVectors, ld] | acc [kMaxQueryVectors, d] | key, V row and K
-  // chunk pointers.
+  // Scratch: kt [d, ld] | scores [kMaxQueryVectors, ld] | acc [kMaxQueryVectors, d] | key, V row, cache K
+  // chunk and kt chunk pointers (ld each, so the two chunk lists never share storage).
   float* kt = static_cast<float*>(
-      tls_item_scratch.Get((d * ld + kMaxQueryVectors * ld + kMaxQueryVectors * d) * 4 + 3 * ld * 8));
+      tls_item_scratch.Get((d * ld + kMaxQueryVectors * ld + kMaxQueryVectors * d) * 4 + 4 * ld * 8));
   float* scores = kt + d * ld;
   float* acc_base = scores + kMaxQueryVectors * ld;
   const T** kptr = reinterpret_cast<const T**>(acc_base + kMaxQueryVectors * d);
   const T** vptr = kptr + ld;
-  const T** kchunk = vptr + ld;                                   // direct_k
-  const float** kt_chunk = reinterpret_cast<const float**>(kchunk);  // !direct_k: chunks of kt
+  const T** kchunk = vptr + ld;                                         // direct_k: chunks in the cache
+  const float** kt_chunk = reinterpret_cast<const float**>(kchunk + ld);  // !direct_k: chunks of kt
   if (!direct_k) {
     for (int64_t i = 0; i < ld / kLanes; ++i) kt_chunk[i] = kt + i * kLanes;
   }
