@@ -75,4 +75,35 @@ uint16_t F32ToF16(float f) {
   return sign | static_cast<uint16_t>(rounded >> 13);
 }
 
+uint8_t F32ToFp8E4M3(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return 0x7f;            // NaN: CUDA's canonical NaN, no sign
+  if (abs > 0x43e80000u) return sign | 0x7eu;    // > 464 (and inf): saturate to 448
+  if (abs < 0x3c800000u) {
+    // Below 2^-6, the smallest normal: scale so that one subnormal ulp (2^-9) is 1.0 and
+    // let the FPU round to nearest even (exact scaling; 8 is the smallest normal, 0x08).
+    const float scaled = std::bit_cast<float>(abs) * 512.0f;
+    return sign | static_cast<uint8_t>(std::nearbyint(scaled));
+  }
+  // Normal: rebias the exponent (127 -> 7) and round the 20 dropped mantissa bits to
+  // nearest even. 464 itself is a tie that rounds to 448 (even), so no carry reaches 0x7f.
+  const uint32_t rebased = abs - ((127u - 7u) << 23);
+  const uint32_t rounded = rebased + 0x7ffffu + ((rebased >> 20) & 1u);
+  return sign | static_cast<uint8_t>(rounded >> 20);
+}
+
+float Fp8E4M3ToF32(uint8_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x80u) << 24;
+  const uint32_t exponent = (bits >> 3) & 0xfu;
+  const uint32_t mantissa = bits & 0x7u;
+  if (exponent == 0xf && mantissa == 0x7) return std::bit_cast<float>(sign | 0x7fc00000u);
+  if (exponent == 0) {
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-9f;  // subnormal: m * 2^-9
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  return std::bit_cast<float>(sign | (exponent + 127u - 7u) << 23 | mantissa << 20);
+}
+
 }  // namespace kvmesh

@@ -56,4 +56,14 @@ inline float RoundToBf16(float f) { return Bf16ToF32(F32ToBf16(f)); }
 float F16ToF32(uint16_t bits);
 uint16_t F32ToF16(float f);
 
+// FP8 e4m3 bits (OCP "e4m3fn", torch.float8_e4m3fn, CUDA's __NV_E4M3): bias 7, no
+// infinities, 0x7f / 0xff are NaN, largest finite +-448, smallest subnormal 2^-9.
+// F32ToFp8E4M3 rounds to nearest even and saturates like cuda_fp8.h's
+// __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3), bit for bit: a finite value of
+// magnitude > 464 (448 + half an ulp) and +-inf become +-448 (0x7e / 0xfe); every NaN
+// becomes 0x7f (sign dropped, as CUDA canonicalises NaN first); values that underflow
+// keep their sign (+-0). Fp8E4M3ToF32 is exact (NaN codes give a quiet NaN with the sign).
+uint8_t F32ToFp8E4M3(float f);
+float Fp8E4M3ToF32(uint8_t bits);
+
 }  // namespace kvmesh
