@@ -1,26 +1,25 @@
 #include "reshape_and_cache/reshape_and_cache.h"
 
+#include "common/kv_cache_element.cuh"
+
 namespace kvmesh::kernels {
 namespace {
 
 constexpr int kThreads = 128;
 
-__device__ __forceinline__ float ToCache(float x, float*) { return x; }
-// Round to nearest even, bit for bit as F32ToBf16 (core/dtype.h), NaN included.
-__device__ __forceinline__ uint16_t ToCache(float x, uint16_t*) {
-  const uint32_t u = __float_as_uint(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 // One block per token; threads walk its num_kv_heads * head_dim elements in order, so the
 // reads and the V writes are coalesced. K writes are strided by B elements (the K block
 // is dimension-major): one token's K cannot be written contiguously in this layout.
+// Elements are encoded by kv_cache_element.cuh's EncodeKv, the encoding the pool's
+// readers decode; k_scale / v_scale ([num_kv_heads], device) are read for FP8 only.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) ReshapeAndCacheKernel(const float* __restrict__ k,
                                                                   const float* __restrict__ v,
                                                                   const int64_t* __restrict__ slots,
-                                                                  KvCacheShape shape, T* __restrict__ kv_cache) {
+                                                                  KvCacheShape shape,
+                                                                  const float* __restrict__ k_scale,
+                                                                  const float* __restrict__ v_scale,
+                                                                  T* __restrict__ kv_cache) {
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
   if (slot < 0) return;
@@ -35,19 +34,23 @@ __global__ void __launch_bounds__(kThreads) ReshapeAndCacheKernel(const float* _
   for (int64_t e = threadIdx.x; e < row_elems; e += kThreads) {
     const int64_t h = e / d;
     const int64_t c = e - h * d;
-    k_block[h * head_elems + c * bsz + offset] = ToCache(k[t * row_elems + e], kv_cache);
-    v_block[h * head_elems + offset * d + c] = ToCache(v[t * row_elems + e], kv_cache);
+    const float ks = k_scale != nullptr ? k_scale[h] : 1.0f;
+    const float vs = v_scale != nullptr ? v_scale[h] : 1.0f;
+    k_block[h * head_elems + c * bsz + offset] = EncodeKv(k[t * row_elems + e], ks, kv_cache);
+    v_block[h * head_elems + offset * d + c] = EncodeKv(v[t * row_elems + e], vs, kv_cache);
   }
 }
 
 template <typename T>
 cudaError_t Launch(const float* k, const float* v, const int64_t* slots, int64_t num_tokens, const KvCacheShape& shape,
-                   T* kv_cache, cudaStream_t stream) {
-  if (shape.num_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_size_tokens <= 0 || num_tokens < 0) {
+                   const float* k_scale, const float* v_scale, T* kv_cache, cudaStream_t stream) {
+  if (shape.num_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_size_tokens <= 0 || num_tokens < 0 ||
+      num_tokens > 0x7fffffff) {
     return cudaErrorInvalidValue;
   }
   if (num_tokens == 0) return cudaSuccess;
-  ReshapeAndCacheKernel<T><<<static_cast<unsigned>(num_tokens), kThreads, 0, stream>>>(k, v, slots, shape, kv_cache);
+  ReshapeAndCacheKernel<T><<<static_cast<unsigned>(num_tokens), kThreads, 0, stream>>>(k, v, slots, shape, k_scale,
+                                                                                        v_scale, kv_cache);
   return cudaGetLastError();
 }
 
@@ -55,12 +58,19 @@ cudaError_t Launch(const float* k, const float* v, const int64_t* slots, int64_t
 
 cudaError_t LaunchReshapeAndCacheF32(const float* k, const float* v, const int64_t* slots, int64_t num_tokens,
                                      const KvCacheShape& shape, float* kv_cache, cudaStream_t stream) {
-  return Launch(k, v, slots, num_tokens, shape, kv_cache, stream);
+  return Launch(k, v, slots, num_tokens, shape, nullptr, nullptr, kv_cache, stream);
 }
 
 cudaError_t LaunchReshapeAndCacheBf16(const float* k, const float* v, const int64_t* slots, int64_t num_tokens,
                                       const KvCacheShape& shape, uint16_t* kv_cache, cudaStream_t stream) {
-  return Launch(k, v, slots, num_tokens, shape, kv_cache, stream);
+  return Launch(k, v, slots, num_tokens, shape, nullptr, nullptr, kv_cache, stream);
+}
+
+cudaError_t LaunchReshapeAndCacheFp8(const float* k, const float* v, const int64_t* slots, int64_t num_tokens,
+                                     const KvCacheShape& shape, const float* k_scale, const float* v_scale,
+                                     uint8_t* kv_cache, cudaStream_t stream) {
+  if (k_scale == nullptr || v_scale == nullptr) return cudaErrorInvalidValue;
+  return Launch(k, v, slots, num_tokens, shape, k_scale, v_scale, kv_cache, stream);
 }
 
 }  // namespace kvmesh::kernels

@@ -28,10 +28,20 @@ struct KvCacheShape {
 //   kv_cache: one layer's pool, f32 elements (the F32 launcher) or bf16 bits rounded to
 //             nearest even, NaN kept quiet with its sign, bit for bit as F32ToBf16 in
 //             core/dtype.h (the Bf16 launcher)
-// Two tokens must not share a slot. cudaErrorInvalidValue for a non-positive dimension.
+// Two tokens must not share a slot. cudaErrorInvalidValue for a non-positive dimension
+// or more than 2^31 - 1 tokens.
 cudaError_t LaunchReshapeAndCacheF32(const float* k, const float* v, const int64_t* slots, int64_t num_tokens,
                                      const KvCacheShape& shape, float* kv_cache, cudaStream_t stream);
 cudaError_t LaunchReshapeAndCacheBf16(const float* k, const float* v, const int64_t* slots, int64_t num_tokens,
                                       const KvCacheShape& shape, uint16_t* kv_cache, cudaStream_t stream);
+// FP8 e4m3 pool with a per-KV-head scale: element = e4m3(x / scale[head]), rounded to
+// nearest even and saturated to +-448, NaN -> 0x7f: bit for bit core/dtype.h's
+// F32ToFp8E4M3(x / scale) (kv_cache_element.cuh's EncodeKv, which the readers decode as
+// e4m3 * scale). Within range the round trip is within half an e4m3 ulp: relative 2^-4.
+//   k_scale, v_scale: [num_kv_heads] f32, device memory, finite and > 0
+// cudaErrorInvalidValue also for a null scale pointer.
+cudaError_t LaunchReshapeAndCacheFp8(const float* k, const float* v, const int64_t* slots, int64_t num_tokens,
+                                     const KvCacheShape& shape, const float* k_scale, const float* v_scale,
+                                     uint8_t* kv_cache, cudaStream_t stream);
 
 }  // namespace kvmesh::kernels
