@@ -47,6 +47,11 @@ struct PagedAttentionBatch {
   std::span<const int32_t> context_lens;  // [S], >= n_s
   std::span<const int32_t> block_tables;  // [S, max_blocks_per_seq], row-major
   int32_t max_blocks_per_seq = 0;
+  // Host-known upper bounds on every n_s and context_lens[s]. A backend whose spans
+  // point to device memory (cuda: it cannot read them) sizes its launch by these and
+  // needs them > 0; host backends read the spans and ignore them (0: not given).
+  int32_t max_query_len = 0;
+  int32_t max_context_len = 0;
 };
 
 class Backend {

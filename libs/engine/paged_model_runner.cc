@@ -40,49 +40,7 @@ absl::StatusOr<std::unique_ptr<PagedModelRunner>> PagedModelRunner::Create(Llama
 }
 
 absl::Status PagedModelRunner::Prepare(const ModelBatch& batch) {
-  const int32_t block_size = block_size_tokens();
-  const int32_t vocab = vocab_size();
-  token_ids_.clear();
-  positions_.clear();
-  slots_.clear();
-  logit_rows_.clear();
-  context_lens_.clear();
-  query_start_.assign(1, 0);
-  max_blocks_per_seq_ = 1;
-  for (const SequenceChunk& chunk : batch.chunks) {
-    const int32_t n = static_cast<int32_t>(chunk.token_ids.size());
-    if (n == 0) return absl::InvalidArgumentError("a sequence chunk has no tokens");
-    const int32_t end = chunk.start_position + n;
-    const int32_t blocks_needed = (end + block_size - 1) / block_size;
-    if (chunk.start_position < 0 || static_cast<int32_t>(chunk.block_table.size()) < blocks_needed)
-      return absl::InvalidArgumentError(absl::StrCat("block table of ", chunk.block_table.size(),
-                                                     " blocks cannot hold positions up to ", end));
-    for (int32_t b : chunk.block_table) {
-      if (b < 0 || b >= num_blocks())
-        return absl::InvalidArgumentError(absl::StrCat("block id ", b, " outside the pool of ", num_blocks()));
-    }
-    max_blocks_per_seq_ = std::max(max_blocks_per_seq_, blocks_needed);
-  }
-  block_tables_.assign(batch.chunks.size() * max_blocks_per_seq_, 0);
-  for (size_t s = 0; s < batch.chunks.size(); ++s) {
-    const SequenceChunk& chunk = batch.chunks[s];
-    const int32_t n = static_cast<int32_t>(chunk.token_ids.size());
-    for (int32_t i = 0; i < n; ++i) {
-      const int32_t id = chunk.token_ids[i];
-      if (id < 0 || id >= vocab)
-        return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is outside the vocabulary [0, ", vocab, ")"));
-      const int32_t pos = chunk.start_position + i;
-      token_ids_.push_back(id);
-      positions_.push_back(pos);
-      slots_.push_back(static_cast<int64_t>(chunk.block_table[pos / block_size]) * block_size + pos % block_size);
-    }
-    const int32_t blocks_needed = (chunk.start_position + n + block_size - 1) / block_size;
-    std::copy(chunk.block_table.begin(), chunk.block_table.begin() + blocks_needed,
-              block_tables_.begin() + s * max_blocks_per_seq_);
-    query_start_.push_back(query_start_.back() + n);
-    context_lens_.push_back(chunk.start_position + n);
-    if (chunk.compute_logits) logit_rows_.push_back(query_start_.back() - 1);
-  }
+  KVMESH_RETURN_IF_ERROR(BuildStepMetadata(batch, block_size_tokens(), num_blocks(), vocab_size(), &meta_));
   for (const KvBlockCopy& copy : batch.block_copies) {
     KVMESH_RETURN_IF_ERROR(storage_->CopyBlock(kv::BlockId{copy.src}, kv::BlockId{copy.dst}));
   }
@@ -115,7 +73,7 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
   const auto& c = model_.config();
   // This rank's heads and MLP slice (all of them without tensor parallelism).
   const model::TensorParallelShard& shard = model_.shard();
-  const int64_t t = static_cast<int64_t>(token_ids_.size());
+  const int64_t t = static_cast<int64_t>(meta_.token_ids.size());
   const int64_t e = c.hidden_size, d = c.head_dim, h = shard.num_heads, hkv = shard.num_kv_heads;
   const int64_t inter = shard.intermediate_size, qkv_width = (h + 2 * hkv) * d;
   const float eps = c.rms_norm_eps;
@@ -124,8 +82,9 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
   backend::Backend& be = model_.backend();
   const model::ModelWeights& weights = model_.weights();
   const backend::PagedAttentionBatch attention_batch{
-      .query_start = query_start_, .context_lens = context_lens_, .block_tables = block_tables_,
-      .max_blocks_per_seq = max_blocks_per_seq_};
+      .query_start = meta_.query_start, .context_lens = meta_.context_lens, .block_tables = meta_.block_tables,
+      .max_blocks_per_seq = meta_.max_blocks_per_seq, .max_query_len = meta_.max_query_len,
+      .max_context_len = meta_.max_context_len};
 
   TensorView residual = F32(residual_, t, e), hidden = F32(hidden_, t, e), proj = F32(proj_, t, e);
   TensorView q = TensorView::Contiguous(q_.data(), DType::kF32, {t, h, d});
@@ -135,7 +94,7 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
   if (comm_ != nullptr) {
     KVMESH_RETURN_IF_ERROR(ShardedEmbedding(residual));
   } else {
-    be.Embedding(token_ids_, weights.embed_tokens, residual);
+    be.Embedding(meta_.token_ids, weights.embed_tokens, residual);
   }
   for (size_t l = 0; l < weights.layers.size(); ++l) {
     const model::LayerWeights& w = weights.layers[l];
@@ -152,9 +111,9 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
       std::memcpy(k_.data() + i * hkv * d, row + h * d, sizeof(float) * hkv * d);
       std::memcpy(v_.data() + i * hkv * d, row + (h + hkv) * d, sizeof(float) * hkv * d);
     }
-    be.ApplyRope(q, k, positions_, model_.rope_inv_freq());
+    be.ApplyRope(q, k, meta_.positions, model_.rope_inv_freq());
     const TensorView kv_cache = storage_->LayerView(static_cast<int32_t>(l));
-    be.WriteKvCache(k, v, slots_, kv_cache);
+    be.WriteKvCache(k, v, meta_.slots, kv_cache);
     if (batch.on_layer_kv_written) batch.on_layer_kv_written(static_cast<int32_t>(l));
     be.PagedAttention(q, kv_cache, attention_batch, scale, attn);
     be.Linear(F32(attn_, t, h * d), *packed.o, proj);
@@ -166,11 +125,11 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
     be.Linear(F32(act_, t, inter), *packed.down, proj);
     if (comm_ != nullptr) KVMESH_RETURN_IF_ERROR(comm_->AllReduceSum(proj_.data(), t * e, DType::kF32));
   }
-  if (logit_rows_.empty()) return output;
+  if (meta_.logit_rows.empty()) return output;
   // The final norm and LM head run only on the rows whose logits are wanted.
-  const int64_t r = static_cast<int64_t>(logit_rows_.size());
+  const int64_t r = static_cast<int64_t>(meta_.logit_rows.size());
   for (int64_t i = 0; i < r; ++i) {
-    const int64_t row = logit_rows_[i];
+    const int64_t row = meta_.logit_rows[i];
     for (int64_t j = 0; j < e; ++j) head_in_[i * e + j] = residual_[row * e + j] + proj_[row * e + j];
   }
   TensorView head_in = F32(head_in_, r, e);
@@ -186,18 +145,18 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
 
 absl::Status PagedModelRunner::ShardedEmbedding(const TensorView& out) {
   const model::TensorParallelShard& shard = model_.shard();
-  const int64_t t = static_cast<int64_t>(token_ids_.size());
+  const int64_t t = static_cast<int64_t>(meta_.token_ids.size());
   const int64_t e = model_.config().hidden_size;
   local_token_ids_.resize(t);
   for (int64_t i = 0; i < t; ++i) {
-    const int64_t local = token_ids_[i] - shard.vocab_begin;
+    const int64_t local = meta_.token_ids[i] - shard.vocab_begin;
     // Another rank's token: look up any row, zeroed below.
     local_token_ids_[i] = local >= 0 && local < shard.vocab_size ? static_cast<int32_t>(local) : 0;
   }
   model_.backend().Embedding(local_token_ids_, model_.weights().embed_tokens, out);
   float* rows = out.data_as<float>();
   for (int64_t i = 0; i < t; ++i) {
-    const int64_t local = token_ids_[i] - shard.vocab_begin;
+    const int64_t local = meta_.token_ids[i] - shard.vocab_begin;
     if (local < 0 || local >= shard.vocab_size) std::memset(rows + i * e, 0, sizeof(float) * e);
   }
   // Exactly one rank contributes each row, so the sum is exact.

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "engine/llama_model.h"
 #include "engine/model_runner.h"
+#include "engine/step_metadata.h"
 #include "kv/kv_layout.h"
 
 namespace kvmesh::comm {
@@ -77,9 +78,7 @@ class PagedModelRunner : public ModelRunner {
   std::vector<float> local_logits_, gathered_logits_;
 
   // Per-step metadata, rebuilt by Prepare().
-  std::vector<int32_t> token_ids_, positions_, query_start_, context_lens_, block_tables_, logit_rows_;
-  std::vector<int64_t> slots_;
-  int32_t max_blocks_per_seq_ = 0;
+  StepMetadata meta_;
   // Activation scratch, sized for the largest step so far.
   int64_t scratch_tokens_ = 0;
   std::vector<float> residual_, hidden_, qkv_, q_, k_, v_, attn_, proj_, gate_up_, act_, head_in_;
