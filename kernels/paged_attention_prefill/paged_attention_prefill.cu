@@ -1,0 +1,59 @@
+#include "paged_attention_prefill/paged_attention_prefill.h"
+
+#include <climits>
+#include <cstdint>
+
+#include "paged_attention_prefill/paged_attention_prefill_kernel.cuh"
+
+namespace kvmesh::kernels {
+namespace {
+
+using Launcher = cudaError_t (*)(const PagedAttentionPrefillArgs&, cudaStream_t);
+
+template <typename T, int kHeadDim>
+cudaError_t LaunchTyped(const PagedAttentionPrefillArgs& args, cudaStream_t stream) {
+  constexpr size_t kSmemBytes = prefill::TileGeometry<kHeadDim>::kSmemBytes;
+  const auto kernel = prefill::PagedAttentionPrefillKernel<T, kHeadDim>;
+  // Over 48 KB of dynamic shared memory (head_dim 128) needs the opt-in; cheap to repeat.
+  const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+  if (attr != cudaSuccess) return attr;
+  const int32_t tiles_per_seq = (args.max_query_len + prefill::kRows - 1) / prefill::kRows;
+  const int64_t blocks = int64_t{tiles_per_seq} * args.num_seqs * args.num_heads;
+  kernel<<<static_cast<unsigned>(blocks), prefill::kThreads, kSmemBytes, stream>>>(args, tiles_per_seq);
+  return cudaGetLastError();
+}
+
+// [kv_dtype][head_dim 64, 128]
+constexpr Launcher kLaunchers[3][2] = {
+    {LaunchTyped<float, 64>, LaunchTyped<float, 128>},
+    {LaunchTyped<uint16_t, 64>, LaunchTyped<uint16_t, 128>},
+    {LaunchTyped<uint8_t, 64>, LaunchTyped<uint8_t, 128>},
+};
+
+bool ValidShapes(const PagedAttentionPrefillArgs& a) {
+  if (a.q == nullptr || a.kv_cache == nullptr || a.query_start == nullptr || a.context_lens == nullptr ||
+      a.block_tables == nullptr || a.out == nullptr) {
+    return false;
+  }
+  if (a.num_seqs <= 0 || a.num_tokens <= 0 || a.num_heads <= 0 || a.num_kv_heads <= 0 || a.block_size_tokens <= 0 ||
+      a.max_blocks_per_seq <= 0 || a.max_query_len <= 0) {
+    return false;
+  }
+  if (a.num_heads % a.num_kv_heads != 0 || (a.head_dim != 64 && a.head_dim != 128)) return false;
+  if (a.block_size_tokens % prefill::kChunk != 0) return false;
+  const int32_t dtype = static_cast<int32_t>(a.kv_dtype);
+  if (dtype < 0 || dtype > 2) return false;
+  if (a.kv_dtype == KvCacheDType::kFp8E4M3 && (a.k_scale == nullptr || a.v_scale == nullptr)) return false;
+  const int64_t tiles_per_seq = (int64_t{a.max_query_len} + prefill::kRows - 1) / prefill::kRows;
+  return tiles_per_seq * a.num_seqs * a.num_heads <= INT_MAX;
+}
+
+}  // namespace
+
+cudaError_t LaunchPagedAttentionPrefill(const PagedAttentionPrefillArgs& args, cudaStream_t stream) {
+  if (!ValidShapes(args)) return cudaErrorInvalidValue;
+  return kLaunchers[static_cast<int32_t>(args.kv_dtype)][args.head_dim == 128 ? 1 : 0](args, stream);
+}
+
+}  // namespace kvmesh::kernels

@@ -1,0 +1,300 @@
+// The prefill attention kernel (FlashAttention-2 over the paged pool); the launcher and its
+// contract are in paged_attention_prefill.h.
+//
+// Work split. One CTA = 4 warps = kRows (64) query rows of ONE query head of one sequence;
+// each warp owns 16 rows, keeps their Q as bf16 mma A-fragments in registers and their O
+// (16 x D f32) and softmax state in registers. NOTE: one query head per CTA, not the whole
+// GQA group of a KV head: prefill chunks are long, so 64 rows of one head already fill the
+// m16 tiles, and the group's other heads read the same K/V tiles from L2 (a 64-key tile of
+// one KV head is 16 KB in bf16 at D = 128). Decode rows (n_s = 1) mixed into a batch use one
+// warp of the four (the other warps skip the math); pure decode batches belong to the decode
+// kernel.
+//
+// KV tiles. kKeys (64) keys per tile, double-buffered in shared memory as bf16 and kept in
+// the pool's own orientation: K as [D][kKeys] (dimension-major, like the pool's K block) and
+// V as [kKeys][D]. In both, rows are the mma's k and contiguous columns its n, so ldmatrix
+// .trans yields the B fragments of S = Q K^T (k = dimension) and of O += P V (k = key)
+// directly. Rows are padded by 16 bytes so the 8 rows of one ldmatrix hit distinct banks.
+// A 16-byte copy is 8 consecutive keys of one dimension (K) or 8 dimensions of one key (V);
+// block_size_tokens % 8 == 0 keeps each within one block and 16-byte aligned.
+//
+// Softmax. Scores scaled by scale * log2(e) and exponentiated with exp2; running max and sum
+// per row in f32; a key is visible to a row iff key <= min(row position, context - 1), which
+// masks causally and hides the unwritten tail of the last block (its K may be NaN; its V is
+// zero-filled). KV tiles wholly past the CTA's last row position are never loaded.
+#pragma once
+
+#include <cstdint>
+
+#include "common/kv_cache_element.cuh"
+#include "paged_attention_prefill/kv_tile_loader.cuh"
+#include "paged_attention_prefill/mma_bf16.cuh"
+#include "paged_attention_prefill/paged_attention_prefill.h"
+
+namespace kvmesh::kernels::prefill {
+
+inline constexpr int kRows = 64;  // query rows per CTA
+inline constexpr int kWarps = 4;
+inline constexpr int kThreads = kWarps * 32;
+inline constexpr int kKeys = 64;  // keys per KV tile
+inline constexpr int kChunk = 8;  // elements per 16-byte bf16 chunk
+
+// Shared-memory geometry of one head_dim, in bf16 elements.
+template <int kHeadDim>
+struct TileGeometry {
+  static constexpr int kKPitch = kKeys + 8;      // K tile row (one dimension), padded by 16 bytes
+  static constexpr int kVPitch = kHeadDim + 8;   // V tile row (one key), padded by 16 bytes
+  static constexpr int kKElems = kHeadDim * kKPitch;
+  static constexpr int kVElems = kKeys * kVPitch;
+  static constexpr int kStageElems = kKElems + kVElems;
+  static constexpr int kStages = 2;
+  static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageElems * sizeof(uint16_t);
+  // 16-byte chunks per thread per tile.
+  static constexpr int kKChunksPerThread = kHeadDim * (kKeys / kChunk) / kThreads;
+  static constexpr int kVChunksPerThread = kKeys * (kHeadDim / kChunk) / kThreads;
+  static_assert(kHeadDim * (kKeys / kChunk) % kThreads == 0 && kKeys * (kHeadDim / kChunk) % kThreads == 0);
+  static_assert((kKPitch * 2) % 16 == 0 && (kVPitch * 2) % 16 == 0 && (kStageElems * 2) % 16 == 0);
+};
+
+__device__ __forceinline__ float QuadMax(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float QuadSum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// grid.x = num_heads * num_seqs * tiles_per_seq (heads fastest, then sequences, then query
+// tiles LAST first so the CTAs with the most KV tiles start first); block = kThreads.
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kThreads) PagedAttentionPrefillKernel(const PagedAttentionPrefillArgs args,
+                                                                       int32_t tiles_per_seq) {
+  using Geo = TileGeometry<kHeadDim>;
+  extern __shared__ __align__(16) uint16_t smem[];
+
+  const int64_t linear = blockIdx.x;
+  const int32_t head = static_cast<int32_t>(linear % args.num_heads);
+  const int64_t rest = linear / args.num_heads;
+  const int32_t seq = static_cast<int32_t>(rest % args.num_seqs);
+  const int32_t qtile = tiles_per_seq - 1 - static_cast<int32_t>(rest / args.num_seqs);
+
+  const int32_t q_begin = args.query_start[seq];
+  const int32_t n = args.query_start[seq + 1] - q_begin;
+  const int32_t ctx = args.context_lens[seq];
+  const int32_t row0 = qtile * kRows;
+  // Uniform over the CTA, before any barrier: tiles past this sequence's rows, and a
+  // context shorter than its rows (a broken precondition: nothing sane to compute).
+  if (row0 >= n || ctx < n) return;
+
+  const int32_t kv_head = head / (args.num_heads / args.num_kv_heads);
+  const int32_t first_pos = ctx - n;  // position of the sequence's query row 0
+  const int32_t last_pos = first_pos + min(n, row0 + kRows) - 1;  // <= ctx - 1
+  const int32_t num_kv_tiles = last_pos / kKeys + 1;
+
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4;  // fragment row within 8
+  const int c = lane % 4;  // fragment column pair
+  const int32_t row_a = row0 + warp * 16 + g;  // this thread's two rows within the sequence
+  const int32_t row_b = row_a + 8;
+  const bool warp_active = row0 + warp * 16 < n;  // uniform per warp
+  // Last key each row sees; keys past the context are never visible.
+  const int32_t limit_a = min(first_pos + row_a, ctx - 1);
+  const int32_t limit_b = min(first_pos + row_b, ctx - 1);
+  const int32_t warp_min_limit = min(first_pos + row0 + warp * 16, ctx - 1);
+
+  // Q rows as bf16 A fragments: qf[ks] covers dimensions 16ks..16ks+15; rows past n are zero.
+  uint32_t qf[kHeadDim / 16][4];
+  {
+    const float* qa = args.q + (static_cast<int64_t>(q_begin + row_a) * args.num_heads + head) * kHeadDim;
+    const float* qb = args.q + (static_cast<int64_t>(q_begin + row_b) * args.num_heads + head) * kHeadDim;
+    const bool valid_a = row_a < n, valid_b = row_b < n;
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int col = ks * 16 + half * 8 + 2 * c;
+        const float2 a = valid_a ? __ldg(reinterpret_cast<const float2*>(qa + col)) : make_float2(0.f, 0.f);
+        const float2 b = valid_b ? __ldg(reinterpret_cast<const float2*>(qb + col)) : make_float2(0.f, 0.f);
+        qf[ks][half * 2 + 0] = PackBf16x2(a.x, a.y);
+        qf[ks][half * 2 + 1] = PackBf16x2(b.x, b.y);
+      }
+    }
+  }
+
+  // The pool: block b starts at element b * 2 * Hkv * B * D; within it K heads, then V heads.
+  const T* pool = static_cast<const T*>(args.kv_cache);
+  const int32_t bsz = args.block_size_tokens;
+  const int64_t head_elems = static_cast<int64_t>(bsz) * kHeadDim;
+  const int64_t block_elems = 2 * static_cast<int64_t>(args.num_kv_heads) * head_elems;
+  const T* k_head = pool + kv_head * head_elems;
+  const T* v_head = pool + (args.num_kv_heads + kv_head) * head_elems;
+  const int32_t* table = args.block_tables + static_cast<int64_t>(seq) * args.max_blocks_per_seq;
+  float k_scale = 1.f, v_scale = 1.f;
+  if constexpr (sizeof(T) == 1) {
+    k_scale = args.k_scale[kv_head];
+    v_scale = args.v_scale[kv_head];
+  }
+
+  // Fills stage `stage` with KV tile `tile` (keys tile*kKeys ..); keys >= ctx become zeros.
+  // NOTE: f32 and FP8 chunks pass through registers (8 per f32 chunk); unrolling all of
+  // them would hoist every load and spill, so they go two at a time. bf16 chunks are cp.async.
+  constexpr int kLoadUnroll = sizeof(T) == 2 ? 8 : 2;
+  auto load_tile = [&](int32_t tile, int stage) {
+    uint16_t* ks = smem + stage * Geo::kStageElems;
+    uint16_t* vs = ks + Geo::kKElems;
+    const int32_t key0 = tile * kKeys;
+#pragma unroll kLoadUnroll
+    for (int i = 0; i < Geo::kKChunksPerThread; ++i) {
+      const int chunk = static_cast<int>(threadIdx.x) + i * kThreads;
+      const int dim = chunk / (kKeys / kChunk);
+      const int j = chunk % (kKeys / kChunk);
+      const int32_t p = key0 + j * kChunk;  // first of 8 keys, all in one block (bsz % 8 == 0)
+      const bool valid = p < ctx;
+      const T* src = pool;
+      if (valid) src = k_head + static_cast<int64_t>(__ldg(table + p / bsz)) * block_elems + dim * bsz + p % bsz;
+      StoreChunkBf16(ks + dim * Geo::kKPitch + j * kChunk, src, valid, k_scale);
+    }
+#pragma unroll kLoadUnroll
+    for (int i = 0; i < Geo::kVChunksPerThread; ++i) {
+      const int chunk = static_cast<int>(threadIdx.x) + i * kThreads;
+      const int key = chunk / (kHeadDim / kChunk);
+      const int part = chunk % (kHeadDim / kChunk);
+      const int32_t p = key0 + key;
+      const bool valid = p < ctx;
+      const T* src = pool;
+      if (valid) {
+        src = v_head + static_cast<int64_t>(__ldg(table + p / bsz)) * block_elems +
+              static_cast<int64_t>(p % bsz) * kHeadDim + part * kChunk;
+      }
+      StoreChunkBf16(vs + key * Geo::kVPitch + part * kChunk, src, valid, v_scale);
+    }
+  };
+
+  float o[kHeadDim / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < kHeadDim / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};  // this thread's share; summed over the quad at the end
+  const float scale_log2 = args.scale * 1.4426950408889634f;
+  // ldmatrix row addresses: lane l feeds matrix l/8, row l%8; matrices 0/1 are k 0-7/8-15 of
+  // columns 0-7, matrices 2/3 the same of columns 8-15.
+  const int ld_row = (lane / 8 % 2) * 8 + lane % 8;
+  const int ld_col = (lane / 16) * 8;
+
+  load_tile(0, 0);
+  CpAsyncCommit();
+  for (int32_t tile = 0; tile < num_kv_tiles; ++tile) {
+    // Prefetch the next tile into the other stage (free: the barrier at the end of the
+    // previous iteration ordered everyone's reads of it), then wait for this one.
+    if (tile + 1 < num_kv_tiles) load_tile(tile + 1, (tile + 1) % 2);
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+
+    if (warp_active) {
+      const uint16_t* ks = smem + (tile % 2) * Geo::kStageElems;
+      const uint16_t* vs = ks + Geo::kKElems;
+
+      // S = Q K^T: 16 rows x 64 keys per warp, s[j] = keys 8j..8j+7.
+      float s[kKeys / 8][4];
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int kstep = 0; kstep < kHeadDim / 16; ++kstep) {
+#pragma unroll
+        for (int np = 0; np < kKeys / 16; ++np) {
+          uint32_t b[4];
+          LdMatrixX4Trans(b, SharedAddress(ks + (kstep * 16 + ld_row) * Geo::kKPitch + np * 16 + ld_col));
+          MmaBf16(s[2 * np], qf[kstep], b[0], b[1]);
+          MmaBf16(s[2 * np + 1], qf[kstep], b[2], b[3]);
+        }
+      }
+
+      // Scale into log2 units and mask (only tiles reaching past some row's last key).
+      const int32_t key0 = tile * kKeys;
+      const bool need_mask = key0 + kKeys - 1 > warp_min_limit;
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int32_t key = key0 + j * 8 + 2 * c + (e & 1);
+          const float x = s[j][e] * scale_log2;
+          s[j][e] = (need_mask && key > (e < 2 ? limit_a : limit_b)) ? -INFINITY : x;
+        }
+      }
+
+      // Online softmax: new running max, rescale what was accumulated, exponentiate.
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+        tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));
+        tile_max[1] = fmaxf(tile_max[1], fmaxf(s[j][2], s[j][3]));
+      }
+      float shift[2], alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float new_max = fmaxf(row_max[r], QuadMax(tile_max[r]));
+        // A row that has seen only masked keys keeps max -inf; shift by 0 so exp2 gives 0, not NaN.
+        shift[r] = new_max == -INFINITY ? 0.f : new_max;
+        alpha[r] = exp2f(row_max[r] - shift[r]);
+        row_max[r] = new_max;
+        row_sum[r] *= alpha[r];
+      }
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] = exp2f(s[j][e] - shift[e / 2]);
+          row_sum[e / 2] += s[j][e];
+        }
+      }
+#pragma unroll
+      for (int nd = 0; nd < kHeadDim / 8; ++nd) {
+        o[nd][0] *= alpha[0];
+        o[nd][1] *= alpha[0];
+        o[nd][2] *= alpha[1];
+        o[nd][3] *= alpha[1];
+      }
+
+      // O += P V: the S accumulators of keys 16kk..16kk+15 are the A fragment of step kk.
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        const uint32_t a[4] = {PackBf16x2(s[2 * kk][0], s[2 * kk][1]), PackBf16x2(s[2 * kk][2], s[2 * kk][3]),
+                               PackBf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               PackBf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int np = 0; np < kHeadDim / 16; ++np) {
+          uint32_t b[4];
+          LdMatrixX4Trans(b, SharedAddress(vs + (kk * 16 + ld_row) * Geo::kVPitch + np * 16 + ld_col));
+          MmaBf16(o[2 * np], a, b[0], b[1]);
+          MmaBf16(o[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    // Everyone is done reading this stage before the next iteration refills it.
+    __syncthreads();
+  }
+  CpAsyncWait<0>();  // drain the last (empty) group before exit
+
+  if (!warp_active) return;
+  const float inv_a = 1.f / QuadSum(row_sum[0]);
+  const float inv_b = 1.f / QuadSum(row_sum[1]);
+  if (row_a < n) {
+    float* out = args.out + (static_cast<int64_t>(q_begin + row_a) * args.num_heads + head) * kHeadDim;
+#pragma unroll
+    for (int nd = 0; nd < kHeadDim / 8; ++nd) {
+      *reinterpret_cast<float2*>(out + nd * 8 + 2 * c) = make_float2(o[nd][0] * inv_a, o[nd][1] * inv_a);
+    }
+  }
+  if (row_b < n) {
+    float* out = args.out + (static_cast<int64_t>(q_begin + row_b) * args.num_heads + head) * kHeadDim;
+#pragma unroll
+    for (int nd = 0; nd < kHeadDim / 8; ++nd) {
+      *reinterpret_cast<float2*>(out + nd * 8 + 2 * c) = make_float2(o[nd][2] * inv_b, o[nd][3] * inv_b);
+    }
+  }
+}
+
+}  // namespace kvmesh::kernels::prefill
