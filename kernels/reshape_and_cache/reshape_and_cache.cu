@@ -31,9 +31,12 @@ __global__ void __launch_bounds__(kThreads) ReshapeAndCacheKernel(const float* _
   const int64_t row_elems = shape.num_kv_heads * d;
   T* k_block = kv_cache + block * 2 * shape.num_kv_heads * head_elems;  // [Hkv][D][B]
   T* v_block = k_block + shape.num_kv_heads * head_elems;              // [Hkv][B][D]
-  for (int64_t e = threadIdx.x; e < row_elems; e += kThreads) {
-    const int64_t h = e / d;
-    const int64_t c = e - h * d;
+  // 32-bit index math within the row (Launch checks num_kv_heads * head_dim < 2^31): a
+  // 64-bit division per element is a slow subroutine call.
+  const int32_t d32 = static_cast<int32_t>(d);
+  for (int32_t e = threadIdx.x; e < static_cast<int32_t>(row_elems); e += kThreads) {
+    const int32_t h = e / d32;
+    const int32_t c = e - h * d32;
     const float ks = k_scale != nullptr ? k_scale[h] : 1.0f;
     const float vs = v_scale != nullptr ? v_scale[h] : 1.0f;
     k_block[h * head_elems + c * bsz + offset] = EncodeKv(k[t * row_elems + e], ks, kv_cache);
@@ -45,7 +48,7 @@ template <typename T>
 cudaError_t Launch(const float* k, const float* v, const int64_t* slots, int64_t num_tokens, const KvCacheShape& shape,
                    const float* k_scale, const float* v_scale, T* kv_cache, cudaStream_t stream) {
   if (shape.num_kv_heads <= 0 || shape.head_dim <= 0 || shape.block_size_tokens <= 0 || num_tokens < 0 ||
-      num_tokens > 0x7fffffff) {
+      num_tokens > 0x7fffffff || shape.num_kv_heads > 0x7fffffff / shape.head_dim) {
     return cudaErrorInvalidValue;
   }
   if (num_tokens == 0) return cudaSuccess;

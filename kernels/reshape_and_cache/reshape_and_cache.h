@@ -29,7 +29,7 @@ struct KvCacheShape {
 //             nearest even, NaN kept quiet with its sign, bit for bit as F32ToBf16 in
 //             core/dtype.h (the Bf16 launcher)
 // Two tokens must not share a slot. cudaErrorInvalidValue for a non-positive dimension
-// or more than 2^31 - 1 tokens.
+// or more than 2^31 - 1 tokens or num_kv_heads * head_dim elements per row.
 cudaError_t LaunchReshapeAndCacheF32(const float* k, const float* v, const int64_t* slots, int64_t num_tokens,
                                      const KvCacheShape& shape, float* kv_cache, cudaStream_t stream);
 cudaError_t LaunchReshapeAndCacheBf16(const float* k, const float* v, const int64_t* slots, int64_t num_tokens,
