@@ -73,14 +73,19 @@ struct Row {
   std::string notes;
 };
 
-// Fills `words` 32-bit words with a splitmix-style hash of (index, seed).
+// A splitmix64-style hash of (index, seed): random bits without a generator state.
+__device__ uint64_t HashBits(int64_t i, uint32_t seed) {
+  uint64_t z = static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull + seed;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Fills `words` 32-bit words with random bits.
 __global__ void FillRandomBits(uint32_t* data, int64_t words, uint32_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < words;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint64_t z = static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull + seed;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    data[i] = static_cast<uint32_t>(z ^ (z >> 31));
+    data[i] = static_cast<uint32_t>(HashBits(i, seed));
   }
 }
 
@@ -88,10 +93,7 @@ __global__ void FillRandomBits(uint32_t* data, int64_t words, uint32_t seed) {
 __global__ void FillRandomBf16(__nv_bfloat16* data, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint64_t z = static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull + seed;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    const float u = static_cast<float>((z >> 40) & 0xFFFFFF) / 16777216.0f;  // [0, 1)
+    const float u = static_cast<float>(HashBits(i, seed) >> 40) / 16777216.0f;  // [0, 1)
     data[i] = __float2bfloat16(2.0f * u - 1.0f);
   }
 }
