@@ -7,9 +7,11 @@
 
 #include <cstdint>
 
+#include <cuda_runtime.h>
+#ifdef __CUDACC__
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
-#include <cuda_runtime.h>
+#endif
 
 namespace kvmesh::kernels {
 
@@ -21,6 +23,10 @@ template <KvCacheDType kDType> struct KvStorageType;
 template <> struct KvStorageType<KvCacheDType::kF32> { using type = float; };
 template <> struct KvStorageType<KvCacheDType::kBf16> { using type = uint16_t; };
 template <> struct KvStorageType<KvCacheDType::kFp8E4M3> { using type = uint8_t; };
+
+// The device functions below are for nvcc; launcher headers include this file for
+// KvCacheDType, and host code (the CUDA backend, tests) compiles them with the C++ compiler.
+#ifdef __CUDACC__
 
 // bf16 bits -> f32: exact.
 __device__ __forceinline__ float Bf16BitsToFloat(uint16_t bits) { return __uint_as_float(uint32_t{bits} << 16); }
@@ -53,5 +59,7 @@ __device__ __forceinline__ uint8_t EncodeKv(float x, float scale, uint8_t*) { re
 __device__ __forceinline__ float DecodeKv(float x, float /*scale*/) { return x; }
 __device__ __forceinline__ float DecodeKv(uint16_t x, float /*scale*/) { return Bf16BitsToFloat(x); }
 __device__ __forceinline__ float DecodeKv(uint8_t x, float scale) { return Fp8E4M3BitsToFloat(x) * scale; }
+
+#endif  // __CUDACC__
 
 }  // namespace kvmesh::kernels
