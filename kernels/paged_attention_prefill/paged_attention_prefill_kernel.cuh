@@ -137,38 +137,52 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionPrefillKernel(const Pa
     v_scale = args.v_scale[kv_head];
   }
 
+  // Position p's element 0 of head `head_base` (k_head or v_head): its block from the table,
+  // then its offset in the block times the token stride (1 in K's [D][B], D in V's [B][D]).
+  // Shifts for a power-of-two block size (B = 16), a division otherwise.
+  const bool bsz_pow2 = (bsz & (bsz - 1)) == 0;
+  const int32_t bsz_shift = 31 - __clz(bsz);
+  auto slot_of = [&](int32_t p, const T* head_base, int32_t token_stride) {
+    const int32_t block_index = bsz_pow2 ? p >> bsz_shift : p / bsz;
+    const int32_t offset = p - block_index * bsz;
+    return head_base + static_cast<int64_t>(__ldg(table + block_index)) * block_elems + offset * token_stride;
+  };
+
   // Fills stage `stage` with KV tile `tile` (keys tile*kKeys ..); keys >= ctx become zeros.
   // NOTE: f32 and FP8 chunks pass through registers (8 per f32 chunk); unrolling all of
   // them would hoist every load and spill, so they go two at a time. bf16 chunks are cp.async.
   constexpr int kLoadUnroll = sizeof(T) == 2 ? 8 : 2;
+  constexpr int kKChunksPerRow = kKeys / kChunk;      // 8 chunks cover one dimension's 64 keys
+  constexpr int kVChunksPerRow = kHeadDim / kChunk;   // chunks covering one key's dimensions
+  static_assert(kThreads % kKChunksPerRow == 0 && kThreads % kVChunksPerRow == 0);
   auto load_tile = [&](int32_t tile, int stage) {
     uint16_t* ks = smem + stage * Geo::kStageElems;
     uint16_t* vs = ks + Geo::kKElems;
     const int32_t key0 = tile * kKeys;
-#pragma unroll kLoadUnroll
-    for (int i = 0; i < Geo::kKChunksPerThread; ++i) {
-      const int chunk = static_cast<int>(threadIdx.x) + i * kThreads;
-      const int dim = chunk / (kKeys / kChunk);
-      const int j = chunk % (kKeys / kChunk);
+    // K: chunk c = threadIdx.x + i * kThreads has keys 8 * (c % 8) .. + 7, the same for every
+    // i (kThreads % 8 == 0): one block lookup, then one dimension per i.
+    {
+      const int j = static_cast<int>(threadIdx.x) % kKChunksPerRow;
       const int32_t p = key0 + j * kChunk;  // first of 8 keys, all in one block (bsz % 8 == 0)
       const bool valid = p < ctx;
-      const T* src = pool;
-      if (valid) src = k_head + static_cast<int64_t>(__ldg(table + p / bsz)) * block_elems + dim * bsz + p % bsz;
-      StoreChunkBf16(ks + dim * Geo::kKPitch + j * kChunk, src, valid, k_scale);
-    }
+      const T* base = valid ? slot_of(p, k_head, 1) : pool;
 #pragma unroll kLoadUnroll
-    for (int i = 0; i < Geo::kVChunksPerThread; ++i) {
-      const int chunk = static_cast<int>(threadIdx.x) + i * kThreads;
-      const int key = chunk / (kHeadDim / kChunk);
-      const int part = chunk % (kHeadDim / kChunk);
-      const int32_t p = key0 + key;
-      const bool valid = p < ctx;
-      const T* src = pool;
-      if (valid) {
-        src = v_head + static_cast<int64_t>(__ldg(table + p / bsz)) * block_elems +
-              static_cast<int64_t>(p % bsz) * kHeadDim + part * kChunk;
+      for (int i = 0; i < Geo::kKChunksPerThread; ++i) {
+        const int dim = static_cast<int>(threadIdx.x) / kKChunksPerRow + i * (kThreads / kKChunksPerRow);
+        StoreChunkBf16(ks + dim * Geo::kKPitch + j * kChunk, valid ? base + dim * bsz : pool, valid, k_scale);
       }
-      StoreChunkBf16(vs + key * Geo::kVPitch + part * kChunk, src, valid, v_scale);
+    }
+    // V: chunk c has key c / kVChunksPerRow and dimensions 8 * (c % kVChunksPerRow) .. + 7.
+    {
+      const int part = static_cast<int>(threadIdx.x) % kVChunksPerRow;
+#pragma unroll kLoadUnroll
+      for (int i = 0; i < Geo::kVChunksPerThread; ++i) {
+        const int key = static_cast<int>(threadIdx.x) / kVChunksPerRow + i * (kThreads / kVChunksPerRow);
+        const int32_t p = key0 + key;
+        const bool valid = p < ctx;
+        const T* src = valid ? slot_of(p, v_head, kHeadDim) + part * kChunk : pool;
+        StoreChunkBf16(vs + key * Geo::kVPitch + part * kChunk, src, valid, v_scale);
+      }
     }
   };
 
