@@ -135,4 +135,10 @@ struct CpuBackendOptions {
 // every M, position in the batch and thread count.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options);
 
+// The CUDA backend (backend/cuda/cuda_backend.h) on GPU `device`: its ops take device
+// memory, so only the CUDA model runner (engine/cuda_model_runner.h) can drive it.
+// FailedPrecondition where no GPU can be used, or in a build without CUDA (link
+// kvmesh_backend_cuda, which is then backend/no_cuda_backend.cc).
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device);
+
 }  // namespace kvmesh::backend

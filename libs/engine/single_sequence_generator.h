@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/llama_model.h"
+#include "engine/model_runner.h"
 #include "engine/sampler.h"
 
 namespace kvmesh::engine {
@@ -37,5 +38,14 @@ absl::StatusOr<GenerationResult> GenerateSingleSequence(LlamaModel& model, std::
                                                         std::span<const int32_t> eos_token_ids,
                                                         const std::function<bool(const GeneratedToken&)>& on_token,
                                                         DType kv_cache_dtype = DType::kF32);
+
+// The same loop on a paged runner (the CUDA runner, for `kvmesh generate --device cuda`):
+// the one sequence owns blocks 0, 1, ... of the runner's pool, and a prompt longer than
+// max_chunk_tokens is prefilled in chunks. InvalidArgument as above with `max_context`
+// as the limit; ResourceExhausted when the pool is too small for prompt + max_tokens.
+absl::StatusOr<GenerationResult> GenerateSingleSequenceOnRunner(
+    ModelRunner& runner, int64_t max_context, int32_t max_chunk_tokens, std::span<const int32_t> prompt,
+    const SamplingParams& params, std::span<const int32_t> eos_token_ids,
+    const std::function<bool(const GeneratedToken&)>& on_token);
 
 }  // namespace kvmesh::engine

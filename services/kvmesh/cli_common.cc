@@ -18,6 +18,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/command_line.h"
 #include "core/logging.h"
@@ -27,6 +28,8 @@ ABSL_FLAG(std::string, model, KVMESH_DEFAULT_MODEL_DIR,
           "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). "
           "Default: the embedded tiny model.");
 ABSL_FLAG(std::string, backend, "cpu", "Backend for the model ops: cpu or reference (the slow scalar oracle).");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the model runs: cpu, or cuda (GPU 0; cuda:N for GPU N): weights, KV cache and every op on the GPU.");
 ABSL_FLAG(int, threads, 0, "Kernel threads; 0 means one per core.");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 ABSL_DECLARE_FLAG(int, tensor_parallel_size);  // engine_flags.cc
@@ -119,11 +122,24 @@ std::vector<std::string> ParseSubcommandFlags(int argc, char** argv, const std::
   return std::vector<std::string>(positional.begin() + 1, positional.end());
 }
 
+absl::StatusOr<int> CudaDeviceFromFlags() {
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device == "cpu") return -1;
+  if (device == "cuda") return 0;
+  int index = 0;
+  if (absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &index) && index >= 0) return index;
+  return absl::InvalidArgumentError(absl::StrCat("--device must be cpu, cuda or cuda:N, not \"", device, "\""));
+}
+
 absl::StatusOr<LoadedModel> LoadModelFromFlags(bool quiet) {
   const auto start = std::chrono::steady_clock::now();
   LoadedModel loaded;
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
-  if (backend_name == "cpu") {
+  KVMESH_ASSIGN_OR_RETURN(const int cuda_device, CudaDeviceFromFlags());
+  if (cuda_device >= 0) {
+    if (backend_name != "cpu") return absl::InvalidArgumentError("--backend applies to --device cpu only");
+    KVMESH_ASSIGN_OR_RETURN(loaded.backend, backend::CreateCudaBackend(cuda_device));
+  } else if (backend_name == "cpu") {
     KVMESH_ASSIGN_OR_RETURN(loaded.backend, backend::CreateCpuBackend({.num_threads = absl::GetFlag(FLAGS_threads)}));
   } else if (backend_name == "reference") {
     loaded.backend = backend::CreateReferenceBackend();

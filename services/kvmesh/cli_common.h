@@ -21,6 +21,10 @@ struct LoadedModel {
   double load_seconds = 0;
 };
 
+// --device: -1 for cpu, else the CUDA device index (cuda = 0, cuda:N = N).
+// InvalidArgument for anything else.
+absl::StatusOr<int> CudaDeviceFromFlags();
+
 // --model (default: the embedded tiny model), --backend, --threads.
 std::string ModelDirFlag();
 // Loads config, weights and tokenizer from --model onto --backend, printing

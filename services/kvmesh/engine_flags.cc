@@ -11,6 +11,8 @@
 #include "core/logging.h"
 #include "core/memory_info.h"
 #include "core/status_macros.h"
+#include "cli_common.h"
+#include "engine/cuda_model_runner.h"
 #include "engine/tensor_parallel_runner.h"
 
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{1} << 30, "KV cache pool size in bytes (unless --kv-cache-memory-fraction).");
@@ -25,6 +27,7 @@ ABSL_FLAG(int, tensor_parallel_size, 1,
           "The KV budget is the group's total; --threads is shared among the ranks.");
 ABSL_DECLARE_FLAG(int, threads);  // cli_common.cc
 ABSL_FLAG(int, max_model_len, 0, "Context length (prompt + completion); 0: the model's max_position_embeddings.");
+ABSL_FLAG(bool, enforce_eager, false, "--device cuda: run decode steps eagerly instead of replaying CUDA graphs.");
 
 namespace kvmesh::cli {
 
@@ -39,7 +42,31 @@ absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model) 
   KVMESH_ASSIGN_OR_RETURN(const DType kv_dtype, KvCacheDTypeFromFlags(model));
   const int tp = absl::GetFlag(FLAGS_tensor_parallel_size);
   if (tp < 1) return absl::InvalidArgumentError("--tensor-parallel-size must be >= 1");
-  if (tp == 1) {
+  KVMESH_ASSIGN_OR_RETURN(const int cuda_device, CudaDeviceFromFlags());
+  const int64_t context = model.config().max_position_embeddings;
+  const int32_t max_model_len_flag = absl::GetFlag(FLAGS_max_model_len);
+  if (max_model_len_flag > context)
+    return absl::InvalidArgumentError("--max-model-len exceeds the model's max_position_embeddings");
+  const int32_t max_model_len = max_model_len_flag > 0 ? max_model_len_flag : static_cast<int32_t>(context);
+  if (cuda_device >= 0) {
+    if (tp != 1) return absl::InvalidArgumentError("--tensor-parallel-size > 1 is not available with --device cuda yet");
+    engine::CudaModelRunnerOptions cuda{
+        .block_size_tokens = absl::GetFlag(FLAGS_block_size),
+        .kv_cache_dtype = kv_dtype,
+        .max_num_tokens = std::max(absl::GetFlag(FLAGS_max_num_batched_tokens), absl::GetFlag(FLAGS_max_num_seqs)),
+        .max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs),
+        .max_model_len = max_model_len,
+        .enable_cuda_graphs = !absl::GetFlag(FLAGS_enforce_eager),
+    };
+    // A memory fraction is of the GPU's free memory (vLLM's gpu_memory_utilization, of
+    // what the weights left), not of the host's.
+    if (const double fraction = absl::GetFlag(FLAGS_kv_cache_memory_fraction); fraction != 0) {
+      cuda.kv_cache_memory_fraction = fraction;
+    } else {
+      cuda.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+    }
+    KVMESH_ASSIGN_OR_RETURN(out.runner, engine::CreateCudaModelRunner(model, cuda));
+  } else if (tp == 1) {
     KVMESH_ASSIGN_OR_RETURN(out.runner, engine::PagedModelRunner::Create(
                                             model, {.block_size_tokens = absl::GetFlag(FLAGS_block_size),
                                                     .kv_cache_bytes = kv_bytes,
@@ -66,11 +93,7 @@ absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model) 
   out.options.kv.block_size_tokens = absl::GetFlag(FLAGS_block_size);
   out.options.kv.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   out.options.kv.record_events = false;  // nothing consumes KV events in one process
-  const int64_t context = model.config().max_position_embeddings;
-  const int32_t max_model_len = absl::GetFlag(FLAGS_max_model_len);
-  if (max_model_len > context)
-    return absl::InvalidArgumentError("--max-model-len exceeds the model's max_position_embeddings");
-  out.options.max_model_len = max_model_len > 0 ? max_model_len : static_cast<int32_t>(context);
+  out.options.max_model_len = max_model_len;
   return out;
 }
 

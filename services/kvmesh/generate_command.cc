@@ -136,7 +136,19 @@ int RunGenerate(int argc, char** argv) {
   // The KV precision `serve` would use (--kv-cache-dtype), so both give the same tokens.
   auto kv_dtype = KvCacheDTypeFromFlags(*loaded->model);
   if (!kv_dtype.ok()) return Fail(std::string(kv_dtype.status().message()));
-  auto result = engine::GenerateSingleSequence(*loaded->model, prompt, *params, eos, on_token, *kv_dtype);
+  auto cuda_device = CudaDeviceFromFlags();
+  if (!cuda_device.ok()) return Fail(std::string(cuda_device.status().message()));
+  absl::StatusOr<engine::GenerationResult> result;
+  if (*cuda_device >= 0) {
+    // On a GPU the paged CUDA runner computes; the dense path is host memory only.
+    auto built = BuildEngineFromFlags(*loaded->model);
+    if (!built.ok()) return Fail(std::string(built.status().message()));
+    result = engine::GenerateSingleSequenceOnRunner(*built->runner, built->options.max_model_len,
+                                                    built->options.scheduler.max_num_batched_tokens, prompt, *params,
+                                                    eos, on_token);
+  } else {
+    result = engine::GenerateSingleSequence(*loaded->model, prompt, *params, eos, on_token, *kv_dtype);
+  }
   if (!result.ok()) return Fail(std::string(result.status().message()));
   if (!json) {
     std::fputc('\n', stdout);

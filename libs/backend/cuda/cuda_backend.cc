@@ -1,0 +1,387 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backend/internal/linear_parts.h"
+#include "bias_add/bias_add.h"
+#include "cast/cast.h"
+#include "core/dtype.h"
+#include "core/status_macros.h"
+#include "dense_attention/dense_attention.h"
+#include "embedding/embedding.h"
+#include "paged_attention_decode/paged_attention_decode.h"
+#include "paged_attention_prefill/paged_attention_prefill.h"
+#include "reshape_and_cache/reshape_and_cache.h"
+#include "rms_norm/rms_norm.h"
+#include "rope/rope.h"
+#include "silu_and_mul/silu_and_mul.h"
+
+namespace kvmesh::backend::cuda {
+namespace {
+
+// cuBLAS's workspace, set once so that it never allocates (e.g. inside a graph capture).
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+// FP8 scale arrays hold this many KV heads (a model's per-rank KV heads are far fewer).
+constexpr int32_t kMaxKvHeads = 1024;
+
+const char* CublasName(cublasStatus_t s) { return cublasGetStatusName(s); }
+
+// A linear layer's weight on the device: [N, K] row-major in its own dtype, bias [N] f32.
+class CudaPackedLinear : public PackedLinear {
+ public:
+  CudaPackedLinear(int64_t n, int64_t k, DType dtype, int64_t num_bytes, DeviceMemory weight, DeviceMemory bias)
+      : n_(n), k_(k), dtype_(dtype), num_bytes_(num_bytes), weight_(std::move(weight)), bias_(std::move(bias)) {}
+  int64_t out_features() const override { return n_; }
+  int64_t in_features() const override { return k_; }
+  DType dtype() const override { return dtype_; }
+  int64_t num_bytes() const override { return num_bytes_; }
+  const void* weight() const { return weight_.get(); }
+  const float* bias() const { return bias_.bytes() > 0 ? bias_.as<float>() : nullptr; }
+
+ private:
+  const int64_t n_, k_;
+  const DType dtype_;
+  const int64_t num_bytes_;
+  DeviceMemory weight_;
+  DeviceMemory bias_;
+};
+
+float WidenToF32(const void* p, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+kernels::KvCacheDType KvDType(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return kernels::KvCacheDType::kBf16;
+    case DType::kFP8E4M3: return kernels::KvCacheDType::kFp8E4M3;
+    default: return kernels::KvCacheDType::kF32;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOptions& options) {
+  int count = 0;
+  if (const cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device can be used here: ", cudaGetErrorString(err), " (--device cuda needs a GPU)"));
+  }
+  if (count == 0) return absl::FailedPreconditionError("no CUDA device found (--device cuda needs a GPU)");
+  if (options.device < 0 || options.device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", options.device, " does not exist (", count, " device(s))"));
+  }
+  std::unique_ptr<CudaBackend> be(new CudaBackend());
+  be->device_ = options.device;
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(options.device), "cudaSetDevice");
+  cudaDeviceProp prop{};
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties");
+  be->name_ = absl::StrCat("cuda:", options.device, " (", prop.name, ", sm_", prop.major, prop.minor, ")");
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamCreateWithFlags(&be->stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (const cublasStatus_t s = cublasCreate(&be->cublas_); s != CUBLAS_STATUS_SUCCESS) {
+    be->cublas_ = nullptr;
+    return absl::InternalError(absl::StrCat("cublasCreate: ", CublasName(s)));
+  }
+  KVMESH_ASSIGN_OR_RETURN(be->cublas_workspace_, AllocateDevice(kCublasWorkspaceBytes, "the cuBLAS workspace"));
+  if (cublasSetStream(be->cublas_, be->stream_) != CUBLAS_STATUS_SUCCESS ||
+      cublasSetWorkspace(be->cublas_, be->cublas_workspace_.get(), kCublasWorkspaceBytes) != CUBLAS_STATUS_SUCCESS ||
+      // f32 GEMMs stay f32 (no TF32), so f32 models match the CPU backends.
+      cublasSetMathMode(be->cublas_, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError("configuring the cuBLAS handle failed");
+  }
+  const std::vector<float> ones(kMaxKvHeads, 1.0f);
+  KVMESH_RETURN_IF_ERROR(be->SetFp8KvScales(ones, ones));
+  return be;
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaBackend::TakeError() { return std::exchange(error_, absl::OkStatus()); }
+
+void CudaBackend::RecordError(cudaError_t err, absl::string_view what) {
+  if (err != cudaSuccess && error_.ok()) error_ = CudaStatus(err, what);
+}
+
+bool CudaBackend::EnsureScratch(size_t bytes, DeviceMemory& scratch, absl::string_view what) {
+  if (scratch.bytes() >= bytes) return true;
+  absl::StatusOr<DeviceMemory> grown = AllocateDevice(bytes, what);
+  if (!grown.ok()) {
+    if (error_.ok()) error_ = grown.status();
+    return false;
+  }
+  // The old buffer may still be read by queued work: let it finish before freeing it.
+  cudaStreamSynchronize(stream_);
+  scratch = std::move(grown).value();
+  return true;
+}
+
+absl::Status CudaBackend::Reserve(int64_t max_tokens, int64_t max_width, int64_t max_seqs, int32_t num_heads,
+                                  int32_t num_kv_heads, int32_t head_dim, int32_t max_context_len) {
+  EnsureScratch(static_cast<size_t>(max_tokens * max_width) * sizeof(uint16_t), cast_scratch_, "GEMM operands");
+  kernels::PagedAttentionDecodeArgs args;
+  args.num_seqs = static_cast<int32_t>(max_seqs);
+  args.num_heads = num_heads;
+  args.num_kv_heads = num_kv_heads;
+  args.head_dim = head_dim;
+  args.block_size_tokens = 16;
+  args.max_blocks_per_seq = 1;
+  args.max_context_len = max_context_len;
+  EnsureScratch(kernels::PagedAttentionDecodeWorkspaceBytes(args), attention_scratch_, "decode attention partials");
+  return TakeError();
+}
+
+absl::Status CudaBackend::SetFp8KvScales(std::span<const float> k_scale, std::span<const float> v_scale) {
+  if (k_scale.size() != v_scale.size() || k_scale.empty() || k_scale.size() > kMaxKvHeads)
+    return absl::InvalidArgumentError("FP8 KV scales: one K and one V scale per KV head");
+  std::vector<float> k(kMaxKvHeads, 1.0f), v(kMaxKvHeads, 1.0f);
+  std::copy(k_scale.begin(), k_scale.end(), k.begin());
+  std::copy(v_scale.begin(), v_scale.end(), v.begin());
+  for (float s : k) {
+    if (!(s > 0)) return absl::InvalidArgumentError("FP8 KV scales must be positive");
+  }
+  for (float s : v) {
+    if (!(s > 0)) return absl::InvalidArgumentError("FP8 KV scales must be positive");
+  }
+  if (k_scale_.get() == nullptr) {
+    KVMESH_ASSIGN_OR_RETURN(k_scale_, AllocateDevice(sizeof(float) * kMaxKvHeads, "FP8 K scales"));
+    KVMESH_ASSIGN_OR_RETURN(v_scale_, AllocateDevice(sizeof(float) * kMaxKvHeads, "FP8 V scales"));
+  }
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpy(k_scale_.get(), k.data(), sizeof(float) * k.size(), cudaMemcpyHostToDevice),
+                              "uploading FP8 K scales");
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpy(v_scale_.get(), v.data(), sizeof(float) * v.size(), cudaMemcpyHostToDevice),
+                              "uploading FP8 V scales");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PackedLinear>> CudaBackend::PackLinear(std::span<const TensorView> parts,
+                                                                      std::span<const TensorView> biases) {
+  KVMESH_ASSIGN_OR_RETURN(const internal::LinearPartsInfo info, internal::ValidateLinearParts(parts, biases));
+  const int64_t n = info.out_features, k = info.in_features;
+  const size_t esize = DTypeSize(info.dtype);
+  // Gather the parts' rows (the host views may be strided) into one [N, K] image.
+  std::vector<std::byte> image(static_cast<size_t>(n * k) * esize);
+  int64_t row0 = 0;
+  for (const TensorView& part : parts) {
+    const int64_t rows = part.dim(0);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(image.data() + static_cast<size_t>((row0 + r) * k) * esize,
+                  static_cast<const std::byte*>(part.data) + static_cast<size_t>(r * part.strides[0]) * esize,
+                  static_cast<size_t>(k) * esize);
+    }
+    row0 += rows;
+  }
+  KVMESH_ASSIGN_OR_RETURN(DeviceMemory weight, AllocateDevice(image.size(), "a linear layer's weight"));
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpy(weight.get(), image.data(), image.size(), cudaMemcpyHostToDevice),
+                              "uploading a linear layer's weight");
+  DeviceMemory bias;
+  if (!biases.empty()) {
+    std::vector<float> host(static_cast<size_t>(n));
+    int64_t at = 0;
+    for (const TensorView& b : biases) {
+      for (int64_t i = 0; i < b.dim(0); ++i) host[static_cast<size_t>(at++)] = WidenToF32(b.data, b.dtype, i);
+    }
+    KVMESH_ASSIGN_OR_RETURN(bias, AllocateDevice(sizeof(float) * host.size(), "a linear layer's bias"));
+    KVMESH_RETURN_IF_CUDA_ERROR(
+        cudaMemcpy(bias.get(), host.data(), sizeof(float) * host.size(), cudaMemcpyHostToDevice),
+        "uploading a linear layer's bias");
+  }
+  return std::unique_ptr<PackedLinear>(
+      new CudaPackedLinear(n, k, info.dtype, info.num_bytes, std::move(weight), std::move(bias)));
+}
+
+void CudaBackend::Linear(const TensorView& x, const PackedLinear& packed, const TensorView& out) {
+  if (Failed()) return;
+  const auto& w = static_cast<const CudaPackedLinear&>(packed);
+  const int64_t t = x.dim(0), k = w.in_features(), n = w.out_features();
+  if (t == 0) return;
+  // Row-major out[T, N] = x[T, K] W[N, K]^T is, column-major, out^T (N x T) = W^T' x^T:
+  // W read as a K x N column-major matrix (lda K) transposed, x as K x T (ldb K).
+  const float alpha = 1.0f, beta = 0.0f;
+  const void* b = x.data;
+  cudaDataType_t operand_type = CUDA_R_32F;
+  if (w.dtype() == DType::kBF16 || w.dtype() == DType::kF16) {
+    if (!EnsureScratch(static_cast<size_t>(t * k) * sizeof(uint16_t), cast_scratch_, "GEMM operands")) return;
+    uint16_t* narrow = cast_scratch_.as<uint16_t>();
+    const bool bf16 = w.dtype() == DType::kBF16;
+    RecordError(bf16 ? kernels::LaunchCastF32ToBf16(x.data_as<float>(), t * k, narrow, stream_)
+                     : kernels::LaunchCastF32ToF16(x.data_as<float>(), t * k, narrow, stream_),
+                "casting a GEMM operand");
+    b = narrow;
+    operand_type = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  }
+  const cublasStatus_t s =
+      cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(t), static_cast<int>(k),
+                   &alpha, w.weight(), operand_type, static_cast<int>(k), b, operand_type, static_cast<int>(k), &beta,
+                   out.data, CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (s != CUBLAS_STATUS_SUCCESS && error_.ok()) {
+    error_ = absl::InternalError(absl::StrCat("cublasGemmEx [", t, ", ", k, "] x [", n, ", ", k, "]^T: ",
+                                              CublasName(s)));
+    return;
+  }
+  if (w.bias() != nullptr) {
+    RecordError(kernels::LaunchBiasAddF32(out.data_as<float>(), w.bias(), t, n, stream_), "adding a bias");
+  }
+}
+
+void CudaBackend::Embedding(std::span<const int32_t> ids, const TensorView& table, const TensorView& out) {
+  if (Failed()) return;
+  const kernels::EmbeddingDType dtype = table.dtype == DType::kBF16  ? kernels::EmbeddingDType::kBf16
+                                        : table.dtype == DType::kF16 ? kernels::EmbeddingDType::kF16
+                                                                     : kernels::EmbeddingDType::kF32;
+  RecordError(kernels::LaunchEmbedding(ids.data(), static_cast<int64_t>(ids.size()), table.data, dtype, table.dim(0),
+                                       table.dim(1), out.data_as<float>(), stream_),
+              "embedding");
+}
+
+void CudaBackend::RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
+  if (Failed()) return;
+  const int64_t t = x.dim(0), e = x.dim(1);
+  RecordError(weight.dtype == DType::kBF16
+                  ? kernels::LaunchRmsNormF32Bf16Weight(x.data_as<float>(), weight.data_as<uint16_t>(), eps, t, e,
+                                                        out.data_as<float>(), stream_)
+                  : kernels::LaunchRmsNormF32F32Weight(x.data_as<float>(), weight.data_as<float>(), eps, t, e,
+                                                       out.data_as<float>(), stream_),
+              "RMSNorm");
+}
+
+void CudaBackend::AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
+                             const TensorView& out) {
+  if (Failed()) return;
+  const int64_t t = x.dim(0), e = x.dim(1);
+  RecordError(weight.dtype == DType::kBF16
+                  ? kernels::LaunchAddRmsNormF32Bf16Weight(residual.data_as<float>(), x.data_as<float>(),
+                                                           weight.data_as<uint16_t>(), eps, t, e,
+                                                           out.data_as<float>(), stream_)
+                  : kernels::LaunchAddRmsNormF32F32Weight(residual.data_as<float>(), x.data_as<float>(),
+                                                          weight.data_as<float>(), eps, t, e, out.data_as<float>(),
+                                                          stream_),
+              "add + RMSNorm");
+}
+
+void CudaBackend::ApplyRope(const TensorView& q, const TensorView& k, std::span<const int32_t> positions,
+                            std::span<const float> inv_freq) {
+  if (Failed()) return;
+  RecordError(kernels::LaunchRopeF32(q.data_as<float>(), k.data_as<float>(), positions.data(), inv_freq.data(),
+                                     q.dim(0), q.dim(1), k.dim(1), q.dim(2), stream_),
+              "RoPE");
+}
+
+void CudaBackend::SiluAndMul(const TensorView& gate_up, const TensorView& out) {
+  if (Failed()) return;
+  RecordError(kernels::LaunchSiluAndMulF32(gate_up.data_as<float>(), gate_up.dim(0), out.dim(1),
+                                           out.data_as<float>(), stream_),
+              "SiLU and mul");
+}
+
+void CudaBackend::DenseAttention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                                 std::span<const int32_t> positions, float scale, const TensorView& out) {
+  if (Failed()) return;
+  RecordError(kernels::LaunchDenseAttentionF32(q.data_as<float>(), k_cache.data_as<float>(), v_cache.data_as<float>(),
+                                               positions.data(), q.dim(0), q.dim(1), k_cache.dim(1), q.dim(2), scale,
+                                               out.data_as<float>(), stream_),
+              "dense attention");
+}
+
+void CudaBackend::WriteKvCache(const TensorView& k, const TensorView& v, std::span<const int64_t> slots,
+                               const TensorView& kv_cache) {
+  if (Failed()) return;
+  // kv_cache: [num_blocks, 2, Hkv, B, D].
+  const kernels::KvCacheShape shape{
+      .num_kv_heads = kv_cache.dim(2), .head_dim = kv_cache.dim(4), .block_size_tokens = kv_cache.dim(3)};
+  const int64_t t = static_cast<int64_t>(slots.size());
+  const float* kp = k.data_as<float>();
+  const float* vp = v.data_as<float>();
+  cudaError_t err = cudaErrorInvalidValue;
+  switch (kv_cache.dtype) {
+    case DType::kF32:
+      err = kernels::LaunchReshapeAndCacheF32(kp, vp, slots.data(), t, shape, kv_cache.data_as<float>(), stream_);
+      break;
+    case DType::kBF16:
+      err = kernels::LaunchReshapeAndCacheBf16(kp, vp, slots.data(), t, shape, kv_cache.data_as<uint16_t>(), stream_);
+      break;
+    case DType::kFP8E4M3:
+      err = kernels::LaunchReshapeAndCacheFp8(kp, vp, slots.data(), t, shape, k_scale_.as<float>(),
+                                              v_scale_.as<float>(), kv_cache.data_as<uint8_t>(), stream_);
+      break;
+    default: break;
+  }
+  RecordError(err, absl::StrCat("writing the KV cache (", std::string(DTypeName(kv_cache.dtype)), " pool)"));
+}
+
+void CudaBackend::PagedAttention(const TensorView& q, const TensorView& kv_cache, const PagedAttentionBatch& batch,
+                                 float scale, const TensorView& out) {
+  if (Failed()) return;
+  if (batch.max_query_len <= 0 || batch.max_context_len <= 0) {
+    RecordError(cudaErrorInvalidValue, "PagedAttention on CUDA needs the batch's max_query_len and max_context_len");
+    return;
+  }
+  const int32_t num_seqs = static_cast<int32_t>(batch.context_lens.size());
+  const int32_t h = static_cast<int32_t>(q.dim(1)), d = static_cast<int32_t>(q.dim(2));
+  const int32_t hkv = static_cast<int32_t>(kv_cache.dim(2)), block = static_cast<int32_t>(kv_cache.dim(3));
+  if (batch.max_query_len == 1) {
+    kernels::PagedAttentionDecodeArgs args;
+    args.q = q.data_as<float>();
+    args.kv_cache = kv_cache.data;
+    args.context_lens = batch.context_lens.data();
+    args.block_tables = batch.block_tables.data();
+    args.k_scale = k_scale_.as<float>();
+    args.v_scale = v_scale_.as<float>();
+    args.out = out.data_as<float>();
+    args.num_seqs = num_seqs;
+    args.num_heads = h;
+    args.num_kv_heads = hkv;
+    args.head_dim = d;
+    args.block_size_tokens = block;
+    args.max_blocks_per_seq = batch.max_blocks_per_seq;
+    args.max_context_len = batch.max_context_len;
+    args.scale = scale;
+    args.kv_dtype = KvDType(kv_cache.dtype);
+    const size_t workspace = kernels::PagedAttentionDecodeWorkspaceBytes(args);
+    if (!EnsureScratch(workspace, attention_scratch_, "decode attention partials")) return;
+    RecordError(kernels::LaunchPagedAttentionDecode(args, attention_scratch_.get(), attention_scratch_.bytes(), stream_),
+                "paged attention (decode)");
+    return;
+  }
+  kernels::PagedAttentionPrefillArgs args;
+  args.q = q.data_as<float>();
+  args.kv_cache = kv_cache.data;
+  args.query_start = batch.query_start.data();
+  args.context_lens = batch.context_lens.data();
+  args.block_tables = batch.block_tables.data();
+  args.k_scale = k_scale_.as<float>();
+  args.v_scale = v_scale_.as<float>();
+  args.out = out.data_as<float>();
+  args.num_seqs = num_seqs;
+  args.num_tokens = static_cast<int32_t>(q.dim(0));
+  args.num_heads = h;
+  args.num_kv_heads = hkv;
+  args.head_dim = d;
+  args.block_size_tokens = block;
+  args.max_blocks_per_seq = batch.max_blocks_per_seq;
+  args.max_query_len = batch.max_query_len;
+  args.scale = scale;
+  args.kv_dtype = KvDType(kv_cache.dtype);
+  RecordError(kernels::LaunchPagedAttentionPrefill(args, stream_), "paged attention (prefill)");
+}
+
+}  // namespace kvmesh::backend::cuda
+
+namespace kvmesh::backend {
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
+  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> backend, cuda::CudaBackend::Create({.device = device}));
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace kvmesh::backend

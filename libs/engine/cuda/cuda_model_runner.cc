@@ -1,0 +1,481 @@
+// CudaModelRunner (see engine/cuda_model_runner.h).
+//
+// Per step: the host builds the step's metadata (engine/step_metadata.h) into one pinned
+// buffer and copies it to the device in one transfer; the forward pass then runs on the
+// backend's stream with device activations allocated once for the largest step; the
+// wanted logits rows come back through pinned memory.
+//
+// Decode steps are replayed from CUDA graphs, one per (batch-size bucket, context bucket):
+// batch sizes 1, 2, 4, ... up to max_num_seqs, contexts 256, 512, 1024, ... up to
+// max_model_len. A graph's metadata has a fixed layout (block-table rows as long as its
+// context bucket; the batch padded to its bucket with rows whose KV slot is -1, so they
+// write nothing), and its attention grid covers the context bucket (split-K partitions
+// past a sequence's length exit at once). A bucket is captured after its first eager run,
+// which also sizes every scratch buffer, so nothing allocates during capture.
+#include "engine/cuda_model_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "absl/strings/str_cat.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_memory.h"
+#include "copy_blocks/copy_blocks.h"
+#include "core/status_macros.h"
+#include "engine/step_metadata.h"
+#include "gather_rows/gather_rows.h"
+#include "kv/kv_layout.h"
+
+namespace kvmesh::engine {
+namespace {
+
+using backend::cuda::AllocateDevice;
+using backend::cuda::AllocatePinnedHost;
+using backend::cuda::CudaBackend;
+using backend::cuda::DeviceMemory;
+using backend::cuda::PinnedHostMemory;
+
+constexpr size_t kAlign = 256;
+// The smallest context bucket of a decode graph.
+constexpr int32_t kMinContextBucket = 256;
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Byte offsets of the step metadata inside one buffer (the same on host and device).
+struct MetadataLayout {
+  size_t slots = 0, token_ids = 0, positions = 0, query_start = 0, context_lens = 0, logit_rows = 0,
+         block_tables = 0, block_copies = 0, total = 0;
+
+  static MetadataLayout For(int64_t max_tokens, int64_t max_seqs, int64_t max_blocks_per_seq,
+                            int64_t max_block_copies) {
+    MetadataLayout m;
+    size_t at = 0;
+    auto take = [&at](size_t bytes) {
+      const size_t offset = at;
+      at += AlignUp(bytes);
+      return offset;
+    };
+    m.slots = take(sizeof(int64_t) * max_tokens);
+    m.token_ids = take(sizeof(int32_t) * max_tokens);
+    m.positions = take(sizeof(int32_t) * max_tokens);
+    m.query_start = take(sizeof(int32_t) * (max_seqs + 1));
+    m.context_lens = take(sizeof(int32_t) * max_seqs);
+    m.logit_rows = take(sizeof(int32_t) * max_seqs);
+    m.block_tables = take(sizeof(int32_t) * max_seqs * max_blocks_per_seq);
+    m.block_copies = take(sizeof(int32_t) * 2 * max_block_copies);
+    m.total = at;
+    return m;
+  }
+};
+
+// What one forward pass runs over: `rows` token rows of `seqs` sequences (metadata at
+// `meta` on the device), `logit_rows` of them through the LM head.
+struct ForwardShape {
+  int64_t rows = 0, seqs = 0, logit_rows = 0;
+  int32_t max_blocks_per_seq = 0, max_query_len = 0, max_context_len = 0;
+};
+
+class CudaModelRunner : public ModelRunner {
+ public:
+  CudaModelRunner(LlamaModel& model, CudaBackend& backend, kv::KvLayout layout, const CudaModelRunnerOptions& options)
+      : model_(model), be_(backend), layout_(layout), options_(options) {}
+  ~CudaModelRunner() override {
+    cudaStreamSynchronize(be_.stream());
+    for (auto& [key, g] : graphs_) {
+      if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
+    }
+  }
+
+  absl::Status Init();
+  int32_t vocab_size() const override { return static_cast<int32_t>(model_.config().vocab_size); }
+  int32_t block_size_tokens() const override { return layout_.block_size_tokens(); }
+  int32_t num_blocks() const override { return layout_.num_blocks(); }
+  absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override;
+
+ private:
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+  };
+
+  absl::Status UploadWeights();
+  absl::Status RunBlockCopies(const std::vector<KvBlockCopy>& copies);
+  // Queues the forward pass over the metadata at meta_device_ on the backend's stream.
+  void Forward(const ForwardShape& f);
+  template <typename T>
+  T* Meta(size_t offset) const {
+    return reinterpret_cast<T*>(meta_device_.as<std::byte>() + offset);
+  }
+  template <typename T>
+  T* HostMeta(size_t offset) const {
+    return reinterpret_cast<T*>(meta_host_.as<std::byte>() + offset);
+  }
+  float* Act(const DeviceMemory& m) const { return m.as<float>(); }
+
+  LlamaModel& model_;
+  CudaBackend& be_;
+  const kv::KvLayout layout_;
+  const CudaModelRunnerOptions options_;
+  StepMetadata meta_;
+
+  DeviceMemory pool_;  // the KV pool, kv_layout.h's layout, all layers
+  DeviceMemory embed_, final_norm_, inv_freq_;
+  std::vector<DeviceMemory> input_norms_, post_norms_;  // f32 [hidden] per layer
+  MetadataLayout meta_layout_;
+  DeviceMemory meta_device_;
+  PinnedHostMemory meta_host_;
+  DeviceMemory residual_, hidden_, qkv_, q_, k_, v_, attn_, proj_, gate_up_, act_, head_in_, logits_;
+  PinnedHostMemory logits_host_;
+  std::map<std::pair<int64_t, int32_t>, Graph> graphs_;  // by (batch bucket, context bucket)
+};
+
+absl::Status CudaModelRunner::UploadWeights() {
+  const model::ModelWeights& w = model_.weights();
+  auto upload = [](const TensorView& host, bool widen_to_f32, absl::string_view what) -> absl::StatusOr<DeviceMemory> {
+    if (!host.is_contiguous()) return absl::InvalidArgumentError(absl::StrCat(what, " is not contiguous"));
+    std::vector<float> widened;
+    const void* src = host.data;
+    size_t bytes = static_cast<size_t>(host.num_bytes());
+    if (widen_to_f32 && host.dtype != DType::kF32) {
+      widened.resize(static_cast<size_t>(host.num_elements()));
+      for (size_t i = 0; i < widened.size(); ++i) {
+        const uint16_t bits = static_cast<const uint16_t*>(host.data)[i];
+        widened[i] = host.dtype == DType::kBF16 ? Bf16ToF32(bits) : F16ToF32(bits);
+      }
+      src = widened.data();
+      bytes = sizeof(float) * widened.size();
+    }
+    KVMESH_ASSIGN_OR_RETURN(DeviceMemory d, AllocateDevice(bytes, what));
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpy(d.get(), src, bytes, cudaMemcpyHostToDevice), absl::StrCat("uploading ", what));
+    return d;
+  };
+  if (w.embed_tokens.dtype != DType::kF32 && w.embed_tokens.dtype != DType::kBF16 && w.embed_tokens.dtype != DType::kF16)
+    return absl::InvalidArgumentError("the embedding table must be f32, bf16 or f16");
+  KVMESH_ASSIGN_OR_RETURN(embed_, upload(w.embed_tokens, false, "the embedding table"));
+  // Norm weights are tiny: f32 on the device whatever the model's dtype (exact widening).
+  KVMESH_ASSIGN_OR_RETURN(final_norm_, upload(w.norm, true, "the final norm"));
+  for (const model::LayerWeights& layer : w.layers) {
+    KVMESH_ASSIGN_OR_RETURN(DeviceMemory in, upload(layer.input_layernorm, true, "an input norm"));
+    KVMESH_ASSIGN_OR_RETURN(DeviceMemory post, upload(layer.post_attention_layernorm, true, "a post-attention norm"));
+    input_norms_.push_back(std::move(in));
+    post_norms_.push_back(std::move(post));
+  }
+  const std::span<const float> inv_freq = model_.rope_inv_freq();
+  KVMESH_ASSIGN_OR_RETURN(inv_freq_, AllocateDevice(sizeof(float) * inv_freq.size(), "RoPE frequencies"));
+  KVMESH_RETURN_IF_CUDA_ERROR(
+      cudaMemcpy(inv_freq_.get(), inv_freq.data(), sizeof(float) * inv_freq.size(), cudaMemcpyHostToDevice),
+      "uploading RoPE frequencies");
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::Init() {
+  const model::ModelConfig& c = model_.config();
+  const int64_t t = options_.max_num_tokens, s = options_.max_num_seqs;
+  const int64_t e = c.hidden_size, d = c.head_dim, h = c.num_attention_heads, hkv = c.num_key_value_heads;
+  const int64_t inter = c.intermediate_size, vocab = c.vocab_size;
+  KVMESH_RETURN_IF_ERROR(UploadWeights());
+  KVMESH_ASSIGN_OR_RETURN(pool_, AllocateDevice(static_cast<size_t>(layout_.TotalBytes()), "the KV pool"));
+  // Zeroed so that padded graph rows, which read block 0, read finite numbers.
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaMemset(pool_.get(), 0, pool_.bytes()), "clearing the KV pool");
+  const int64_t max_blocks = (options_.max_model_len + layout_.block_size_tokens() - 1) / layout_.block_size_tokens();
+  // Block copies per step: at most one per sequence forked this step; be generous.
+  meta_layout_ = MetadataLayout::For(t, s, max_blocks, 4 * s);
+  KVMESH_ASSIGN_OR_RETURN(meta_device_, AllocateDevice(meta_layout_.total, "step metadata"));
+  KVMESH_ASSIGN_OR_RETURN(meta_host_, AllocatePinnedHost(meta_layout_.total, "step metadata staging"));
+  auto act = [](int64_t floats, absl::string_view what) { return AllocateDevice(sizeof(float) * floats, what); };
+  KVMESH_ASSIGN_OR_RETURN(residual_, act(t * e, "the residual stream"));
+  KVMESH_ASSIGN_OR_RETURN(hidden_, act(t * e, "normed activations"));
+  KVMESH_ASSIGN_OR_RETURN(qkv_, act(t * (h + 2 * hkv) * d, "q/k/v"));
+  KVMESH_ASSIGN_OR_RETURN(q_, act(t * h * d, "queries"));
+  KVMESH_ASSIGN_OR_RETURN(k_, act(t * hkv * d, "keys"));
+  KVMESH_ASSIGN_OR_RETURN(v_, act(t * hkv * d, "values"));
+  KVMESH_ASSIGN_OR_RETURN(attn_, act(t * h * d, "attention output"));
+  KVMESH_ASSIGN_OR_RETURN(proj_, act(t * e, "projections"));
+  KVMESH_ASSIGN_OR_RETURN(gate_up_, act(t * 2 * inter, "gate/up"));
+  KVMESH_ASSIGN_OR_RETURN(act_, act(t * inter, "the MLP activation"));
+  KVMESH_ASSIGN_OR_RETURN(head_in_, act(s * e, "LM head input"));
+  KVMESH_ASSIGN_OR_RETURN(logits_, act(s * vocab, "logits"));
+  KVMESH_ASSIGN_OR_RETURN(logits_host_, AllocatePinnedHost(sizeof(float) * s * vocab, "logits staging"));
+  const int64_t widest = std::max({e, h * d, inter});
+  KVMESH_RETURN_IF_ERROR(be_.Reserve(t, widest, s, static_cast<int32_t>(h), static_cast<int32_t>(hkv),
+                                     static_cast<int32_t>(d), std::max(options_.max_model_len, 1)));
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize(), "initializing the CUDA runner");
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::RunBlockCopies(const std::vector<KvBlockCopy>& copies) {
+  if (copies.empty()) return absl::OkStatus();
+  const size_t capacity = (meta_layout_.total - meta_layout_.block_copies) / (2 * sizeof(int32_t));
+  int32_t* host = HostMeta<int32_t>(meta_layout_.block_copies);
+  for (size_t begin = 0; begin < copies.size(); begin += capacity) {
+    const size_t n = std::min(capacity, copies.size() - begin);
+    for (size_t i = 0; i < n; ++i) {
+      host[2 * i] = copies[begin + i].src;
+      host[2 * i + 1] = copies[begin + i].dst;
+      if (copies[begin + i].src < 0 || copies[begin + i].src >= num_blocks() || copies[begin + i].dst < 0 ||
+          copies[begin + i].dst >= num_blocks())
+        return absl::InvalidArgumentError("a block copy names a block outside the pool");
+    }
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(Meta<int32_t>(meta_layout_.block_copies), host,
+                                                sizeof(int32_t) * 2 * n, cudaMemcpyHostToDevice, be_.stream()),
+                                "uploading block copies");
+    const kernels::BlockPoolShape shape{
+        .num_layers = layout_.num_layers(), .layer_bytes = layout_.LayerBytes(), .block_bytes = layout_.BlockBytes()};
+    KVMESH_RETURN_IF_CUDA_ERROR(kernels::LaunchCopyBlocks(pool_.get(), shape, Meta<int32_t>(meta_layout_.block_copies),
+                                                          static_cast<int64_t>(n), be_.stream()),
+                                "copying KV blocks");
+    // The pinned staging is rewritten next: wait for the upload.
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(be_.stream()), "copying KV blocks");
+  }
+  return absl::OkStatus();
+}
+
+void CudaModelRunner::Forward(const ForwardShape& f) {
+  const model::ModelConfig& c = model_.config();
+  const int64_t t = f.rows, r = f.logit_rows;
+  const int64_t e = c.hidden_size, d = c.head_dim, h = c.num_attention_heads, hkv = c.num_key_value_heads;
+  const int64_t inter = c.intermediate_size, qkv_width = (h + 2 * hkv) * d;
+  const float eps = c.rms_norm_eps;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const model::ModelWeights& w = model_.weights();
+  cudaStream_t stream = be_.stream();
+  auto view2 = [](const DeviceMemory& m, int64_t rows, int64_t cols) {
+    return TensorView::Contiguous(m.get(), DType::kF32, {rows, cols});
+  };
+  const std::span<const int32_t> token_ids(Meta<int32_t>(meta_layout_.token_ids), static_cast<size_t>(t));
+  const std::span<const int32_t> positions(Meta<int32_t>(meta_layout_.positions), static_cast<size_t>(t));
+  const std::span<const int64_t> slots(Meta<int64_t>(meta_layout_.slots), static_cast<size_t>(t));
+  const backend::PagedAttentionBatch attention_batch{
+      .query_start = {Meta<int32_t>(meta_layout_.query_start), static_cast<size_t>(f.seqs + 1)},
+      .context_lens = {Meta<int32_t>(meta_layout_.context_lens), static_cast<size_t>(f.seqs)},
+      .block_tables = {Meta<int32_t>(meta_layout_.block_tables), static_cast<size_t>(f.seqs * f.max_blocks_per_seq)},
+      .max_blocks_per_seq = f.max_blocks_per_seq,
+      .max_query_len = f.max_query_len,
+      .max_context_len = f.max_context_len};
+  const TensorView embed = TensorView::Contiguous(embed_.get(), w.embed_tokens.dtype, {c.vocab_size, e});
+  const TensorView residual = view2(residual_, t, e), hidden = view2(hidden_, t, e), proj = view2(proj_, t, e);
+  const TensorView q = TensorView::Contiguous(q_.get(), DType::kF32, {t, h, d});
+  const TensorView k = TensorView::Contiguous(k_.get(), DType::kF32, {t, hkv, d});
+  const TensorView v = TensorView::Contiguous(v_.get(), DType::kF32, {t, hkv, d});
+  const TensorView attn = TensorView::Contiguous(attn_.get(), DType::kF32, {t, h, d});
+  const std::span<const float> inv_freq(inv_freq_.as<float>(), static_cast<size_t>(d / 2));
+  be_.Embedding(token_ids, embed, residual);
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const LlamaModel::PackedLayer& packed = model_.layer(l);
+    const TensorView in_norm = TensorView::Contiguous(input_norms_[l].get(), DType::kF32, {e});
+    const TensorView post_norm = TensorView::Contiguous(post_norms_[l].get(), DType::kF32, {e});
+    if (l == 0) {
+      be_.RmsNorm(residual, in_norm, eps, hidden);
+    } else {
+      be_.AddRmsNorm(residual, proj, in_norm, eps, hidden);
+    }
+    be_.Linear(hidden, *packed.qkv, view2(qkv_, t, qkv_width));
+    // Split the fused q/k/v rows with three strided copies (graph-capturable memcpy nodes).
+    const size_t pitch = sizeof(float) * static_cast<size_t>(qkv_width);
+    const float* row = Act(qkv_);
+    be_.RecordError(cudaMemcpy2DAsync(q_.get(), sizeof(float) * h * d, row, pitch, sizeof(float) * h * d, t,
+                                      cudaMemcpyDeviceToDevice, stream),
+                    "splitting q");
+    be_.RecordError(cudaMemcpy2DAsync(k_.get(), sizeof(float) * hkv * d, row + h * d, pitch, sizeof(float) * hkv * d,
+                                      t, cudaMemcpyDeviceToDevice, stream),
+                    "splitting k");
+    be_.RecordError(cudaMemcpy2DAsync(v_.get(), sizeof(float) * hkv * d, row + (h + hkv) * d, pitch,
+                                      sizeof(float) * hkv * d, t, cudaMemcpyDeviceToDevice, stream),
+                    "splitting v");
+    be_.ApplyRope(q, k, positions, inv_freq);
+    const TensorView kv_cache = TensorView::Contiguous(
+        pool_.as<std::byte>() + static_cast<int64_t>(l) * layout_.LayerBytes(), layout_.dtype(),
+        {layout_.num_blocks(), 2, layout_.num_kv_heads(), layout_.block_size_tokens(), layout_.head_dim()});
+    be_.WriteKvCache(k, v, slots, kv_cache);
+    be_.PagedAttention(q, kv_cache, attention_batch, scale, attn);
+    be_.Linear(view2(attn_, t, h * d), *packed.o, proj);
+    be_.AddRmsNorm(residual, proj, post_norm, eps, hidden);
+    be_.Linear(hidden, *packed.gate_up, view2(gate_up_, t, 2 * inter));
+    be_.SiluAndMul(view2(gate_up_, t, 2 * inter), view2(act_, t, inter));
+    be_.Linear(view2(act_, t, inter), *packed.down, proj);
+  }
+  if (r == 0) return;
+  // The final norm and LM head run on the wanted rows only: residual + the last MLP output.
+  be_.RecordError(kernels::LaunchGatherAddRowsF32(Act(residual_), Act(proj_), Meta<int32_t>(meta_layout_.logit_rows), r,
+                                                  e, Act(head_in_), stream),
+                  "gathering the LM head's rows");
+  const TensorView head_in = view2(head_in_, r, e);
+  be_.RmsNorm(head_in, TensorView::Contiguous(final_norm_.get(), DType::kF32, {e}), eps, head_in);
+  be_.Linear(head_in, model_.lm_head(), view2(logits_, r, c.vocab_size));
+}
+
+absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
+  ModelOutput output;
+  if (batch.chunks.empty()) return output;
+  if (batch.on_layer_kv_written)
+    return absl::FailedPreconditionError(
+        "streaming KV out layer by layer needs a host KV pool; the CUDA runner's pool is in device memory");
+  KVMESH_RETURN_IF_ERROR(BuildStepMetadata(batch, block_size_tokens(), num_blocks(), vocab_size(), &meta_));
+  // The current device is per thread, and the engine's thread need not be the loader's.
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(be_.device()), "selecting the runner's GPU");
+  const int64_t t = static_cast<int64_t>(meta_.token_ids.size());
+  const int64_t s = static_cast<int64_t>(batch.chunks.size());
+  if (t > options_.max_num_tokens || s > options_.max_num_seqs)
+    return absl::InvalidArgumentError(absl::StrCat("a step of ", t, " tokens in ", s, " sequences exceeds the runner's ",
+                                                   options_.max_num_tokens, " tokens / ", options_.max_num_seqs,
+                                                   " sequences"));
+  if (meta_.max_context_len > options_.max_model_len)
+    return absl::InvalidArgumentError(absl::StrCat("context of ", meta_.max_context_len, " tokens exceeds max_model_len ",
+                                                   options_.max_model_len));
+  KVMESH_RETURN_IF_ERROR(RunBlockCopies(batch.block_copies));
+
+  // Decode steps use the graph layout (padded bucket, fixed block-table rows); others
+  // the step's own sizes.
+  const bool decode = meta_.max_query_len == 1;
+  int64_t rows = t, seqs = s;
+  int32_t blocks_per_seq = meta_.max_blocks_per_seq, max_context = meta_.max_context_len;
+  if (decode) {
+    int64_t batch_bucket = 1;
+    while (batch_bucket < s) batch_bucket *= 2;
+    rows = seqs = std::min<int64_t>(batch_bucket, options_.max_num_seqs);
+    int64_t context_bucket = kMinContextBucket;
+    while (context_bucket < meta_.max_context_len) context_bucket *= 2;
+    max_context = static_cast<int32_t>(std::min<int64_t>(context_bucket, options_.max_model_len));
+    blocks_per_seq = (max_context + block_size_tokens() - 1) / block_size_tokens();
+  }
+  // Fill the pinned staging: the step's rows, then padding rows (slot -1: no KV write;
+  // context 1 over block 0: a finite, discarded result).
+  std::byte* host = meta_host_.as<std::byte>();
+  auto put = [&](size_t offset, const auto& values, auto pad, int64_t count) {
+    using T = std::decay_t<decltype(values[0])>;
+    T* dst = reinterpret_cast<T*>(host + offset);
+    std::copy(values.begin(), values.end(), dst);
+    std::fill(dst + values.size(), dst + count, static_cast<T>(pad));
+  };
+  put(meta_layout_.slots, meta_.slots, int64_t{-1}, rows);
+  put(meta_layout_.token_ids, meta_.token_ids, 0, rows);
+  put(meta_layout_.positions, meta_.positions, 0, rows);
+  put(meta_layout_.context_lens, meta_.context_lens, 1, seqs);
+  {
+    int32_t* qs = reinterpret_cast<int32_t*>(host + meta_layout_.query_start);
+    std::copy(meta_.query_start.begin(), meta_.query_start.end(), qs);
+    for (int64_t i = s + 1; i <= seqs; ++i) qs[i] = qs[i - 1] + 1;
+  }
+  int32_t* tables = reinterpret_cast<int32_t*>(host + meta_layout_.block_tables);
+  std::fill(tables, tables + seqs * blocks_per_seq, 0);
+  for (int64_t i = 0; i < s; ++i) {
+    std::copy_n(meta_.block_tables.begin() + i * meta_.max_blocks_per_seq, meta_.max_blocks_per_seq,
+                tables + i * blocks_per_seq);
+  }
+  // Logit rows: a decode graph computes every row of its bucket (the host keeps the
+  // wanted ones); an eager step only the wanted rows.
+  std::vector<int32_t> wanted;  // indices into the LM head's output rows
+  int64_t logit_rows = 0;
+  int32_t* logit_row_ids = reinterpret_cast<int32_t*>(host + meta_layout_.logit_rows);
+  if (decode) {
+    for (int64_t i = 0; i < seqs; ++i) logit_row_ids[i] = static_cast<int32_t>(i);
+    logit_rows = seqs;
+    for (int64_t i = 0; i < s; ++i) {
+      if (batch.chunks[static_cast<size_t>(i)].compute_logits) wanted.push_back(static_cast<int32_t>(i));
+    }
+  } else {
+    std::copy(meta_.logit_rows.begin(), meta_.logit_rows.end(), logit_row_ids);
+    logit_rows = static_cast<int64_t>(meta_.logit_rows.size());
+    for (int64_t i = 0; i < logit_rows; ++i) wanted.push_back(static_cast<int32_t>(i));
+  }
+  cudaStream_t stream = be_.stream();
+  // One upload of the whole metadata block up to the block tables' end.
+  const size_t upload_bytes = meta_layout_.block_tables + sizeof(int32_t) * static_cast<size_t>(seqs * blocks_per_seq);
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(meta_device_.get(), host, upload_bytes, cudaMemcpyHostToDevice, stream),
+                              "uploading step metadata");
+
+  const ForwardShape shape{.rows = rows,
+                           .seqs = seqs,
+                           .logit_rows = logit_rows,
+                           .max_blocks_per_seq = blocks_per_seq,
+                           .max_query_len = meta_.max_query_len,
+                           .max_context_len = max_context};
+  Graph* graph = decode && options_.enable_cuda_graphs ? &graphs_[{seqs, max_context}] : nullptr;
+  if (graph != nullptr && graph->exec != nullptr) {
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(graph->exec, stream), "replaying a decode graph");
+  } else {
+    Forward(shape);
+    if (graph != nullptr) {
+      // This eager run sized every scratch buffer; capture the bucket for later steps.
+      // The capture records the same work without running it (this step's result is the
+      // eager run's).
+      KVMESH_RETURN_IF_ERROR(be_.TakeError());
+      KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "a decode step");
+      cudaGraph_t captured = nullptr;
+      KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                                  "starting a decode graph capture");
+      Forward(shape);
+      const cudaError_t end = cudaStreamEndCapture(stream, &captured);
+      KVMESH_RETURN_IF_ERROR(be_.TakeError());
+      KVMESH_RETURN_IF_CUDA_ERROR(end, "capturing a decode graph");
+      const cudaError_t inst = cudaGraphInstantiate(&graph->exec, captured, 0);
+      cudaGraphDestroy(captured);
+      if (inst != cudaSuccess) graph->exec = nullptr;
+      KVMESH_RETURN_IF_CUDA_ERROR(inst, "instantiating a decode graph");
+    }
+  }
+  const int64_t vocab = vocab_size();
+  if (logit_rows > 0) {
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(logits_host_.get(), logits_.get(),
+                                                sizeof(float) * static_cast<size_t>(logit_rows * vocab),
+                                                cudaMemcpyDeviceToHost, stream),
+                                "copying logits to the host");
+  }
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "a model step on the GPU");
+  KVMESH_RETURN_IF_ERROR(be_.TakeError());
+  output.logits.resize(wanted.size() * static_cast<size_t>(vocab));
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    std::memcpy(output.logits.data() + i * vocab, logits_host_.as<float>() + static_cast<int64_t>(wanted[i]) * vocab,
+                sizeof(float) * static_cast<size_t>(vocab));
+  }
+  return output;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& model,
+                                                                   const CudaModelRunnerOptions& options) {
+  auto* backend = dynamic_cast<CudaBackend*>(&model.backend());
+  if (backend == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat("the CUDA runner needs a model loaded on the CUDA backend, not ",
+                                                      std::string(model.backend().name())));
+  if (model.shard().size != 1)
+    return absl::FailedPreconditionError("tensor parallelism is not available on --device cuda yet");
+  const model::ModelConfig& c = model.config();
+  if (options.max_num_tokens < 1 || options.max_num_seqs < 1 || options.max_model_len < 1 ||
+      options.max_num_seqs > options.max_num_tokens)
+    return absl::InvalidArgumentError(
+        "the CUDA runner needs max_num_tokens >= max_num_seqs >= 1 and max_model_len >= 1");
+  const int sizings = (options.kv_cache_bytes > 0) + (options.kv_cache_memory_fraction > 0) + (options.num_blocks > 0);
+  if (sizings != 1)
+    return absl::InvalidArgumentError("size the CUDA KV pool by exactly one of bytes, memory fraction or blocks");
+  kv::KvLayoutOptions layout{
+      .num_layers = static_cast<int32_t>(c.num_hidden_layers),
+      .num_kv_heads = static_cast<int32_t>(c.num_key_value_heads),
+      .head_dim = static_cast<int32_t>(c.head_dim),
+      .block_size_tokens = options.block_size_tokens,
+      .dtype = options.kv_cache_dtype,
+      .budget_bytes = options.kv_cache_bytes,
+      .num_blocks = options.num_blocks,
+  };
+  if (options.kv_cache_dtype != DType::kF32 && options.kv_cache_dtype != DType::kBF16 &&
+      options.kv_cache_dtype != DType::kFP8E4M3)
+    return absl::InvalidArgumentError("the CUDA KV cache holds f32, bf16 or fp8");
+  if (options.kv_cache_memory_fraction > 0) {
+    if (options.kv_cache_memory_fraction >= 1)
+      return absl::InvalidArgumentError("the KV memory fraction must be in (0, 1)");
+    size_t free_bytes = 0, total_bytes = 0;
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    layout.budget_bytes = static_cast<int64_t>(options.kv_cache_memory_fraction * static_cast<double>(free_bytes));
+  }
+  KVMESH_ASSIGN_OR_RETURN(kv::KvLayout kv_layout, kv::KvLayout::Create(layout));
+  auto runner = std::make_unique<CudaModelRunner>(model, *backend, kv_layout, options);
+  KVMESH_RETURN_IF_ERROR(runner->Init());
+  return runner;
+}
+
+}  // namespace kvmesh::engine

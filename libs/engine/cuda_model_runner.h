@@ -1,0 +1,48 @@
+// The model runner for `--device cuda`: the whole step (embedding, every layer, the final
+// norm and LM head) on one GPU through the CUDA backend, over a KV pool in device memory,
+// with CUDA graphs for decode steps. The engine, scheduler and sampler are unchanged: the
+// runner returns the logits rows to the host like PagedModelRunner does.
+//
+// This header names no CUDA type, so the services include it in every build; a build
+// without nvcc links engine/no_cuda.cc, whose factory says so.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "engine/llama_model.h"
+#include "engine/model_runner.h"
+#include "kv/kv_types.h"
+
+namespace kvmesh::engine {
+
+struct CudaModelRunnerOptions {
+  int32_t block_size_tokens = kv::kDefaultBlockSizeTokens;
+  // Size the device KV pool by exactly one of these: bytes, a fraction of the device
+  // memory free once the weights are loaded (vLLM's gpu_memory_utilization, applied to
+  // what is left), or a block count.
+  int64_t kv_cache_bytes = 0;
+  double kv_cache_memory_fraction = 0;
+  int32_t num_blocks = 0;
+  DType kv_cache_dtype = DType::kBF16;  // f32, bf16 or fp8 (e4m3, per-head scales 1.0)
+  // The largest step: tokens (the scheduler's max_num_batched_tokens) and sequences
+  // (max_num_seqs). Activations and metadata are allocated once for these, so that
+  // captured graphs keep valid pointers.
+  int32_t max_num_tokens = 2048;
+  int32_t max_num_seqs = 64;
+  // Context length; decode graphs are captured for it.
+  int32_t max_model_len = 0;
+  // Capture decode steps (every chunk one token) as CUDA graphs, per batch-size bucket.
+  bool enable_cuda_graphs = true;
+};
+
+// `model` must have been loaded on the CUDA backend (cli: --device cuda) and outlive the
+// runner. FailedPrecondition in a build without CUDA, or for a model on another backend
+// or sharded for tensor parallelism; InvalidArgument for bad sizes; ResourceExhausted
+// when the device cannot hold the pool.
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& model,
+                                                                   const CudaModelRunnerOptions& options);
+
+}  // namespace kvmesh::engine

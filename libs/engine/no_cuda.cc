@@ -1,0 +1,13 @@
+// CreateCudaModelRunner in a build without CUDA: a clear error, as
+// backend/no_cuda_backend.cc gives for the backend.
+#include "engine/cuda_model_runner.h"
+
+namespace kvmesh::engine {
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& /*model*/,
+                                                                   const CudaModelRunnerOptions& /*options*/) {
+  return absl::FailedPreconditionError(
+      "this kvmesh was built without CUDA (no nvcc at configure time); rebuild with -DKVMESH_CUDA=ON for --device cuda");
+}
+
+}  // namespace kvmesh::engine
