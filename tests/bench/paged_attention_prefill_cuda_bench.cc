@@ -8,8 +8,12 @@
 // i.e. QK^T and PV, no softmax. Timed with CUDA events after warm-up, median of >= 20
 // launches, rotating among enough copies of q / out / pool that one pass over them exceeds
 // the 60 MB L2 twice (the notes say how many). Prints a table; with --csv PATH appends rows
-// in tools/gpu-check's format; --quick runs only the first case. Exits 0 with a message
-// where no GPU is present.
+// in tools/gpu-check's format; --quick runs 1x1024, 8x2048 and 512 over 8k only. Exits 0
+// with a message where no GPU is present.
+//
+// Floors (989 TFLOP/s, 4.8 TB/s; q and out are f32 by the launcher's contract): 1x16384 is
+// 2.2 TFLOP -> 2.2 ms against 604 MB -> 0.13 ms, compute-bound; 1x1024 is 8.6 GFLOP -> 8.7 us
+// against 38 MB -> 7.9 us, both matter; 1x512 over 8k is 71 GFLOP -> 72 us against 52 MB -> 11 us.
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -205,8 +209,10 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
 
-  std::vector<BenchCase> cases = {{1, 1024, 0}, {1, 4096, 0}, {1, 16384, 0}, {8, 2048, 0}, {1, 512, 8192}};
-  if (quick) cases.resize(1);
+  // --quick: the subset tools/gpu_bench_torch.py --quick times too, so the summary pairs them.
+  const std::vector<BenchCase> cases =
+      quick ? std::vector<BenchCase>{{1, 1024, 0}, {8, 2048, 0}, {1, 512, 8192}}
+            : std::vector<BenchCase>{{1, 1024, 0}, {1, 4096, 0}, {1, 16384, 0}, {8, 2048, 0}, {1, 512, 8192}};
 
   FILE* csv = nullptr;
   if (!csv_path.empty()) {
