@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -33,7 +34,12 @@ namespace {
 constexpr int32_t kBlockSize = 16;
 constexpr int32_t kNumBlocks = 128;
 
-std::string ModelDir(const std::string& name) { return std::string(KVMESH_BINARY_DIR) + "/models/" + name; }
+// The test models; KVMESH_TEST_MODELS_DIR overrides the build tree's folder where the
+// binary runs elsewhere (tools/gpu-check carries them to the GPU machine).
+std::string ModelDir(const std::string& name) {
+  const char* dir = std::getenv("KVMESH_TEST_MODELS_DIR");
+  return (dir != nullptr && *dir != 0 ? std::string(dir) : std::string(KVMESH_BINARY_DIR) + "/models") + "/" + name;
+}
 
 TEST(CudaModelRunnerTest, RefusesClearlyWithoutAGpu) {
   absl::StatusOr<std::unique_ptr<backend::Backend>> backend = backend::CreateCudaBackend(0);

@@ -1,0 +1,307 @@
+// The CUDA backend's ops against the CPU backend (libs/backend/cuda/cuda_backend.cc), on
+// seeded random inputs of awkward sizes, each with its stated tolerance:
+//   Linear: f32 weights (f32 GEMM, TF32 off) max |d| <= 1e-4 * (1 + |ref|) at K <= 1000;
+//     bf16/f16 weights: the GPU rounds the activation to the weight type, so compare
+//     with the CPU on the same rounded activation: <= 1e-3 * (1 + |ref|) (f32
+//     accumulation in another order), with and without bias, M 1, 7, 257.
+//   Embedding: exact. RmsNorm / AddRmsNorm / SiluAndMul / RoPE: <= 2e-5 * (1 + |ref|).
+//   DenseAttention: <= 2e-5 * (1 + |ref|) (f32, another summation order).
+//   WriteKvCache + PagedAttention through the backend: a decode batch (split-K kernel)
+//     <= 2e-5 * (1 + |ref|); a prefill batch (bf16 tensor cores) relative L2 <= 1e-2.
+// Skips where no GPU can be used (CI), saying why.
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/dtype.h"
+#include "kv/kv_layout.h"
+
+namespace kvmesh::backend::cuda {
+namespace {
+
+// Host data and its device copy, as one tensor.
+class HostDevice {
+ public:
+  HostDevice(DType dtype, std::initializer_list<int64_t> shape) : shape_(shape) {
+    const TensorView v = TensorView::Contiguous(nullptr, dtype, shape);
+    host_.resize(static_cast<size_t>(v.num_bytes()));
+    auto d = AllocateDevice(host_.size(), "a test tensor");
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (d.ok()) device_ = std::move(d).value();
+    dtype_ = dtype;
+  }
+  TensorView host() { return View(host_.data()); }
+  TensorView device() { return View(device_.get()); }
+  float* f32() { return reinterpret_cast<float*>(host_.data()); }
+  uint16_t* u16() { return reinterpret_cast<uint16_t*>(host_.data()); }
+  int64_t size() const { return static_cast<int64_t>(host_.size() / DTypeSize(dtype_)); }
+  void Upload() { ASSERT_EQ(cudaMemcpy(device_.get(), host_.data(), host_.size(), cudaMemcpyHostToDevice), cudaSuccess); }
+  std::vector<float> DownloadF32() {
+    std::vector<float> out(host_.size() / sizeof(float));
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(out.data(), device_.get(), host_.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+  // Fills with uniform values in [-1, 1] (stored in the tensor's dtype).
+  void Randomize(std::mt19937& rng) {
+    std::uniform_real_distribution<float> dist(-1.f, 1.f);
+    for (int64_t i = 0; i < size(); ++i) {
+      const float x = dist(rng);
+      if (dtype_ == DType::kF32) f32()[i] = x;
+      if (dtype_ == DType::kBF16) u16()[i] = F32ToBf16(x);
+      if (dtype_ == DType::kF16) u16()[i] = F32ToF16(x);
+    }
+    Upload();
+  }
+  // Poisons the device copy (NaN bytes) so that unwritten outputs fail.
+  void Poison() { ASSERT_EQ(cudaMemset(device_.get(), 0xff, host_.size()), cudaSuccess); }
+
+ private:
+  TensorView View(void* data) {
+    TensorView v;
+    v.data = data;
+    v.dtype = dtype_;
+    v.rank = static_cast<int>(shape_.size());
+    int64_t stride = 1;
+    for (int d = v.rank - 1; d >= 0; --d) {
+      v.shape[d] = shape_[d];
+      v.strides[d] = stride;
+      stride *= shape_[d];
+    }
+    return v;
+  }
+
+  std::vector<int64_t> shape_;
+  DType dtype_ = DType::kF32;
+  std::vector<uint8_t> host_;
+  DeviceMemory device_;
+};
+
+template <typename T>
+DeviceMemory UploadVector(const std::vector<T>& v) {
+  auto d = AllocateDevice(sizeof(T) * v.size(), "test metadata");
+  EXPECT_TRUE(d.ok());
+  EXPECT_EQ(cudaMemcpy(d->get(), v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  return std::move(d).value();
+}
+
+void ExpectClose(const std::vector<float>& got, const float* want, int64_t n, float tol, const char* what) {
+  float worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << " [" << i << "] = " << got[i];
+    const float err = std::fabs(got[i] - want[i]) / (1.f + std::fabs(want[i]));
+    worst = std::max(worst, err);
+    ASSERT_LE(err, tol) << what << " [" << i << "]: " << got[i] << " vs " << want[i];
+  }
+  std::printf("%s: worst scaled |d| %.3g\n", what, worst);
+}
+
+class CudaBackendKernelTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    auto gpu = CudaBackend::Create({});
+    if (!gpu.ok()) GTEST_SKIP() << "no GPU here (" << gpu.status().message() << "); this test runs where one is";
+    gpu_ = std::move(gpu).value();
+    auto cpu = CreateCpuBackend({});
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    cpu_ = std::move(cpu).value();
+  }
+  void TearDown() override {
+    if (gpu_ != nullptr) {
+      ASSERT_EQ(cudaStreamSynchronize(gpu_->stream()), cudaSuccess);
+      EXPECT_TRUE(gpu_->TakeError().ok());
+    }
+  }
+
+  std::mt19937 rng_{1234};
+  std::unique_ptr<CudaBackend> gpu_;
+  std::unique_ptr<Backend> cpu_;
+};
+
+TEST_F(CudaBackendKernelTest, LinearMatchesCpuForEveryWeightType) {
+  for (DType wtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (bool with_bias : {false, true}) {
+      for (int64_t m : {1, 7, 257}) {
+        SCOPED_TRACE(testing::Message() << DTypeName(wtype) << " bias " << with_bias << " M " << m);
+        const int64_t k = 1000, n1 = 96, n2 = 33;
+        HostDevice w1(wtype, {n1, k}), w2(wtype, {n2, k}), b1(DType::kF32, {n1}), b2(DType::kF32, {n2});
+        w1.Randomize(rng_);
+        w2.Randomize(rng_);
+        b1.Randomize(rng_);
+        b2.Randomize(rng_);
+        std::vector<TensorView> parts = {w1.host(), w2.host()};
+        std::vector<TensorView> biases;
+        if (with_bias) biases = {b1.host(), b2.host()};
+        auto gpu_w = gpu_->PackLinear(parts, biases);
+        auto cpu_w = cpu_->PackLinear(parts, biases);
+        ASSERT_TRUE(gpu_w.ok()) << gpu_w.status();
+        ASSERT_TRUE(cpu_w.ok()) << cpu_w.status();
+        HostDevice x(DType::kF32, {m, k}), out(DType::kF32, {m, n1 + n2});
+        x.Randomize(rng_);
+        // The GPU's operand is x rounded to the weight's 16-bit type: give the CPU the same.
+        if (wtype != DType::kF32) {
+          for (int64_t i = 0; i < x.size(); ++i) {
+            x.f32()[i] = wtype == DType::kBF16 ? RoundToBf16(x.f32()[i]) : F16ToF32(F32ToF16(x.f32()[i]));
+          }
+          x.Upload();
+        }
+        out.Poison();
+        gpu_->Linear(x.device(), **gpu_w, out.device());
+        cpu_->Linear(x.host(), **cpu_w, out.host());
+        ExpectClose(out.DownloadF32(), out.f32(), m * (n1 + n2), wtype == DType::kF32 ? 1e-4f : 1e-3f, "Linear");
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendKernelTest, EmbeddingIsExactForEveryTableType) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    HostDevice table(dtype, {1000, 72}), out(DType::kF32, {5, 72});
+    table.Randomize(rng_);
+    const std::vector<int32_t> ids = {0, 999, 17, 17, 500};
+    DeviceMemory d_ids = UploadVector(ids);
+    out.Poison();
+    gpu_->Embedding({d_ids.as<int32_t>(), ids.size()}, table.device(), out.device());
+    cpu_->Embedding(ids, table.host(), out.host());
+    const std::vector<float> got = out.DownloadF32();
+    ASSERT_EQ(std::memcmp(got.data(), out.f32(), sizeof(float) * got.size()), 0) << DTypeName(dtype);
+  }
+}
+
+TEST_F(CudaBackendKernelTest, NormsRopeAndSiluMatchCpu) {
+  const int64_t t = 37, e = 520, h = 8, hkv = 2, d = 64, inter = 300;
+  HostDevice x(DType::kF32, {t, e}), residual(DType::kF32, {t, e}), weight(DType::kF32, {e}), out(DType::kF32, {t, e});
+  x.Randomize(rng_);
+  residual.Randomize(rng_);
+  weight.Randomize(rng_);
+  out.Poison();
+  gpu_->RmsNorm(x.device(), weight.device(), 1e-5f, out.device());
+  cpu_->RmsNorm(x.host(), weight.host(), 1e-5f, out.host());
+  ExpectClose(out.DownloadF32(), out.f32(), t * e, 2e-5f, "RmsNorm");
+  gpu_->AddRmsNorm(residual.device(), x.device(), weight.device(), 1e-5f, out.device());
+  cpu_->AddRmsNorm(residual.host(), x.host(), weight.host(), 1e-5f, out.host());
+  ExpectClose(out.DownloadF32(), out.f32(), t * e, 2e-5f, "AddRmsNorm");
+  ExpectClose(residual.DownloadF32(), residual.f32(), t * e, 0.f, "AddRmsNorm's residual");
+
+  HostDevice q(DType::kF32, {t, h, d}), k(DType::kF32, {t, hkv, d});
+  q.Randomize(rng_);
+  k.Randomize(rng_);
+  std::vector<int32_t> positions(t);
+  for (int64_t i = 0; i < t; ++i) positions[i] = static_cast<int32_t>(i * 97 % 4000);
+  std::vector<float> inv_freq(d / 2);
+  for (int64_t i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(10000.f, -2.f * i / d);
+  DeviceMemory d_pos = UploadVector(positions), d_freq = UploadVector(inv_freq);
+  gpu_->ApplyRope(q.device(), k.device(), {d_pos.as<int32_t>(), positions.size()}, {d_freq.as<float>(), inv_freq.size()});
+  cpu_->ApplyRope(q.host(), k.host(), positions, inv_freq);
+  ExpectClose(q.DownloadF32(), q.f32(), t * h * d, 2e-5f, "RoPE q");
+  ExpectClose(k.DownloadF32(), k.f32(), t * hkv * d, 2e-5f, "RoPE k");
+
+  HostDevice gate_up(DType::kF32, {t, 2 * inter}), act(DType::kF32, {t, inter});
+  gate_up.Randomize(rng_);
+  act.Poison();
+  gpu_->SiluAndMul(gate_up.device(), act.device());
+  cpu_->SiluAndMul(gate_up.host(), act.host());
+  ExpectClose(act.DownloadF32(), act.f32(), t * inter, 2e-5f, "SiluAndMul");
+}
+
+TEST_F(CudaBackendKernelTest, DenseAttentionMatchesCpu) {
+  for (int64_t d : {64, 128}) {
+    const int64_t s = 300, t = 257, h = 8, hkv = 2;
+    HostDevice q(DType::kF32, {t, h, d}), kc(DType::kF32, {s, hkv, d}), vc(DType::kF32, {s, hkv, d}),
+        out(DType::kF32, {t, h, d});
+    q.Randomize(rng_);
+    kc.Randomize(rng_);
+    vc.Randomize(rng_);
+    out.Poison();
+    std::vector<int32_t> positions(t);
+    for (int64_t i = 0; i < t; ++i) positions[i] = static_cast<int32_t>(s - t + i);
+    DeviceMemory d_pos = UploadVector(positions);
+    const float scale = 1.f / std::sqrt(static_cast<float>(d));
+    gpu_->DenseAttention(q.device(), kc.device(), vc.device(), {d_pos.as<int32_t>(), positions.size()}, scale,
+                         out.device());
+    cpu_->DenseAttention(q.host(), kc.host(), vc.host(), positions, scale, out.host());
+    ExpectClose(out.DownloadF32(), out.f32(), t * h * d, 2e-5f, "DenseAttention");
+  }
+}
+
+// WriteKvCache then PagedAttention through the backend, on a bf16 pool: a decode batch
+// (the split-K kernel) and a prefill batch with a cached prefix (the tensor-core kernel).
+TEST_F(CudaBackendKernelTest, PagedAttentionDispatchesDecodeAndPrefill) {
+  const int32_t h = 8, hkv = 2, d = 128, block = 16, num_blocks = 64;
+  auto storage = kv::KvStorage::Create({.num_layers = 1,
+                                        .num_kv_heads = hkv,
+                                        .head_dim = d,
+                                        .block_size_tokens = block,
+                                        .dtype = DType::kBF16,
+                                        .num_blocks = num_blocks})
+                     .value();
+  HostDevice pool(DType::kBF16, {num_blocks, 2, hkv, block, d});
+  std::vector<int32_t> blocks(num_blocks);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng_);
+  // Two sequences of 200 and 70 tokens; all their K/V written through WriteKvCache.
+  const std::vector<int32_t> lens = {200, 70};
+  const int32_t max_blocks = 13;
+  std::vector<int32_t> tables(2 * max_blocks, 0);
+  std::vector<int64_t> slots;
+  int next = 0;
+  for (int s = 0; s < 2; ++s) {
+    for (int b = 0; b < (lens[s] + block - 1) / block; ++b) tables[s * max_blocks + b] = blocks[next++];
+    for (int p = 0; p < lens[s]; ++p) slots.push_back(int64_t{tables[s * max_blocks + p / block]} * block + p % block);
+  }
+  const int64_t total = static_cast<int64_t>(slots.size());
+  HostDevice k(DType::kF32, {total, hkv, d}), v(DType::kF32, {total, hkv, d});
+  k.Randomize(rng_);
+  v.Randomize(rng_);
+  DeviceMemory d_slots = UploadVector(slots), d_tables = UploadVector(tables);
+  ASSERT_EQ(cudaMemset(pool.device().data, 0, static_cast<size_t>(pool.device().num_bytes())), cudaSuccess);
+  gpu_->WriteKvCache(k.device(), v.device(), {d_slots.as<int64_t>(), slots.size()}, pool.device());
+  cpu_->WriteKvCache(k.host(), v.host(), slots, storage->LayerView(0));
+  ASSERT_EQ(cudaStreamSynchronize(gpu_->stream()), cudaSuccess);
+  std::vector<uint8_t> gpu_pool(static_cast<size_t>(storage->size_bytes()));
+  ASSERT_EQ(cudaMemcpy(gpu_pool.data(), pool.device().data, gpu_pool.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(std::memcmp(gpu_pool.data(), storage->data(), gpu_pool.size()), 0) << "pools differ after WriteKvCache";
+
+  for (const std::vector<int32_t>& query_lens : {std::vector<int32_t>{1, 1}, std::vector<int32_t>{57, 1}}) {
+    const bool decode = query_lens[0] == 1;
+    std::vector<int32_t> query_start = {0, query_lens[0], query_lens[0] + query_lens[1]};
+    const int64_t t = query_start[2];
+    HostDevice q(DType::kF32, {t, h, d}), out(DType::kF32, {t, h, d});
+    q.Randomize(rng_);
+    out.Poison();
+    DeviceMemory d_qs = UploadVector(query_start), d_lens = UploadVector(lens);
+    const PagedAttentionBatch gpu_batch{.query_start = {d_qs.as<int32_t>(), 3},
+                                        .context_lens = {d_lens.as<int32_t>(), 2},
+                                        .block_tables = {d_tables.as<int32_t>(), tables.size()},
+                                        .max_blocks_per_seq = max_blocks,
+                                        .max_query_len = std::max(query_lens[0], query_lens[1]),
+                                        .max_context_len = 200};
+    const PagedAttentionBatch cpu_batch{
+        .query_start = query_start, .context_lens = lens, .block_tables = tables, .max_blocks_per_seq = max_blocks};
+    const float scale = 1.f / std::sqrt(static_cast<float>(d));
+    gpu_->PagedAttention(q.device(), pool.device(), gpu_batch, scale, out.device());
+    cpu_->PagedAttention(q.host(), storage->LayerView(0), cpu_batch, scale, out.host());
+    const std::vector<float> got = out.DownloadF32();
+    if (decode) {
+      ExpectClose(got, out.f32(), t * h * d, 2e-5f, "PagedAttention (decode)");
+    } else {
+      double err = 0, norm = 0;
+      for (int64_t i = 0; i < t * h * d; ++i) {
+        ASSERT_TRUE(std::isfinite(got[i]));
+        err += (got[i] - out.f32()[i]) * double{got[i] - out.f32()[i]};
+        norm += double{out.f32()[i]} * out.f32()[i];
+      }
+      EXPECT_LE(std::sqrt(err / norm), 1e-2) << "PagedAttention (prefill)";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvmesh::backend::cuda
