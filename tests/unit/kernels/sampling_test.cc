@@ -282,9 +282,11 @@ TEST(SamplingKernelTest, DrawsLieInHostSurvivorSetAndMatchHostDraw) {
       }
     }
   }
-  // The same uniform through the same inverse CDF: only last-bit differences of expf and
-  // of the summation order can move a draw to its neighbour.
-  EXPECT_GE(exact, draws - draws / 100) << exact << " of " << draws << " draws equal the host's";
+  // The same uniform through the same inverse CDF: only last-bit differences of expf (2 ulp
+  // on the GPU) and of the summation order can move a draw to its neighbour, which with
+  // ~1e5 survivors happens to a fraction of a percent of draws; a wrong uniform or order
+  // would miss nearly all.
+  EXPECT_GE(exact, draws * 97 / 100) << exact << " of " << draws << " draws equal the host's";
 }
 
 // Counts of `draws` draws (offsets 0..draws-1, one row each) of one row of logits.
