@@ -13,7 +13,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // Pivots per search pass: the candidate key range shrinks 16-fold per pass over the row,
 // so a 32-bit key is pinned down in 8 passes.
 constexpr int kPivots = 15;
-constexpr uint64_t kKeyEnd = uint64_t{1} << 32;  // one past the largest order key
 constexpr float kGreedyTemperature = 1e-5f;      // engine::kGreedyTemperature (vLLM's _SAMPLING_EPS)
 
 // The sampler's SanitizeLogit: NaN -> -inf, +inf -> the largest finite float; and -0 -> +0
@@ -47,8 +46,8 @@ struct RowShared {
   float best;
   int32_t best_id;
   // The search for a cut key: the answer lies in [lo, hi); F(hi) = f_hi < target.
-  uint64_t lo;
-  uint64_t hi;
+  uint32_t lo;
+  uint32_t hi;
   double f_hi;
   int32_t choice;
   int32_t last_survivor;
@@ -122,36 +121,38 @@ __device__ T BlockExclusiveSum(T v, T* warp_totals, T* block_total) {
 }
 
 // Finds the largest key t in [s.lo, s.hi) with F(t) >= target, where F(t) is the sum of
-// contribution(x, key) over the row's tokens with key >= t, given F(s.lo) >= target and
+// contribution(x) over the row's tokens with key >= t, given F(s.lo) >= target and
 // F(s.hi) = s.f_hi < target. Each pass evaluates F at 15 pivots spread over the range and
 // keeps the sub-range between the last pivot that reaches the target and the first after
-// it that does not. Leaves the answer in s.lo and F(s.lo + 1) in s.f_hi. Called by every thread.
-template <typename Contribution>
+// it that does not. Leaves the answer in s.lo and F(s.lo + 1) in s.f_hi. Called by every
+// thread. Acc: each thread's partial sums (int32 for counts: exact; f32 for weights: 250
+// terms at vocab 128k, ~1e-6 relative, reduced across threads in f64).
+template <typename Acc, typename Contribution>
 __device__ void SearchCut(const float* row, int64_t vocab, double target, Contribution contribution, RowShared& s) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   while (true) {
-    const uint64_t lo = s.lo;
-    const uint64_t hi = s.hi;
-    if (hi - lo <= 1) break;  // uniform: every thread read the same shared values
+    const uint32_t lo = s.lo;
+    const uint32_t hi = s.hi;
+    if (hi <= lo + 1) break;  // uniform: every thread read the same shared values
     const uint64_t span = hi - lo;
-    uint64_t pivot[kPivots];  // in (lo, hi], ascending
+    uint32_t pivot[kPivots];  // in (lo, hi], ascending; hi < 2^32 so none wraps
 #pragma unroll
-    for (int j = 0; j < kPivots; ++j) pivot[j] = lo + (span * (j + 1) + kPivots) / (kPivots + 1);
-    double acc[kPivots];
+    for (int j = 0; j < kPivots; ++j) pivot[j] = lo + static_cast<uint32_t>((span * (j + 1) + kPivots) / (kPivots + 1));
+    Acc acc[kPivots];
 #pragma unroll
-    for (int j = 0; j < kPivots; ++j) acc[j] = 0.0;
+    for (int j = 0; j < kPivots; ++j) acc[j] = Acc{0};
     for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
       const float x = Sanitize(row[i]);
       const uint32_t key = OrderKey(x);
       if (key <= lo) continue;  // below every pivot
-      const double c = contribution(x, key);
+      const Acc c = contribution(x);
 #pragma unroll
-      for (int j = 0; j < kPivots; ++j) acc[j] += key >= pivot[j] ? c : 0.0;
+      for (int j = 0; j < kPivots; ++j) acc[j] += key >= pivot[j] ? c : Acc{0};
     }
 #pragma unroll
     for (int j = 0; j < kPivots; ++j) {
-      double v = acc[j];
+      double v = static_cast<double>(acc[j]);
       for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
       if (lane == 0) s.warp_pivot_sums[warp][j] = v;
     }
@@ -163,11 +164,11 @@ __device__ void SearchCut(const float* row, int64_t vocab, double target, Contri
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      uint64_t new_lo = lo;
+      uint32_t new_lo = lo;
       for (int j = 0; j < kPivots; ++j) {
         if (s.pivot_totals[j] >= target && pivot[j] > new_lo) new_lo = pivot[j];
       }
-      uint64_t new_hi = hi;
+      uint32_t new_hi = hi;
       double f_hi = s.f_hi;
       for (int j = 0; j < kPivots; ++j) {
         if (pivot[j] > new_lo && pivot[j] < new_hi && !(s.pivot_totals[j] >= target)) {
@@ -185,13 +186,11 @@ __device__ void SearchCut(const float* row, int64_t vocab, double target, Contri
 
 // One CTA per row. Every branch that returns early is uniform across the CTA (it depends
 // on shared or per-row values only), so no barrier is skipped by some threads.
-__global__ void __launch_bounds__(kThreads) SampleTopKTopPKernel(const float* __restrict__ logits, int64_t vocab,
-                                                                 const float* __restrict__ temperature,
-                                                                 const int32_t* __restrict__ top_k,
-                                                                 const float* __restrict__ top_p,
-                                                                 const uint64_t* __restrict__ seeds,
-                                                                 const uint64_t* __restrict__ offsets,
-                                                                 int32_t* __restrict__ out_ids) {
+__global__ void __launch_bounds__(kThreads, 1)
+    SampleTopKTopPKernel(const float* __restrict__ logits, int64_t vocab, const float* __restrict__ temperature,
+                         const int32_t* __restrict__ top_k, const float* __restrict__ top_p,
+                         const uint64_t* __restrict__ seeds, const uint64_t* __restrict__ offsets,
+                         int32_t* __restrict__ out_ids) {
   __shared__ RowShared s;
   const int64_t r = blockIdx.x;
   const float* row = logits + r * vocab;
@@ -218,15 +217,18 @@ __global__ void __launch_bounds__(kThreads) SampleTopKTopPKernel(const float* __
   const bool use_top_k = k > 0 && k < vocab;
   uint32_t kappa = 0;  // below every key a token can have (-inf's is 0x007fffff)
   int64_t need_k = 0;
+  // No token's key exceeds the max logit's: F(max_key + 1) = 0 bounds both searches, and
+  // max_key + 1 <= OrderKey(FLT_MAX) + 1 < 2^32 keeps keys and pivots in 32 bits.
+  const uint32_t key_end = OrderKey(max_logit) + 1;
   if (use_top_k) {
     if (threadIdx.x == 0) {
       s.lo = 0;
-      s.hi = kKeyEnd;
+      s.hi = key_end;
       s.f_hi = 0.0;
     }
     __syncthreads();
-    SearchCut(row, vocab, static_cast<double>(k), [](float, uint32_t) { return 1.0; }, s);
-    kappa = static_cast<uint32_t>(s.lo);
+    SearchCut<int32_t>(row, vocab, static_cast<double>(k), [](float) { return int32_t{1}; }, s);
+    kappa = s.lo;
     need_k = k - static_cast<int64_t>(s.f_hi);
     __syncthreads();  // everyone has read s before step 3 rewrites it
   }
@@ -238,25 +240,25 @@ __global__ void __launch_bounds__(kThreads) SampleTopKTopPKernel(const float* __
   int64_t n_tie = need_k;
   const float p = top_p[r];
   if (p < 1.0f) {
-    double above_kappa = 0.0;
+    float above_kappa = 0.0f;  // this thread's partial sum (see SearchCut's Acc)
     for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
       const float x = Sanitize(row[i]);
-      if (OrderKey(x) > kappa) above_kappa += static_cast<double>(weight(x));
+      if (OrderKey(x) > kappa) above_kappa += weight(x);
     }
     double total = 0.0;
-    BlockExclusiveSum(above_kappa, s.warp_doubles, &total);
+    BlockExclusiveSum(static_cast<double>(above_kappa), s.warp_doubles, &total);
     if (use_top_k) total += static_cast<double>(need_k) * static_cast<double>(weight(KeyToFloat(kappa)));
     double threshold = static_cast<double>(p) * total;
     if (!(threshold > 0.0)) threshold = DBL_MIN;  // p <= 0: the top token alone
     if (threadIdx.x == 0) {
       s.lo = kappa;
-      s.hi = kKeyEnd;
+      s.hi = key_end;
       s.f_hi = 0.0;
     }
     __syncthreads();
     // Only keys above s.lo >= kappa reach the contribution: all are top-k survivors.
-    SearchCut(row, vocab, threshold, [=](float x, uint32_t) { return static_cast<double>(weight(x)); }, s);
-    cut = static_cast<uint32_t>(s.lo);
+    SearchCut<float>(row, vocab, threshold, weight, s);
+    cut = s.lo;
     const double above_cut = s.f_hi;
     const double w_cut = static_cast<double>(weight(KeyToFloat(cut)));
     double ties = w_cut > 0.0 ? ceil((threshold - above_cut) / w_cut) : 1.0;
