@@ -19,9 +19,10 @@
 // logits, seed and offset give the same token on every run (no atomics in any sum).
 //
 // Versus the CPU sampler: the same survivor set and the same inverse CDF, but the GPU's
-// expf and its f64 sums in another order may differ in the last bits, so a draw that
-// lands within ~1e-6 (relative) of a survivor boundary can pick the neighbour; a token
-// whose weight is exactly at the top-p cut can flip the same way.
+// expf (2 ulp) and its sums (f32 per thread then f64 in the cut searches, f64 in the
+// draw) differ from the CPU's in the last bits, so a draw that lands within ~1e-6
+// (relative) of a survivor boundary can pick the neighbour, and a top-p threshold within
+// ~1e-6 of a cumulative boundary can keep one token more or less.
 //
 // Raw pointers + cudaStream_t only: kernels/ includes no Abseil or engine header.
 #pragma once
@@ -40,7 +41,7 @@ size_t SampleTopKTopPWorkspaceBytes(int64_t num_rows, int64_t vocab);
 
 // All arrays in device memory:
 //   logits:      [num_rows, vocab] f32
-//   temperature: [num_rows] f32; < 1e-5 (or NaN) means greedy
+//   temperature: [num_rows] f32, finite; < 1e-5 (or NaN) means greedy
 //   top_k:       [num_rows] int32; <= 0 or >= vocab: off
 //   top_p:       [num_rows] f32 in (0, 1]; >= 1 (or NaN): off; <= 0 keeps the top token only
 //   seeds:       [num_rows] uint64, the row's Philox key
