@@ -58,6 +58,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // Whether the ops take host memory (the CPU backends) or device memory (cuda). The
+  // host-side runners (LlamaModel::Forward, PagedModelRunner) need host memory.
+  virtual bool uses_host_memory() const { return true; }
 
   // Packs one linear layer from `parts` concatenated along the output dimension
   // (e.g. q/k/v or gate/up fused into one GEMM). parts[i]: [N_i, K], all the same

@@ -45,6 +45,7 @@ class TimingBackend final : public Backend {
   explicit TimingBackend(Backend& inner) : inner_(inner) {}
 
   std::string_view name() const override { return inner_.name(); }
+  bool uses_host_memory() const override { return inner_.uses_host_memory(); }
   const std::array<OpTotals, static_cast<int>(OpKind::kCount)>& Totals() const { return totals_; }
   void Reset() { totals_ = {}; }
 

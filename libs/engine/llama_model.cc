@@ -99,6 +99,10 @@ void LlamaModel::EnsureScratch(int64_t t) {
 
 absl::Status LlamaModel::Forward(std::span<const int32_t> tokens, DenseKvCache& cache,
                                  std::span<const int32_t> logit_rows, std::vector<float>* logits) {
+  if (!backend_.uses_host_memory())
+    return absl::FailedPreconditionError(absl::StrCat("the dense path computes in host memory, not on ",
+                                                      std::string(backend_.name()),
+                                                      " (on a GPU the paged CUDA runner computes)"));
   const int64_t t = static_cast<int64_t>(tokens.size());
   if (shard_.is_sharded())
     return absl::FailedPreconditionError("Forward: the dense path runs the whole model, not a tensor-parallel shard");

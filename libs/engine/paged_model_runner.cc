@@ -19,6 +19,10 @@ TensorView F32(std::vector<float>& buffer, int64_t rows, int64_t cols) {
 absl::StatusOr<std::unique_ptr<PagedModelRunner>> PagedModelRunner::Create(LlamaModel& model,
                                                                           const PagedModelRunnerOptions& options,
                                                                           comm::Communicator* comm) {
+  if (!model.backend().uses_host_memory())
+    return absl::FailedPreconditionError(absl::StrCat("PagedModelRunner computes in host memory; a model on ",
+                                                      std::string(model.backend().name()),
+                                                      " needs the CUDA runner (engine/cuda_model_runner.h)"));
   const auto& c = model.config();
   const model::TensorParallelShard& shard = model.shard();
   const int world = comm == nullptr ? 1 : comm->world_size();

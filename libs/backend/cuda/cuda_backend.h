@@ -46,6 +46,7 @@ class CudaBackend : public Backend {
   ~CudaBackend() override;
 
   std::string_view name() const override { return name_; }
+  bool uses_host_memory() const override { return false; }
   absl::StatusOr<std::unique_ptr<PackedLinear>> PackLinear(std::span<const TensorView> parts,
                                                            std::span<const TensorView> biases) override;
   void Linear(const TensorView& x, const PackedLinear& w, const TensorView& out) override;
