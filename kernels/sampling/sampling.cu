@@ -13,7 +13,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // Pivots per search pass: the candidate key range shrinks 16-fold per pass over the row,
 // so a 32-bit key is pinned down in 8 passes.
 constexpr int kPivots = 15;
-constexpr float kGreedyTemperature = 1e-5f;      // engine::kGreedyTemperature (vLLM's _SAMPLING_EPS)
+constexpr float kGreedyTemperature = 1e-5f;  // engine::kGreedyTemperature (vLLM's _SAMPLING_EPS)
 
 // The sampler's SanitizeLogit: NaN -> -inf, +inf -> the largest finite float; and -0 -> +0
 // so that equal logits get equal order keys.
