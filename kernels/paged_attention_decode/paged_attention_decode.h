@@ -30,25 +30,7 @@
 
 #include <cuda_runtime.h>
 
-#if defined(__CUDACC__)
 #include "common/kv_cache_element.cuh"
-#else
-// NOTE: host code needs only KvCacheDType, but kv_cache_element.cuh's device helpers call
-// two nvcc intrinsics a host compiler does not declare. Until that header guards them
-// (TODO(#6)), the host sees them as bit casts; the CUDA headers it includes are included
-// first so the macros touch nothing else.
-#include <bit>
-
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
-#pragma push_macro("__uint_as_float")
-#pragma push_macro("__float_as_uint")
-#define __uint_as_float(x) std::bit_cast<float>(static_cast<uint32_t>(x))
-#define __float_as_uint(x) std::bit_cast<uint32_t>(static_cast<float>(x))
-#include "common/kv_cache_element.cuh"
-#pragma pop_macro("__float_as_uint")
-#pragma pop_macro("__uint_as_float")
-#endif
 
 namespace kvmesh::kernels {
 

@@ -70,13 +70,16 @@ __global__ void __launch_bounds__(kThreads) PartitionKernel(const PartitionParam
   constexpr int kDimSplit = kThreads / kChunks;  // threads sharing one K chunk's dimensions
   static_assert(kDimSplit == 1 || kDimSplit == 2 || kDimSplit == 4, "shuffle partners must be adjacent lanes");
   constexpr int kDimsPerThread = kHeadDim / kDimSplit;
-  constexpr int kKUnroll = 8;
+  // Loads in flight per thread before the first use: 128 bytes (8 x 16 or 16 x 8). With 4-7
+  // CTAs of 128 threads per SM that is 64-112 KB per SM, past what HBM latency needs.
+  constexpr int kUnroll = 128 / static_cast<int>(sizeof(typename Vec::Raw));
+  constexpr int kKUnroll = kUnroll;
   static_assert(kDimsPerThread % kKUnroll == 0, "");
   constexpr int kVChunks = kHeadDim / kTc;  // V chunks per row
   static_assert(kVChunks <= 32 && 32 % kVChunks == 0, "a V row's chunks must tile a warp");
   static_assert(kThreads % kVChunks == 0, "");
   constexpr int kTokenLanes = kThreads / kVChunks;
-  constexpr int kVUnroll = 8;
+  constexpr int kVUnroll = kUnroll;
   constexpr bool kFp8 = sizeof(T) == 1;
   // Logit rows of one K chunk are followed by kLogitPad floats, so the chunk owners' stores
   // (one chunk per lane) fall in different banks.

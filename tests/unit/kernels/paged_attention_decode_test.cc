@@ -209,7 +209,10 @@ std::vector<float> RunOracle(backend::Backend& oracle, const DecodeCase& c, Host
   const backend::PagedAttentionBatch batch{.query_start = query_start,
                                            .context_lens = c.context_lens,
                                            .block_tables = hp.block_tables,
-                                           .max_blocks_per_seq = hp.max_blocks_per_seq};
+                                           .max_blocks_per_seq = hp.max_blocks_per_seq,
+                                           .max_query_len = 1,
+                                           .max_context_len = *std::max_element(c.context_lens.begin(),
+                                                                                c.context_lens.end())};
   oracle.PagedAttention(TensorView::Contiguous(q.data(), DType::kF32, {num_seqs, c.num_heads, c.head_dim}),
                         hp.oracle_pool->LayerView(1), batch, Scale(c),
                         TensorView::Contiguous(out.data(), DType::kF32, {num_seqs, c.num_heads, c.head_dim}));
