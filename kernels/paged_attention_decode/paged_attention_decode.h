@@ -9,12 +9,18 @@
 // Work split: one CTA per (KV head, sequence, partition of kPartitionTokens = 512 tokens at
 // ABSOLUTE positions [i*512, (i+1)*512)). A CTA handles every query head of its KV head
 // (up to 8 at once; larger groups take several CTAs), so each KV element is read from HBM
-// once per step. When max_context_len > 512 each CTA writes its unnormalized partial output,
-// its maximum logit and its sum of exponentials to the workspace, and a second kernel
-// combines the partitions in partition order. Because partitions are absolute and the
-// combination order is fixed, a sequence's output is bitwise the same whatever the batch
-// around it and whatever max_context_len is (a sequence with one partition gives the same
-// bits on the direct path and on the split path).
+// once per step (groups of 3, 5, 6, 7 compute a few masked heads; larger groups re-read
+// the KV once per 8 heads). K rows (B tokens of one dimension) and V rows (D dimensions of
+// one token) are read with 16-byte loads (8-byte for fp8), 128 bytes in flight per thread.
+// Supported: head_dim 64 or 128; block_size_tokens a power of two in [8, 512] (16 is the
+// tuned case); f32, bf16 and fp8 e4m3 pools; any group size. When max_context_len > 512
+// each CTA writes its unnormalized partial output, its maximum logit and its sum of
+// exponentials to the workspace, and a second kernel combines the partitions in partition
+// order. Because partitions are absolute and the combination order is fixed, a sequence's
+// output is bitwise the same whatever the batch around it and whatever max_context_len is
+// (a sequence with one partition gives the same bits on the direct path and on the split
+// path). Parallelism is num_kv_heads * num_seqs * partitions CTAs: batch 1 at short
+// contexts fills few SMs (16 CTAs for Llama-3-8B at 1k tokens).
 //
 // Numerics: K/V widened to f32 (bf16 exactly; fp8 e4m3 exactly, times the head's scale,
 // which is folded into q for K and into the output for V), f32 accumulation, softmax in
