@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionPrefillKernel(const Pa
   // Fills stage `stage` with KV tile `tile` (keys tile*kKeys ..); keys >= ctx become zeros.
   // NOTE: f32 and FP8 chunks pass through registers (8 per f32 chunk); unrolling all of
   // them would hoist every load and spill, so they go two at a time. bf16 chunks are cp.async.
-  constexpr int kLoadUnroll = sizeof(T) == 2 ? 8 : 2;
+  [[maybe_unused]] constexpr int kLoadUnroll = sizeof(T) == 2 ? 8 : 2;  // unused where pragmas are not (host emulation)
   constexpr int kKChunksPerRow = kKeys / kChunk;      // 8 chunks cover one dimension's 64 keys
   constexpr int kVChunksPerRow = kHeadDim / kChunk;   // chunks covering one key's dimensions
   static_assert(kThreads % kKChunksPerRow == 0 && kThreads % kVChunksPerRow == 0);

@@ -2,7 +2,7 @@
 // (kv::KvStorage layout, shuffled block tables) for f32, bf16 and FP8 e4m3 pools: 1 and 257
 // query tokens, cached prefixes (prefix 100 + chunk 37), lengths that are not multiples of
 // the block size, mixed batches of prefill chunks and decode rows (n_s = 1), GQA ratios 1/4/8,
-// head_dim 64 and 128, block sizes 8/16/32/128, and a max_query_len above every n_s.
+// head_dim 64 and 128, block sizes 8/16/24/32/128, and a max_query_len above every n_s.
 //
 // Oracle inputs: the f32 pool as is; the bf16 pool as stored (the CPU backend reads bf16);
 // the FP8 pool decoded on the host (Fp8E4M3ToF32 * the head's scale) into an f32 pool. The
@@ -11,8 +11,15 @@
 // <= 1e-2 (bf16 operands land between 1e-3 and 1e-2; METHOD.md). The output starts as NaN
 // and NaN never passes; every slot of the device pool that no sequence owns holds NaN too,
 // so a kernel reading past a context (or using P = 0 on a NaN V) fails.
-// Skips where no GPU is present (CI), saying why; the shape checks run everywhere.
-#include "paged_attention_prefill/paged_attention_prefill.h"
+//
+// The GPU cases skip where no GPU is present (CI), saying why. Two parts run everywhere: the
+// launcher's shape checks, and the kernel's own code run on the host by
+// kernels/paged_attention_prefill/host_emulation (emulated warps and tensor-core fragments)
+// on smaller cases, against the same oracle with the same tolerance.
+//
+// NOTE: the emulation prelude must come before any CUDA header, and the build puts
+// host_emulation/ first on this test's include path (it shadows mma_bf16.cuh).
+#include "paged_attention_prefill/host_emulation/prelude.h"
 
 #include <algorithm>
 #include <cmath>
@@ -31,6 +38,8 @@
 #include "core/tensor_view.h"
 #include "cuda_test_util.h"
 #include "kv/kv_layout.h"
+#include "paged_attention_prefill/host_emulation/emulated_launch.h"
+#include "paged_attention_prefill/paged_attention_prefill.h"
 
 namespace kvmesh::kernels {
 namespace {
@@ -74,7 +83,15 @@ void PutElement(kv::KvStorage& storage, int64_t slot, int32_t kv, int32_t head, 
   std::memcpy(storage.data() + at, &value, sizeof(T));
 }
 
-void RunCase(const PrefillCase& c, KvCacheDType kv_dtype, uint32_t seed) {
+// One case's inputs (host memory) and the oracle's output.
+struct PreparedCase {
+  std::vector<int32_t> query_start, context_lens, block_tables;
+  std::unique_ptr<kv::KvStorage> pool;  // the kernel's pool: the case's element type, NaN where unwritten
+  std::vector<float> q, k_scale, v_scale, ref;
+  PagedAttentionPrefillArgs args;  // shapes set; pointers left for the runner
+};
+
+PreparedCase Prepare(const PrefillCase& c, KvCacheDType kv_dtype, uint32_t seed) {
   const int32_t num_seqs = static_cast<int32_t>(c.seqs.size());
   const int32_t bsz = c.block_size;
   std::mt19937 rng(seed);
@@ -161,34 +178,17 @@ void RunCase(const PrefillCase& c, KvCacheDType kv_dtype, uint32_t seed) {
   for (float& x : q) x = q_dist(rng);
   const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
 
-  // GPU.
-  DeviceBuffer<std::byte> d_pool(
-      std::vector<std::byte>(dev_pool->data(), dev_pool->data() + dev_pool->size_bytes()));
-  DeviceBuffer<float> d_q(q), d_out(std::vector<float>(out_elems, std::numeric_limits<float>::quiet_NaN()));
-  DeviceBuffer<int32_t> d_query_start(query_start), d_context_lens(context_lens), d_tables(block_tables);
-  DeviceBuffer<float> d_k_scale(std::vector<float>(scales.begin(), scales.begin() + c.kv_heads));
-  DeviceBuffer<float> d_v_scale(std::vector<float>(scales.begin() + c.kv_heads, scales.end()));
-  PagedAttentionPrefillArgs args;
-  args.q = d_q.get();
-  args.kv_cache = d_pool.get();
-  args.query_start = d_query_start.get();
-  args.context_lens = d_context_lens.get();
-  args.block_tables = d_tables.get();
-  args.k_scale = d_k_scale.get();
-  args.v_scale = d_v_scale.get();
-  args.out = d_out.get();
-  args.num_seqs = num_seqs;
-  args.num_tokens = num_tokens;
-  args.num_heads = c.heads;
-  args.num_kv_heads = c.kv_heads;
-  args.head_dim = c.head_dim;
-  args.block_size_tokens = bsz;
-  args.max_blocks_per_seq = max_blocks_per_seq;
-  args.max_query_len = max_n + c.extra_query_len;
-  args.scale = scale;
-  args.kv_dtype = kv_dtype;
-  ASSERT_EQ(LaunchPagedAttentionPrefill(args, nullptr), cudaSuccess);
-  const std::vector<float> gpu = d_out.Download();
+  PreparedCase out;
+  out.args.num_seqs = num_seqs;
+  out.args.num_tokens = num_tokens;
+  out.args.num_heads = c.heads;
+  out.args.num_kv_heads = c.kv_heads;
+  out.args.head_dim = c.head_dim;
+  out.args.block_size_tokens = bsz;
+  out.args.max_blocks_per_seq = max_blocks_per_seq;
+  out.args.max_query_len = max_n + c.extra_query_len;
+  out.args.scale = scale;
+  out.args.kv_dtype = kv_dtype;
 
   // The CPU backend (the scalar reference where the CPU lacks AVX2).
   std::unique_ptr<backend::Backend> oracle;
@@ -206,12 +206,26 @@ void RunCase(const PrefillCase& c, KvCacheDType kv_dtype, uint32_t seed) {
                          oracle_pool->LayerView(0), batch, scale,
                          TensorView::Contiguous(ref.data(), DType::kF32, {num_tokens, c.heads, c.head_dim}));
 
+  out.query_start = std::move(query_start);
+  out.context_lens = std::move(context_lens);
+  out.block_tables = std::move(block_tables);
+  out.pool = std::move(dev_pool);
+  out.q = std::move(q);
+  out.k_scale.assign(scales.begin(), scales.begin() + c.kv_heads);
+  out.v_scale.assign(scales.begin() + c.kv_heads, scales.end());
+  out.ref = std::move(ref);
+  return out;
+}
+
+// The tolerance of the header comment; NaN or an unwritten (NaN) element never passes.
+void ExpectCloseToReference(const std::vector<float>& got, const std::vector<float>& ref, int64_t row_elems) {
+  ASSERT_EQ(got.size(), ref.size());
   double max_ref = 0, max_err = 0, err2 = 0, ref2 = 0;
   size_t worst = 0;
-  for (size_t i = 0; i < out_elems; ++i) {
-    ASSERT_TRUE(std::isfinite(gpu[i])) << "element " << i << " (token " << i / (out_elems / num_tokens)
-                                       << ") is " << gpu[i] << ": unwritten or NaN";
-    const double diff = std::fabs(static_cast<double>(gpu[i]) - ref[i]);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "element " << i << " (token " << static_cast<int64_t>(i) / row_elems
+                                       << ") is " << got[i] << ": unwritten or NaN";
+    const double diff = std::fabs(static_cast<double>(got[i]) - ref[i]);
     max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
     if (diff > max_err) {
       max_err = diff;
@@ -222,9 +236,44 @@ void RunCase(const PrefillCase& c, KvCacheDType kv_dtype, uint32_t seed) {
   }
   const double rel_l2 = std::sqrt(err2 / std::max(ref2, 1e-30));
   EXPECT_LE(max_err, 2e-2 * std::max(1.0, max_ref))
-      << "worst at element " << worst << ": gpu " << gpu[worst] << " ref " << ref[worst];
+      << "worst at element " << worst << ": got " << got[worst] << " ref " << ref[worst];
   EXPECT_LE(rel_l2, 1e-2) << "relative L2 error";
   ::testing::Test::RecordProperty("rel_l2", std::to_string(rel_l2));
+}
+
+void RunOnGpu(const PrefillCase& c, KvCacheDType kv_dtype, uint32_t seed) {
+  PreparedCase p = Prepare(c, kv_dtype, seed);
+  DeviceBuffer<std::byte> d_pool(std::vector<std::byte>(p.pool->data(), p.pool->data() + p.pool->size_bytes()));
+  DeviceBuffer<float> d_q(p.q), d_out(std::vector<float>(p.ref.size(), std::numeric_limits<float>::quiet_NaN()));
+  DeviceBuffer<int32_t> d_query_start(p.query_start), d_context_lens(p.context_lens), d_tables(p.block_tables);
+  DeviceBuffer<float> d_k_scale(p.k_scale), d_v_scale(p.v_scale);
+  PagedAttentionPrefillArgs args = p.args;
+  args.q = d_q.get();
+  args.kv_cache = d_pool.get();
+  args.query_start = d_query_start.get();
+  args.context_lens = d_context_lens.get();
+  args.block_tables = d_tables.get();
+  args.k_scale = d_k_scale.get();
+  args.v_scale = d_v_scale.get();
+  args.out = d_out.get();
+  ASSERT_EQ(LaunchPagedAttentionPrefill(args, nullptr), cudaSuccess);
+  ExpectCloseToReference(d_out.Download(), p.ref, int64_t{c.heads} * c.head_dim);
+}
+
+void RunOnHostEmulation(const PrefillCase& c, KvCacheDType kv_dtype, uint32_t seed) {
+  PreparedCase p = Prepare(c, kv_dtype, seed);
+  std::vector<float> out(p.ref.size(), std::numeric_limits<float>::quiet_NaN());
+  PagedAttentionPrefillArgs args = p.args;
+  args.q = p.q.data();
+  args.kv_cache = p.pool->data();
+  args.query_start = p.query_start.data();
+  args.context_lens = p.context_lens.data();
+  args.block_tables = p.block_tables.data();
+  args.k_scale = p.k_scale.data();
+  args.v_scale = p.v_scale.data();
+  args.out = out.data();
+  ASSERT_EQ(host_emulation::EmulatePagedAttentionPrefill(args), cudaSuccess);
+  ExpectCloseToReference(out, p.ref, int64_t{c.heads} * c.head_dim);
 }
 
 const std::vector<PrefillCase>& Cases() {
@@ -235,6 +284,8 @@ const std::vector<PrefillCase>& Cases() {
       {.heads = 8, .kv_heads = 2, .head_dim = 128, .block_size = 16, .seqs = {{0, 257}}},
       // A cached prefix of 100 and a chunk of 37 (neither a multiple of B), GQA 8.
       {.heads = 8, .kv_heads = 1, .head_dim = 128, .block_size = 16, .seqs = {{100, 37}}},
+      // Row and context limits in the last 8 keys of a tile (44 + 16 = 60; 12 + 112 = 124 = 64 + 60).
+      {.heads = 4, .kv_heads = 2, .head_dim = 128, .block_size = 16, .seqs = {{44, 40}, {12, 113}}},
       // A mixed batch: prefill chunks with and without prefixes, decode rows, B = 32, GQA 4.
       {.heads = 16,
        .kv_heads = 4,
@@ -265,7 +316,7 @@ TEST_P(PagedAttentionPrefillKernelTest, MatchesCpuBackendWithinBf16Tolerance) {
     what << "H " << c.heads << " Hkv " << c.kv_heads << " D " << c.head_dim << " B " << c.block_size << " seqs";
     for (const SeqShape& s : c.seqs) what << " " << s.prefix << "+" << s.new_tokens;
     SCOPED_TRACE(what);
-    RunCase(c, GetParam(), seed++);
+    RunOnGpu(c, GetParam(), seed++);
     if (HasFatalFailure()) return;
   }
 }
@@ -273,6 +324,49 @@ TEST_P(PagedAttentionPrefillKernelTest, MatchesCpuBackendWithinBf16Tolerance) {
 INSTANTIATE_TEST_SUITE_P(PoolDTypes, PagedAttentionPrefillKernelTest,
                          ::testing::Values(KvCacheDType::kF32, KvCacheDType::kBf16, KvCacheDType::kFp8E4M3),
                          [](const ::testing::TestParamInfo<KvCacheDType>& info) { return PoolName(info.param); });
+
+// The kernel's own code on the host (host_emulation/): every pool type, head_dim 64 and 128,
+// GQA 1/2/4/8, B 8/16/24/32/128, prefixes, decode rows and surplus query tiles, in shapes
+// small enough for one std::thread per CUDA thread. Runs with or without a GPU.
+TEST(PagedAttentionPrefillKernelEmulationTest, KernelCodeMatchesCpuBackendOnHost) {
+  struct EmulatedCase {
+    PrefillCase shape;
+    KvCacheDType kv_dtype;
+  };
+  const std::vector<EmulatedCase> cases = {
+      {{.heads = 2, .kv_heads = 2, .head_dim = 64, .block_size = 16, .seqs = {{0, 1}}}, KvCacheDType::kBf16},
+      {{.heads = 4, .kv_heads = 1, .head_dim = 128, .block_size = 16, .seqs = {{100, 37}}}, KvCacheDType::kFp8E4M3},
+      {{.heads = 2, .kv_heads = 1, .head_dim = 128, .block_size = 16, .seqs = {{0, 130}}}, KvCacheDType::kF32},
+      {{.heads = 4,
+        .kv_heads = 2,
+        .head_dim = 64,
+        .block_size = 32,
+        .seqs = {{0, 70}, {200, 1}, {33, 1}, {5, 80}, {0, 1}, {64, 64}},
+        .extra_query_len = 40},
+       KvCacheDType::kBf16},
+      {{.heads = 1, .kv_heads = 1, .head_dim = 128, .block_size = 8, .seqs = {{150, 3}, {17, 65}}, .extra_query_len = 64},
+       KvCacheDType::kFp8E4M3},
+      {{.heads = 2, .kv_heads = 1, .head_dim = 64, .block_size = 128, .seqs = {{130, 20}, {129, 1}}}, KvCacheDType::kF32},
+      {{.heads = 2, .kv_heads = 1, .head_dim = 128, .block_size = 24, .seqs = {{50, 70}}}, KvCacheDType::kBf16},
+      {{.heads = 8, .kv_heads = 1, .head_dim = 64, .block_size = 16, .seqs = {{20, 10}}}, KvCacheDType::kF32},
+      // A warp whose first row sits at key 60 of a tile (44 + 16), and one whose only row is
+      // the context's last position, key 60 of its tile (12 + 112; 125 keys): the mask must
+      // cover the last few keys of a tile, and the NaN past the context.
+      {{.heads = 2, .kv_heads = 1, .head_dim = 64, .block_size = 16, .seqs = {{44, 40}, {12, 113}}},
+       KvCacheDType::kBf16},
+  };
+  uint32_t seed = 77;
+  for (const EmulatedCase& e : cases) {
+    const PrefillCase& c = e.shape;
+    ::testing::Message what;
+    what << PoolName(e.kv_dtype) << " H " << c.heads << " Hkv " << c.kv_heads << " D " << c.head_dim << " B "
+         << c.block_size << " seqs";
+    for (const SeqShape& s : c.seqs) what << " " << s.prefix << "+" << s.new_tokens;
+    SCOPED_TRACE(what);
+    RunOnHostEmulation(c, e.kv_dtype, seed++);
+    if (HasFatalFailure()) return;
+  }
+}
 
 // Shape checks happen before any CUDA call, so this runs with or without a GPU.
 TEST(PagedAttentionPrefillKernelShapeTest, RejectsBadShapesWithInvalidValue) {

@@ -1,0 +1,60 @@
+// Host emulation (see prelude.h): LaunchPagedAttentionPrefill's grid run on the host, CTA by
+// CTA, each as kThreads std::threads executing the kernel's own code. Slow: small shapes only.
+// Takes valid shapes (LaunchPagedAttentionPrefill's checks are not repeated): cudaErrorInvalidValue
+// only for a head_dim or pool type it has no instance for.
+#pragma once
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "paged_attention_prefill/paged_attention_prefill.h"
+#include "paged_attention_prefill/paged_attention_prefill_kernel.cuh"
+
+// The kernel's `extern __shared__ uint16_t smem[]`, on the host: one CTA's at a time, sized
+// for the largest instance. NOTE: defined here, so exactly one translation unit includes this.
+namespace kvmesh::kernels::prefill {
+alignas(16) uint16_t smem[TileGeometry<128>::kSmemBytes / sizeof(uint16_t)];
+}  // namespace kvmesh::kernels::prefill
+
+namespace kvmesh::kernels::host_emulation {
+
+template <typename T, int kHeadDim>
+void EmulateGrid(const PagedAttentionPrefillArgs& args) {
+  const int32_t tiles_per_seq = (args.max_query_len + prefill::kRows - 1) / prefill::kRows;
+  const int64_t blocks = int64_t{tiles_per_seq} * args.num_seqs * args.num_heads;
+  static_assert(prefill::TileGeometry<kHeadDim>::kSmemBytes <= sizeof(prefill::smem));
+  unsigned char* shared = reinterpret_cast<unsigned char*>(prefill::smem);
+  const size_t shared_bytes = prefill::TileGeometry<kHeadDim>::kSmemBytes;
+  for (int64_t b = 0; b < blocks; ++b) {
+    std::memset(shared, 0xff, shared_bytes);  // NaN in bf16: reads before writes show
+    std::barrier<> barrier(prefill::kThreads);
+    std::vector<Warp> warps(prefill::kThreads / kWarpSize);
+    cta = Cta{.block_idx = uint3{static_cast<unsigned>(b), 0, 0},
+              .barrier = &barrier,
+              .warps = warps.data(),
+              .shared_base = shared,
+              .shared_bytes = shared_bytes};
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < static_cast<unsigned>(prefill::kThreads); ++t) {
+      threads.emplace_back([&args, tiles_per_seq, t] {
+        thread_idx = uint3{t, 0, 0};
+        prefill::PagedAttentionPrefillKernel<T, kHeadDim>(args, tiles_per_seq);
+      });
+    }
+    for (std::thread& th : threads) th.join();
+  }
+}
+
+inline cudaError_t EmulatePagedAttentionPrefill(const PagedAttentionPrefillArgs& args) {
+  using Emulator = void (*)(const PagedAttentionPrefillArgs&);
+  constexpr Emulator kEmulators[3][2] = {{EmulateGrid<float, 64>, EmulateGrid<float, 128>},
+                                         {EmulateGrid<uint16_t, 64>, EmulateGrid<uint16_t, 128>},
+                                         {EmulateGrid<uint8_t, 64>, EmulateGrid<uint8_t, 128>}};
+  const int32_t dtype = static_cast<int32_t>(args.kv_dtype);
+  if ((args.head_dim != 64 && args.head_dim != 128) || dtype < 0 || dtype > 2) return cudaErrorInvalidValue;
+  kEmulators[dtype][args.head_dim == 128 ? 1 : 0](args);
+  return cudaSuccess;
+}
+
+}  // namespace kvmesh::kernels::host_emulation
