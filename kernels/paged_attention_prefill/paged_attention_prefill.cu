@@ -45,6 +45,9 @@ bool ValidShapes(const PagedAttentionPrefillArgs& a) {
   const int32_t dtype = static_cast<int32_t>(a.kv_dtype);
   if (dtype < 0 || dtype > 2) return false;
   if (a.kv_dtype == KvCacheDType::kFp8E4M3 && (a.k_scale == nullptr || a.v_scale == nullptr)) return false;
+  // 16-byte copies from the pool (cp.async, float4); q and out move as float2.
+  const auto misaligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes != 0; };
+  if (misaligned(a.kv_cache, 16) || misaligned(a.q, 8) || misaligned(a.out, 8)) return false;
   const int64_t tiles_per_seq = (int64_t{a.max_query_len} + prefill::kRows - 1) / prefill::kRows;
   return tiles_per_seq * a.num_seqs * a.num_heads <= INT_MAX;
 }

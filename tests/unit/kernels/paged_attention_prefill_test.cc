@@ -29,6 +29,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -370,17 +371,17 @@ TEST(PagedAttentionPrefillKernelEmulationTest, KernelCodeMatchesCpuBackendOnHost
 
 // Shape checks happen before any CUDA call, so this runs with or without a GPU.
 TEST(PagedAttentionPrefillKernelShapeTest, RejectsBadShapesWithInvalidValue) {
-  float dummy_f = 0;
+  alignas(16) float dummy_f[4] = {};  // aligned as the launcher requires: one flaw per case below
   int32_t dummy_i = 0;
   PagedAttentionPrefillArgs good;
-  good.q = &dummy_f;
-  good.kv_cache = &dummy_f;
+  good.q = dummy_f;
+  good.kv_cache = dummy_f;
   good.query_start = &dummy_i;
   good.context_lens = &dummy_i;
   good.block_tables = &dummy_i;
-  good.k_scale = &dummy_f;
-  good.v_scale = &dummy_f;
-  good.out = &dummy_f;
+  good.k_scale = dummy_f;
+  good.v_scale = dummy_f;
+  good.out = dummy_f;
   good.num_seqs = 1;
   good.num_tokens = 1;
   good.num_heads = 8;
@@ -395,6 +396,11 @@ TEST(PagedAttentionPrefillKernelShapeTest, RejectsBadShapesWithInvalidValue) {
     edit(a);
     return LaunchPagedAttentionPrefill(a, nullptr);
   };
+  if (std::string why; !test_util::HaveGpu(&why)) {
+    // The flawless args pass the checks and fail only at the first CUDA call (no device), so each
+    // case below fails on its one flaw. (With a device they would launch on host pointers.)
+    EXPECT_NE(with([](auto&) {}), cudaErrorInvalidValue);
+  }
   EXPECT_EQ(with([](auto& a) { a.head_dim = 96; }), cudaErrorInvalidValue);
   EXPECT_EQ(with([](auto& a) { a.head_dim = 256; }), cudaErrorInvalidValue);
   EXPECT_EQ(with([](auto& a) { a.num_kv_heads = 3; }), cudaErrorInvalidValue);
@@ -403,6 +409,9 @@ TEST(PagedAttentionPrefillKernelShapeTest, RejectsBadShapesWithInvalidValue) {
   EXPECT_EQ(with([](auto& a) { a.num_tokens = -1; }), cudaErrorInvalidValue);
   EXPECT_EQ(with([](auto& a) { a.max_query_len = 0; }), cudaErrorInvalidValue);
   EXPECT_EQ(with([](auto& a) { a.out = nullptr; }), cudaErrorInvalidValue);
+  EXPECT_EQ(with([&](auto& a) { a.kv_cache = dummy_f + 2; }), cudaErrorInvalidValue);  // 8-byte aligned only
+  EXPECT_EQ(with([&](auto& a) { a.q = dummy_f + 1; }), cudaErrorInvalidValue);
+  EXPECT_EQ(with([&](auto& a) { a.out = dummy_f + 3; }), cudaErrorInvalidValue);
   EXPECT_EQ(with([](auto& a) {
               a.kv_dtype = KvCacheDType::kFp8E4M3;
               a.k_scale = nullptr;
