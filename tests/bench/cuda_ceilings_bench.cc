@@ -22,6 +22,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "cuda_bench_cli.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -56,11 +58,6 @@ namespace {
 
 constexpr int64_t kMiB = 1024 * 1024;
 constexpr int64_t kL2Bytes = 60 * kMiB;  // H200/H100: 50-60 MB; rotation sizes aim past it
-
-struct Options {
-  std::string csv_path;
-  bool quick = false;
-};
 
 // One result row; the columns of tools/gpu-check's CSV.
 struct Row {
@@ -178,7 +175,7 @@ double MedianMicros(const std::function<void(int)>& run, int warmup, int reps) {
   return us[reps / 2];
 }
 
-Row D2dCopy(const Options& opt) {
+Row D2dCopy(const kvmesh::bench::CudaBenchOptions& opt) {
   const int64_t bytes = (opt.quick ? 256 : 4096) * kMiB;
   DeviceMemory src(bytes), dst(bytes);
   FillBits(src, bytes, 1);
@@ -194,7 +191,7 @@ Row D2dCopy(const Options& opt) {
   return r;
 }
 
-Row HbmRead(const Options& opt, const cudaDeviceProp& prop) {
+Row HbmRead(const kvmesh::bench::CudaBenchOptions& opt, const cudaDeviceProp& prop) {
   const int64_t bytes = (opt.quick ? 256 : 4096) * kMiB;
   DeviceMemory data(bytes), sink(sizeof(uint4));
   FillBits(data, bytes, 3);
@@ -303,17 +300,7 @@ Row Gemm(cublasLtHandle_t lt, void* workspace, size_t workspace_bytes, int64_t m
 }
 
 void AppendCsv(const std::string& path, const std::vector<Row>& rows) {
-  FILE* f = std::fopen(path.c_str(), "a+");
-  if (f == nullptr) {
-    std::fprintf(stderr, "cuda_ceilings_bench: cannot open %s\n", path.c_str());
-    std::exit(1);
-  }
-  std::fseek(f, 0, SEEK_END);
-  if (std::ftell(f) == 0) {
-    std::fprintf(f,
-                 "kernel,case,batch,context,num_heads,num_kv_heads,head_dim,kv_dtype,median_us,achieved_gbps,"
-                 "achieved_tflops,notes\n");
-  }
+  FILE* f = kvmesh::bench::OpenBenchCsv(path, "cuda_ceilings_bench");
   for (const Row& r : rows) {
     std::fprintf(f, "cuda_ceiling,%s,%lld,0,0,0,0,%s,%.3f,%.1f,%.2f,%s\n", r.case_name.c_str(),
                  static_cast<long long>(r.batch), r.dtype.c_str(), r.median_us, r.gbps, r.tflops, r.notes.c_str());
@@ -324,24 +311,8 @@ void AppendCsv(const std::string& path, const std::vector<Row>& rows) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options opt;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--csv") == 0 && i + 1 < argc) {
-      opt.csv_path = argv[++i];
-    } else if (std::strcmp(argv[i], "--quick") == 0) {
-      opt.quick = true;
-    } else {
-      std::fprintf(stderr, "usage: %s [--csv PATH] [--quick]\n", argv[0]);
-      return 2;
-    }
-  }
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("cuda_ceilings_bench: no GPU here (%s); nothing measured\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
-    return 0;
-  }
+  const kvmesh::bench::CudaBenchOptions opt = kvmesh::bench::ParseCudaBenchOptions(argc, argv);
+  if (!kvmesh::bench::GpuPresentOrSay("cuda_ceilings_bench")) return 0;
   cudaDeviceProp prop;
   CEIL_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("cuda_ceilings_bench on %s: %d SMs, L2 %d MiB, %.1f GiB%s\n", prop.name, prop.multiProcessorCount,

@@ -17,6 +17,8 @@
 // Without a GPU it says so and exits 0.
 #include <cuda_runtime.h>
 
+#include "cuda_bench_cli.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -228,17 +230,7 @@ Row RunCase(const Case& c, int sweeps) {
 }
 
 void AppendCsv(const std::string& path, const std::vector<Row>& rows) {
-  FILE* f = std::fopen(path.c_str(), "a+");
-  if (f == nullptr) {
-    std::fprintf(stderr, "paged_attention_decode_cuda_bench: cannot open %s\n", path.c_str());
-    std::exit(1);
-  }
-  std::fseek(f, 0, SEEK_END);
-  if (std::ftell(f) == 0) {
-    std::fprintf(f,
-                 "kernel,case,batch,context,num_heads,num_kv_heads,head_dim,kv_dtype,median_us,achieved_gbps,"
-                 "achieved_tflops,notes\n");
-  }
+  FILE* f = kvmesh::bench::OpenBenchCsv(path, "paged_attention_decode_cuda_bench");
   for (const Row& r : rows) {
     std::fprintf(f, "paged_attention_decode,b%d_ctx%d_%s,%d,%d,%d,%d,%d,%s,%.3f,%.2f,0,%s\n", r.c.batch, r.c.context,
                  DTypeName(r.c.dtype), r.c.batch, r.c.context, kHeads, kKvHeads, kHeadDim, DTypeName(r.c.dtype),
@@ -250,25 +242,10 @@ void AppendCsv(const std::string& path, const std::vector<Row>& rows) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string csv_path;
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--csv") == 0 && i + 1 < argc) {
-      csv_path = argv[++i];
-    } else if (std::strcmp(argv[i], "--quick") == 0) {
-      quick = true;
-    } else {
-      std::fprintf(stderr, "usage: %s [--csv PATH] [--quick]\n", argv[0]);
-      return 2;
-    }
-  }
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("paged_attention_decode_cuda_bench: no GPU here (%s); nothing measured\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
-    return 0;
-  }
+  const kvmesh::bench::CudaBenchOptions options = kvmesh::bench::ParseCudaBenchOptions(argc, argv);
+  const std::string& csv_path = options.csv_path;
+  const bool quick = options.quick;
+  if (!kvmesh::bench::GpuPresentOrSay("paged_attention_decode_cuda_bench")) return 0;
   cudaDeviceProp prop;
   PAD_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("paged_attention_decode_cuda_bench on %s (%d SMs, %d MB L2)%s: H %d, Hkv %d, D %d, B %d\n", prop.name,

@@ -16,6 +16,8 @@
 // Without a GPU it says so and exits 0.
 #include <cuda_runtime.h>
 
+#include "cuda_bench_cli.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -78,17 +80,7 @@ double MedianUs(F launch, cudaStream_t stream, int reps) {
 }
 
 void AppendCsv(const std::string& path, const std::vector<Row>& rows) {
-  FILE* f = std::fopen(path.c_str(), "a+");
-  if (f == nullptr) {
-    std::fprintf(stderr, "swap_blocks_cuda_bench: cannot open %s\n", path.c_str());
-    std::exit(1);
-  }
-  std::fseek(f, 0, SEEK_END);
-  if (std::ftell(f) == 0) {
-    std::fprintf(f,
-                 "kernel,case,batch,context,num_heads,num_kv_heads,head_dim,kv_dtype,median_us,achieved_gbps,"
-                 "achieved_tflops,notes\n");
-  }
+  FILE* f = kvmesh::bench::OpenBenchCsv(path, "swap_blocks_cuda_bench");
   for (const Row& r : rows) {
     std::fprintf(f, "swap_blocks,%s,%lld,0,0,8,128,bf16,%.3f,%.2f,0,%s\n", r.case_name.c_str(),
                  static_cast<long long>(r.blocks), r.median_us, r.gbps, r.notes.c_str());
@@ -99,25 +91,10 @@ void AppendCsv(const std::string& path, const std::vector<Row>& rows) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string csv_path;
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--csv") == 0 && i + 1 < argc) {
-      csv_path = argv[++i];
-    } else if (std::strcmp(argv[i], "--quick") == 0) {
-      quick = true;
-    } else {
-      std::fprintf(stderr, "usage: %s [--csv PATH] [--quick]\n", argv[0]);
-      return 2;
-    }
-  }
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("swap_blocks_cuda_bench: no GPU here (%s); nothing measured\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
-    return 0;
-  }
+  const kvmesh::bench::CudaBenchOptions options = kvmesh::bench::ParseCudaBenchOptions(argc, argv);
+  const std::string& csv_path = options.csv_path;
+  const bool quick = options.quick;
+  if (!kvmesh::bench::GpuPresentOrSay("swap_blocks_cuda_bench")) return 0;
   cudaDeviceProp prop;
   SWAP_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const int64_t layers = quick ? 4 : 32;
