@@ -1,5 +1,5 @@
 // Thin inline-PTX wrappers for the prefill attention kernel: bf16 tensor-core MMA
-// (m16n8k16, f32 accumulate), ldmatrix (transposed), and cp.async 16-byte copies with zero
+// (m16n8k16, f32 accumulate), ldmatrix (plain and transposed), and cp.async 16-byte copies with zero
 // fill. All run on sm_80 and sm_90 (no sm_90a instruction).
 #pragma once
 
@@ -18,6 +18,16 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], u
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 b16 matrices: lanes 8i..8i+7 give the row addresses of matrix i; r[i] of lane t
+// holds matrix i's elements (row t/4, cols 2*(t%4), 2*(t%4)+1): mma's A fragment when the
+// matrices are rows 0-7 / 8-15 of k 0-7, then of k 8-15.
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], uint32_t smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr)
+               : "memory");
 }
 
 // Four 8x8 b16 matrices, transposed: lanes 8i..8i+7 give the row addresses of matrix i;

@@ -10,25 +10,27 @@ namespace {
 
 using Launcher = cudaError_t (*)(const PagedAttentionPrefillArgs&, cudaStream_t);
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kMTiles>
 cudaError_t LaunchTyped(const PagedAttentionPrefillArgs& args, cudaStream_t stream) {
-  constexpr size_t kSmemBytes = prefill::TileGeometry<kHeadDim>::kSmemBytes;
-  const auto kernel = prefill::PagedAttentionPrefillKernel<T, kHeadDim>;
+  using Geo = prefill::TileGeometry<kHeadDim, kMTiles>;
+  const auto kernel = prefill::PagedAttentionPrefillKernel<T, kHeadDim, kMTiles>;
   // Over 48 KB of dynamic shared memory (head_dim 128) needs the opt-in; cheap to repeat.
   const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Geo::kSmemBytes));
   if (attr != cudaSuccess) return attr;
-  const int32_t tiles_per_seq = (args.max_query_len + prefill::kRows - 1) / prefill::kRows;
+  const int32_t tiles_per_seq = (args.max_query_len + Geo::kRows - 1) / Geo::kRows;
   const int64_t blocks = int64_t{tiles_per_seq} * args.num_seqs * args.num_heads;
-  kernel<<<static_cast<unsigned>(blocks), prefill::kThreads, kSmemBytes, stream>>>(args, tiles_per_seq);
+  kernel<<<static_cast<unsigned>(blocks), prefill::kThreads, Geo::kSmemBytes, stream>>>(args, tiles_per_seq);
   return cudaGetLastError();
 }
 
-// [kv_dtype][head_dim 64, 128]
-constexpr Launcher kLaunchers[3][2] = {
-    {LaunchTyped<float, 64>, LaunchTyped<float, 128>},
-    {LaunchTyped<uint16_t, 64>, LaunchTyped<uint16_t, 128>},
-    {LaunchTyped<uint8_t, 64>, LaunchTyped<uint8_t, 128>},
+// [kv_dtype][head_dim 64, 128][rows per warp 16, 32]
+constexpr Launcher kLaunchers[3][2][2] = {
+    {{LaunchTyped<float, 64, 1>, LaunchTyped<float, 64, 2>}, {LaunchTyped<float, 128, 1>, LaunchTyped<float, 128, 2>}},
+    {{LaunchTyped<uint16_t, 64, 1>, LaunchTyped<uint16_t, 64, 2>},
+     {LaunchTyped<uint16_t, 128, 1>, LaunchTyped<uint16_t, 128, 2>}},
+    {{LaunchTyped<uint8_t, 64, 1>, LaunchTyped<uint8_t, 64, 2>},
+     {LaunchTyped<uint8_t, 128, 1>, LaunchTyped<uint8_t, 128, 2>}},
 };
 
 bool ValidShapes(const PagedAttentionPrefillArgs& a) {
@@ -48,15 +50,22 @@ bool ValidShapes(const PagedAttentionPrefillArgs& a) {
   // 16-byte copies from the pool (cp.async, float4); q and out move as float2.
   const auto misaligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes != 0; };
   if (misaligned(a.kv_cache, 16) || misaligned(a.q, 8) || misaligned(a.out, 8)) return false;
-  const int64_t tiles_per_seq = (int64_t{a.max_query_len} + prefill::kRows - 1) / prefill::kRows;
+  // The grid of the smaller CTA (64 rows), the larger of the two.
+  const int64_t tiles_per_seq = (int64_t{a.max_query_len} + 63) / 64;
   return tiles_per_seq * a.num_seqs * a.num_heads <= INT_MAX;
 }
 
 }  // namespace
 
+cudaError_t LaunchPagedAttentionPrefillWithRowsPerWarp(const PagedAttentionPrefillArgs& args, int32_t rows_per_warp,
+                                                      cudaStream_t stream) {
+  if (!ValidShapes(args) || (rows_per_warp != 16 && rows_per_warp != 32)) return cudaErrorInvalidValue;
+  return kLaunchers[static_cast<int32_t>(args.kv_dtype)][args.head_dim == 128 ? 1 : 0][rows_per_warp / 16 - 1](
+      args, stream);
+}
+
 cudaError_t LaunchPagedAttentionPrefill(const PagedAttentionPrefillArgs& args, cudaStream_t stream) {
-  if (!ValidShapes(args)) return cudaErrorInvalidValue;
-  return kLaunchers[static_cast<int32_t>(args.kv_dtype)][args.head_dim == 128 ? 1 : 0](args, stream);
+  return LaunchPagedAttentionPrefillWithRowsPerWarp(args, kPagedAttentionPrefillRowsPerWarp, stream);
 }
 
 }  // namespace kvmesh::kernels

@@ -58,4 +58,16 @@ struct PagedAttentionPrefillArgs {
 // Uses 36 KB (head_dim 64) or 70 KB (head_dim 128) of dynamic shared memory per block.
 cudaError_t LaunchPagedAttentionPrefill(const PagedAttentionPrefillArgs& args, cudaStream_t stream);
 
+// Query rows each warp of LaunchPagedAttentionPrefill owns (a CTA has 4 warps).
+inline constexpr int32_t kPagedAttentionPrefillRowsPerWarp = 16;
+
+// The same attention with `rows_per_warp` 16 (64-row CTAs, Q in registers) or 32 (128-row
+// CTAs, Q in shared memory, each K/V fragment read from shared memory serves two mma: 54 KB /
+// 104 KB of shared memory); for benchmarks and tests choosing between the two. The same
+// errors, and cudaErrorInvalidValue for another rows_per_warp. NOTE: at head_dim 128 the
+// 32-row kernel uses 255 registers: no spills for bf16 and FP8 pools on sm_90, 20-76 bytes of
+// spills for f32 pools (and on sm_80) per ptxas; the 16-row kernel spills nowhere.
+cudaError_t LaunchPagedAttentionPrefillWithRowsPerWarp(const PagedAttentionPrefillArgs& args, int32_t rows_per_warp,
+                                                      cudaStream_t stream);
+
 }  // namespace kvmesh::kernels

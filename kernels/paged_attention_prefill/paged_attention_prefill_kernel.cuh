@@ -1,14 +1,16 @@
-// The prefill attention kernel (FlashAttention-2 over the paged pool); the launcher and its
-// contract are in paged_attention_prefill.h.
+// The prefill attention kernel (FlashAttention-2 over the paged pool); the launchers and
+// their contract are in paged_attention_prefill.h.
 //
-// Work split. One CTA = 4 warps = kRows (64) query rows of ONE query head of one sequence;
-// each warp owns 16 rows, keeps their Q as bf16 mma A-fragments in registers and their O
-// (16 x D f32) and softmax state in registers. NOTE: one query head per CTA, not the whole
-// GQA group of a KV head: prefill chunks are long, so 64 rows of one head already fill the
-// m16 tiles, and the group's other heads read the same K/V tiles from L2 (a 64-key tile of
-// one KV head is 16 KB in bf16 at D = 128). Decode rows (n_s = 1) mixed into a batch use one
-// warp of the four (the other warps skip the math); pure decode batches belong to the decode
-// kernel.
+// Work split. One CTA = 4 warps of ONE query head of one sequence; each warp owns kMTiles
+// m16 tiles of query rows (16 or 32 rows; a CTA 64 or 128) and keeps their O (f32) and
+// softmax state in registers. With one m16 tile the warp's Q lives in registers as bf16 mma
+// A fragments; with two it lives in shared memory (registers would not hold both tiles' Q,
+// O and S) and is read with ldmatrix, and every K/V B fragment read from shared memory
+// feeds two mma instead of one. NOTE: one query head per CTA, not the whole GQA group of a
+// KV head: prefill chunks are long, so the rows of one head already fill the m16 tiles, and
+// the group's other heads read the same K/V tiles from L2 (a 64-key tile of one KV head is
+// 16 KB in bf16 at D = 128). Decode rows (n_s = 1) mixed into a batch use one warp of the
+// four (the other warps skip the math); pure decode batches belong to the decode kernel.
 //
 // KV tiles. kKeys (64) keys per tile, double-buffered in shared memory as bf16 and kept in
 // the pool's own orientation: K as [D][kKeys] (dimension-major, like the pool's K block) and
@@ -33,27 +35,33 @@
 
 namespace kvmesh::kernels::prefill {
 
-inline constexpr int kRows = 64;  // query rows per CTA
 inline constexpr int kWarps = 4;
 inline constexpr int kThreads = kWarps * 32;
 inline constexpr int kKeys = 64;  // keys per KV tile
 inline constexpr int kChunk = 8;  // elements per 16-byte bf16 chunk
 
-// Shared-memory geometry of one head_dim, in bf16 elements.
-template <int kHeadDim>
+// Shared-memory geometry of one head_dim and warp row count, in bf16 elements.
+template <int kHeadDim, int kMTiles>
 struct TileGeometry {
+  static_assert(kMTiles == 1 || kMTiles == 2);
+  static constexpr int kRowsPerWarp = 16 * kMTiles;
+  static constexpr int kRows = kWarps * kRowsPerWarp;  // query rows per CTA
   static constexpr int kKPitch = kKeys + 8;      // K tile row (one dimension), padded by 16 bytes
   static constexpr int kVPitch = kHeadDim + 8;   // V tile row (one key), padded by 16 bytes
   static constexpr int kKElems = kHeadDim * kKPitch;
   static constexpr int kVElems = kKeys * kVPitch;
   static constexpr int kStageElems = kKElems + kVElems;
   static constexpr int kStages = 2;
-  static constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageElems * sizeof(uint16_t);
+  // Q in shared memory (two m16 tiles per warp only): [kRows][D], padded like V.
+  static constexpr int kQPitch = kHeadDim + 8;
+  static constexpr int kQElems = kMTiles == 1 ? 0 : kRows * kQPitch;
+  static constexpr size_t kSmemBytes = (static_cast<size_t>(kStages) * kStageElems + kQElems) * sizeof(uint16_t);
   // 16-byte chunks per thread per tile.
   static constexpr int kKChunksPerThread = kHeadDim * (kKeys / kChunk) / kThreads;
   static constexpr int kVChunksPerThread = kKeys * (kHeadDim / kChunk) / kThreads;
   static_assert(kHeadDim * (kKeys / kChunk) % kThreads == 0 && kKeys * (kHeadDim / kChunk) % kThreads == 0);
-  static_assert((kKPitch * 2) % 16 == 0 && (kVPitch * 2) % 16 == 0 && (kStageElems * 2) % 16 == 0);
+  static_assert((kKPitch * 2) % 16 == 0 && (kVPitch * 2) % 16 == 0 && (kQPitch * 2) % 16 == 0 &&
+                (kStageElems * 2) % 16 == 0);
 };
 
 __device__ __forceinline__ float QuadMax(float x) {
@@ -67,10 +75,11 @@ __device__ __forceinline__ float QuadSum(float x) {
 
 // grid.x = num_heads * num_seqs * tiles_per_seq (heads fastest, then sequences, then query
 // tiles LAST first so the CTAs with the most KV tiles start first); block = kThreads.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kMTiles>
 __global__ void __launch_bounds__(kThreads) PagedAttentionPrefillKernel(const PagedAttentionPrefillArgs args,
                                                                        int32_t tiles_per_seq) {
-  using Geo = TileGeometry<kHeadDim>;
+  using Geo = TileGeometry<kHeadDim, kMTiles>;
+  constexpr int kRows = Geo::kRows;
   extern __shared__ __align__(16) uint16_t smem[];
 
   const int64_t linear = blockIdx.x;
@@ -96,20 +105,34 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionPrefillKernel(const Pa
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4;  // fragment row within 8
   const int c = lane % 4;  // fragment column pair
-  const int32_t row_a = row0 + warp * 16 + g;  // this thread's two rows within the sequence
-  const int32_t row_b = row_a + 8;
-  const bool warp_active = row0 + warp * 16 < n;  // uniform per warp
-  // Last key each row sees; keys past the context are never visible.
-  const int32_t limit_a = min(first_pos + row_a, ctx - 1);
-  const int32_t limit_b = min(first_pos + row_b, ctx - 1);
-  const int32_t warp_min_limit = min(first_pos + row0 + warp * 16, ctx - 1);
+  const int32_t warp_row0 = row0 + warp * Geo::kRowsPerWarp;  // the warp's first row within the sequence
+  const bool warp_active = warp_row0 < n;                      // uniform per warp
+  // This thread's rows: rows[m][r] = row g (r = 0) or g + 8 (r = 1) of m16 tile m, and the
+  // last key each sees (keys past the context are never visible).
+  int32_t rows[kMTiles][2], limits[kMTiles][2];
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      rows[m][r] = warp_row0 + m * 16 + r * 8 + g;
+      limits[m][r] = min(first_pos + rows[m][r], ctx - 1);
+    }
+  }
+  const int32_t warp_min_limit = min(first_pos + warp_row0, ctx - 1);
+  // ldmatrix row addresses: lane l feeds matrix l/8, row l%8; matrices 0/1 are rows (or k)
+  // 0-7/8-15 of columns 0-7, matrices 2/3 the same of columns 8-15. The same order gives
+  // mma's A fragment (no .trans, rows = query rows) and B fragment (.trans, rows = k).
+  const int ld_row = (lane / 8 % 2) * 8 + lane % 8;
+  const int ld_col = (lane / 16) * 8;
 
-  // Q rows as bf16 A fragments: qf[ks] covers dimensions 16ks..16ks+15; rows past n are zero.
-  uint32_t qf[kHeadDim / 16][4];
-  {
-    const float* qa = args.q + (static_cast<int64_t>(q_begin + row_a) * args.num_heads + head) * kHeadDim;
-    const float* qb = args.q + (static_cast<int64_t>(q_begin + row_b) * args.num_heads + head) * kHeadDim;
-    const bool valid_a = row_a < n, valid_b = row_b < n;
+  // Q as bf16, rows past n zero: in registers (qf[ks] = A fragment of dimensions
+  // 16ks..16ks+15) for one m16 tile; in shared memory after the KV stages for two.
+  uint32_t qf[kMTiles == 1 ? kHeadDim / 16 : 1][4];
+  uint16_t* const q_smem = smem + Geo::kStages * Geo::kStageElems;
+  if constexpr (kMTiles == 1) {
+    const float* qa = args.q + (static_cast<int64_t>(q_begin + rows[0][0]) * args.num_heads + head) * kHeadDim;
+    const float* qb = args.q + (static_cast<int64_t>(q_begin + rows[0][1]) * args.num_heads + head) * kHeadDim;
+    const bool valid_a = rows[0][0] < n, valid_b = rows[0][1] < n;
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
 #pragma unroll
@@ -121,7 +144,34 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionPrefillKernel(const Pa
         qf[ks][half * 2 + 1] = PackBf16x2(b.x, b.y);
       }
     }
+  } else {
+    // 8 dimensions per thread per step; the first barrier of the KV loop publishes them.
+    constexpr int kChunksPerRow = kHeadDim / kChunk;
+    for (int chunk = static_cast<int>(threadIdx.x); chunk < kRows * kChunksPerRow; chunk += kThreads) {
+      const int row = chunk / kChunksPerRow;
+      const int part = chunk % kChunksPerRow;
+      uint4 packed = make_uint4(0u, 0u, 0u, 0u);
+      if (row0 + row < n) {
+        const float4* src = reinterpret_cast<const float4*>(
+            args.q + (static_cast<int64_t>(q_begin + row0 + row) * args.num_heads + head) * kHeadDim + part * kChunk);
+        const float4 x = __ldg(src), y = __ldg(src + 1);
+        packed = make_uint4(PackBf16x2(x.x, x.y), PackBf16x2(x.z, x.w), PackBf16x2(y.x, y.y), PackBf16x2(y.z, y.w));
+      }
+      *reinterpret_cast<uint4*>(q_smem + row * Geo::kQPitch + part * kChunk) = packed;
+    }
   }
+  // The A fragment of m16 tile m, dimensions 16ks..16ks+15.
+  auto q_fragment = [&](int m, int ks, uint32_t (&a)[4]) {
+    if constexpr (kMTiles == 1) {
+      a[0] = qf[ks][0];
+      a[1] = qf[ks][1];
+      a[2] = qf[ks][2];
+      a[3] = qf[ks][3];
+    } else {
+      LdMatrixX4(a, SharedAddress(q_smem + (warp * Geo::kRowsPerWarp + m * 16 + ld_row) * Geo::kQPitch + ks * 16 +
+                                  ld_col));
+    }
+  };
 
   // The pool: block b starts at element b * 2 * Hkv * B * D; within it K heads, then V heads.
   const T* pool = static_cast<const T*>(args.kv_cache);
@@ -152,8 +202,8 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionPrefillKernel(const Pa
   // NOTE: f32 and FP8 chunks pass through registers (8 per f32 chunk); unrolling all of
   // them would hoist every load and spill, so they go two at a time. bf16 chunks are cp.async.
   [[maybe_unused]] constexpr int kLoadUnroll = sizeof(T) == 2 ? 8 : 2;  // unused where pragmas are not (host emulation)
-  constexpr int kKChunksPerRow = kKeys / kChunk;      // 8 chunks cover one dimension's 64 keys
-  constexpr int kVChunksPerRow = kHeadDim / kChunk;   // chunks covering one key's dimensions
+  constexpr int kKChunksPerRow = kKeys / kChunk;     // 8 chunks cover one dimension's 64 keys
+  constexpr int kVChunksPerRow = kHeadDim / kChunk;  // chunks covering one key's dimensions
   static_assert(kThreads % kKChunksPerRow == 0 && kThreads % kVChunksPerRow == 0);
   auto load_tile = [&](int32_t tile, int stage) {
     uint16_t* ks = smem + stage * Geo::kStageElems;
@@ -186,16 +236,16 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionPrefillKernel(const Pa
     }
   };
 
-  float o[kHeadDim / 8][4];
+  float o[kMTiles][kHeadDim / 8][4];
+  float row_max[kMTiles][2], row_sum[kMTiles][2];  // row_sum: this thread's share, summed over the quad at the end
 #pragma unroll
-  for (int nd = 0; nd < kHeadDim / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};  // this thread's share; summed over the quad at the end
+  for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+    for (int nd = 0; nd < kHeadDim / 8; ++nd) o[m][nd][0] = o[m][nd][1] = o[m][nd][2] = o[m][nd][3] = 0.f;
+    row_max[m][0] = row_max[m][1] = -INFINITY;
+    row_sum[m][0] = row_sum[m][1] = 0.f;
+  }
   const float scale_log2 = args.scale * 1.4426950408889634f;
-  // ldmatrix row addresses: lane l feeds matrix l/8, row l%8; matrices 0/1 are k 0-7/8-15 of
-  // columns 0-7, matrices 2/3 the same of columns 8-15.
-  const int ld_row = (lane / 8 % 2) * 8 + lane % 8;
-  const int ld_col = (lane / 16) * 8;
 
   load_tile(0, 0);
   CpAsyncCommit();
@@ -211,18 +261,28 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionPrefillKernel(const Pa
       const uint16_t* ks = smem + (tile % 2) * Geo::kStageElems;
       const uint16_t* vs = ks + Geo::kKElems;
 
-      // S = Q K^T: 16 rows x 64 keys per warp, s[j] = keys 8j..8j+7.
-      float s[kKeys / 8][4];
+      // S = Q K^T: per m16 tile 16 rows x 64 keys, s[m][j] = keys 8j..8j+7. Each K B fragment
+      // serves every m16 tile.
+      float s[kMTiles][kKeys / 8][4];
 #pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+        for (int j = 0; j < kKeys / 8; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
+      }
 #pragma unroll
       for (int kstep = 0; kstep < kHeadDim / 16; ++kstep) {
+        uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) q_fragment(m, kstep, a[m]);
 #pragma unroll
         for (int np = 0; np < kKeys / 16; ++np) {
           uint32_t b[4];
           LdMatrixX4Trans(b, SharedAddress(ks + (kstep * 16 + ld_row) * Geo::kKPitch + np * 16 + ld_col));
-          MmaBf16(s[2 * np], qf[kstep], b[0], b[1]);
-          MmaBf16(s[2 * np + 1], qf[kstep], b[2], b[3]);
+#pragma unroll
+          for (int m = 0; m < kMTiles; ++m) {
+            MmaBf16(s[m][2 * np], a[m], b[0], b[1]);
+            MmaBf16(s[m][2 * np + 1], a[m], b[2], b[3]);
+          }
         }
       }
 
@@ -230,60 +290,75 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionPrefillKernel(const Pa
       const int32_t key0 = tile * kKeys;
       const bool need_mask = key0 + kKeys - 1 > warp_min_limit;
 #pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) {
+      for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int32_t key = key0 + j * 8 + 2 * c + (e & 1);
-          const float x = s[j][e] * scale_log2;
-          s[j][e] = (need_mask && key > (e < 2 ? limit_a : limit_b)) ? -INFINITY : x;
+        for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int32_t key = key0 + j * 8 + 2 * c + (e & 1);
+            const float x = s[m][j][e] * scale_log2;
+            s[m][j][e] = (need_mask && key > limits[m][e / 2]) ? -INFINITY : x;
+          }
         }
       }
 
       // Online softmax: new running max, rescale what was accumulated, exponentiate.
-      float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) {
-        tile_max[0] = fmaxf(tile_max[0], fmaxf(s[j][0], s[j][1]));
-        tile_max[1] = fmaxf(tile_max[1], fmaxf(s[j][2], s[j][3]));
-      }
-      float shift[2], alpha[2];
+      for (int m = 0; m < kMTiles; ++m) {
+        float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float new_max = fmaxf(row_max[r], QuadMax(tile_max[r]));
-        // A row that has seen only masked keys keeps max -inf; shift by 0 so exp2 gives 0, not NaN.
-        shift[r] = new_max == -INFINITY ? 0.f : new_max;
-        alpha[r] = exp2f(row_max[r] - shift[r]);
-        row_max[r] = new_max;
-        row_sum[r] *= alpha[r];
-      }
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[j][e] = exp2f(s[j][e] - shift[e / 2]);
-          row_sum[e / 2] += s[j][e];
+        for (int j = 0; j < kKeys / 8; ++j) {
+          tile_max[0] = fmaxf(tile_max[0], fmaxf(s[m][j][0], s[m][j][1]));
+          tile_max[1] = fmaxf(tile_max[1], fmaxf(s[m][j][2], s[m][j][3]));
         }
-      }
+        float shift[2], alpha[2];
 #pragma unroll
-      for (int nd = 0; nd < kHeadDim / 8; ++nd) {
-        o[nd][0] *= alpha[0];
-        o[nd][1] *= alpha[0];
-        o[nd][2] *= alpha[1];
-        o[nd][3] *= alpha[1];
+        for (int r = 0; r < 2; ++r) {
+          const float new_max = fmaxf(row_max[m][r], QuadMax(tile_max[r]));
+          // A row that has seen only masked keys keeps max -inf; shift by 0 so exp2 gives 0, not NaN.
+          shift[r] = new_max == -INFINITY ? 0.f : new_max;
+          alpha[r] = exp2f(row_max[m][r] - shift[r]);
+          row_max[m][r] = new_max;
+          row_sum[m][r] *= alpha[r];
+        }
+#pragma unroll
+        for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[m][j][e] = exp2f(s[m][j][e] - shift[e / 2]);
+            row_sum[m][e / 2] += s[m][j][e];
+          }
+        }
+#pragma unroll
+        for (int nd = 0; nd < kHeadDim / 8; ++nd) {
+          o[m][nd][0] *= alpha[0];
+          o[m][nd][1] *= alpha[0];
+          o[m][nd][2] *= alpha[1];
+          o[m][nd][3] *= alpha[1];
+        }
       }
 
       // O += P V: the S accumulators of keys 16kk..16kk+15 are the A fragment of step kk.
+      // Each V B fragment serves every m16 tile.
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
-        const uint32_t a[4] = {PackBf16x2(s[2 * kk][0], s[2 * kk][1]), PackBf16x2(s[2 * kk][2], s[2 * kk][3]),
-                               PackBf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               PackBf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) {
+          a[m][0] = PackBf16x2(s[m][2 * kk][0], s[m][2 * kk][1]);
+          a[m][1] = PackBf16x2(s[m][2 * kk][2], s[m][2 * kk][3]);
+          a[m][2] = PackBf16x2(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+          a[m][3] = PackBf16x2(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int np = 0; np < kHeadDim / 16; ++np) {
           uint32_t b[4];
           LdMatrixX4Trans(b, SharedAddress(vs + (kk * 16 + ld_row) * Geo::kVPitch + np * 16 + ld_col));
-          MmaBf16(o[2 * np], a, b[0], b[1]);
-          MmaBf16(o[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+          for (int m = 0; m < kMTiles; ++m) {
+            MmaBf16(o[m][2 * np], a[m], b[0], b[1]);
+            MmaBf16(o[m][2 * np + 1], a[m], b[2], b[3]);
+          }
         }
       }
     }
@@ -293,20 +368,23 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionPrefillKernel(const Pa
   CpAsyncWait<0>();  // drain the last (empty) group before exit
 
   if (!warp_active) return;
-  const float inv_a = 1.f / QuadSum(row_sum[0]);
-  const float inv_b = 1.f / QuadSum(row_sum[1]);
-  if (row_a < n) {
-    float* out = args.out + (static_cast<int64_t>(q_begin + row_a) * args.num_heads + head) * kHeadDim;
+  float inv_sum[kMTiles][2];  // every lane shuffles before any lane branches on its rows
 #pragma unroll
-    for (int nd = 0; nd < kHeadDim / 8; ++nd) {
-      *reinterpret_cast<float2*>(out + nd * 8 + 2 * c) = make_float2(o[nd][0] * inv_a, o[nd][1] * inv_a);
-    }
+  for (int m = 0; m < kMTiles; ++m) {
+    inv_sum[m][0] = 1.f / QuadSum(row_sum[m][0]);
+    inv_sum[m][1] = 1.f / QuadSum(row_sum[m][1]);
   }
-  if (row_b < n) {
-    float* out = args.out + (static_cast<int64_t>(q_begin + row_b) * args.num_heads + head) * kHeadDim;
 #pragma unroll
-    for (int nd = 0; nd < kHeadDim / 8; ++nd) {
-      *reinterpret_cast<float2*>(out + nd * 8 + 2 * c) = make_float2(o[nd][2] * inv_b, o[nd][3] * inv_b);
+  for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (rows[m][r] >= n) continue;
+      float* out = args.out + (static_cast<int64_t>(q_begin + rows[m][r]) * args.num_heads + head) * kHeadDim;
+#pragma unroll
+      for (int nd = 0; nd < kHeadDim / 8; ++nd) {
+        *reinterpret_cast<float2*>(out + nd * 8 + 2 * c) =
+            make_float2(o[m][nd][2 * r] * inv_sum[m][r], o[m][nd][2 * r + 1] * inv_sum[m][r]);
+      }
     }
   }
 }

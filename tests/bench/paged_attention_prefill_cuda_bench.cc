@@ -4,6 +4,9 @@
 // one sequence of 1k / 4k / 16k prompt tokens with no prefix, 8 sequences of 2k, and 512
 // new tokens over an 8k cached prefix.
 //
+// Each case runs both warp shapes: 16 query rows per warp (LaunchPagedAttentionPrefill, kernel
+// column paged_attention_prefill) and 32 (kernel column paged_attention_prefill_32rows).
+//
 // FLOPs are counted causally: 4 * H * D * (sum over query rows of the keys each attends to),
 // i.e. QK^T and PV, no softmax. Timed with CUDA events after warm-up, median of >= 20
 // launches, rotating among enough copies of q / out / pool that one pass over them exceeds
@@ -15,6 +18,7 @@
 // 2.2 TFLOP -> 2.2 ms against 604 MB -> 0.13 ms, compute-bound; 1x1024 is 8.6 GFLOP -> 8.7 us
 // against 38 MB -> 7.9 us, both matter; 1x512 over 8k is 71 GFLOP -> 72 us against 52 MB -> 11 us.
 #include <algorithm>
+#include <array>
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
@@ -68,7 +72,11 @@ struct DeviceSet {
   int32_t* tables = nullptr;
 };
 
-Result Run(const BenchCase& c) {
+// Both warp shapes, on the same data: [0] 16 query rows per warp (LaunchPagedAttentionPrefill's),
+// [1] 32 (LaunchPagedAttentionPrefillWithRowsPerWarp).
+constexpr int32_t kRowsPerWarp[2] = {16, 32};
+
+std::array<Result, 2> Run(const BenchCase& c) {
   const int32_t ctx = c.prefix + c.new_tokens;
   const int32_t blocks_per_seq = (ctx + kBlockSize - 1) / kBlockSize;
   const int32_t num_blocks = blocks_per_seq * c.num_seqs;
@@ -110,7 +118,6 @@ Result Run(const BenchCase& c) {
     CHECK_CUDA(cudaMalloc(&d.pool, pool.size() * sizeof(uint16_t)));
     CHECK_CUDA(cudaMalloc(&d.tables, ids.size() * sizeof(int32_t)));
     CHECK_CUDA(cudaMemcpy(d.q, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemset(d.out, 0xff, q.size() * sizeof(float)));  // NaN: unwritten rows show
     CHECK_CUDA(cudaMemcpy(d.pool, pool.data(), pool.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(d.tables, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   }
@@ -128,45 +135,56 @@ Result Run(const BenchCase& c) {
   args.max_query_len = c.new_tokens;
   args.scale = 1.f / std::sqrt(static_cast<float>(kHeadDim));
   args.kv_dtype = KvCacheDType::kBf16;
-  auto launch = [&](int i) {
-    const DeviceSet& d = dev[static_cast<size_t>(i % sets)];
-    args.q = d.q;
-    args.out = d.out;
-    args.kv_cache = d.pool;
-    args.block_tables = d.tables;
-    CHECK_CUDA(LaunchPagedAttentionPrefill(args, nullptr));
-  };
 
-  for (int i = 0; i < std::max(3, sets); ++i) launch(i);
-  CHECK_CUDA(cudaDeviceSynchronize());
+  // Keys attended, summed over query rows: n * prefix + n (n + 1) / 2 per sequence.
+  const double n = c.new_tokens;
+  const double keys = c.num_seqs * (n * c.prefix + n * (n + 1) / 2);
+  const double flops = 4.0 * kHeads * kHeadDim * keys;
+
+  std::array<Result, 2> results{};
   std::vector<cudaEvent_t> events(2 * kReps);
   for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventCreate(&e));
-  for (int r = 0; r < kReps; ++r) {
-    CHECK_CUDA(cudaEventRecord(events[2 * r], nullptr));
-    launch(r);
-    CHECK_CUDA(cudaEventRecord(events[2 * r + 1], nullptr));
-  }
-  CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<double> us(kReps);
-  for (int r = 0; r < kReps; ++r) {
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, events[2 * r], events[2 * r + 1]));
-    us[static_cast<size_t>(r)] = ms * 1e3;
+  std::vector<float> out(q.size());
+  for (int variant = 0; variant < 2; ++variant) {
+    for (DeviceSet& d : dev) CHECK_CUDA(cudaMemset(d.out, 0xff, q.size() * sizeof(float)));  // NaN: unwritten rows show
+    auto launch = [&](int i) {
+      const DeviceSet& d = dev[static_cast<size_t>(i % sets)];
+      args.q = d.q;
+      args.out = d.out;
+      args.kv_cache = d.pool;
+      args.block_tables = d.tables;
+      CHECK_CUDA(LaunchPagedAttentionPrefillWithRowsPerWarp(args, kRowsPerWarp[variant], nullptr));
+    };
+    for (int i = 0; i < std::max(3, sets); ++i) launch(i);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    for (int r = 0; r < kReps; ++r) {
+      CHECK_CUDA(cudaEventRecord(events[2 * r], nullptr));
+      launch(r);
+      CHECK_CUDA(cudaEventRecord(events[2 * r + 1], nullptr));
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<double> us(kReps);
+    for (int r = 0; r < kReps; ++r) {
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, events[2 * r], events[2 * r + 1]));
+      us[static_cast<size_t>(r)] = ms * 1e3;
+    }
+    std::sort(us.begin(), us.end());
+    const double median_us = us[us.size() / 2];
+
+    // Every output of the first set must be written and finite.
+    CHECK_CUDA(cudaMemcpy(out.data(), dev[0].out, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!std::isfinite(out[i])) {
+        std::fprintf(stderr, "case %dx%d_prefix%d, %d rows per warp: output %zu is not finite (%f)\n", c.num_seqs,
+                     c.new_tokens, c.prefix, kRowsPerWarp[variant], i, static_cast<double>(out[i]));
+        std::exit(1);
+      }
+    }
+    results[static_cast<size_t>(variant)] = {median_us, set_bytes / (median_us * 1e3), flops / (median_us * 1e6), sets,
+                                             set_bytes / 1e6};
   }
   for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventDestroy(e));
-  std::sort(us.begin(), us.end());
-  const double median_us = us[us.size() / 2];
-
-  // Every output of the first set must be written and finite.
-  std::vector<float> out(q.size());
-  CHECK_CUDA(cudaMemcpy(out.data(), dev[0].out, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (!std::isfinite(out[i])) {
-      std::fprintf(stderr, "case %dx%d_prefix%d: output %zu is not finite (%f)\n", c.num_seqs, c.new_tokens, c.prefix, i,
-                   static_cast<double>(out[i]));
-      std::exit(1);
-    }
-  }
 
   for (DeviceSet& d : dev) {
     CHECK_CUDA(cudaFree(d.q));
@@ -177,11 +195,7 @@ Result Run(const BenchCase& c) {
   CHECK_CUDA(cudaFree(d_query_start));
   CHECK_CUDA(cudaFree(d_context_lens));
 
-  // Keys attended, summed over query rows: n * prefix + n (n + 1) / 2 per sequence.
-  const double n = c.new_tokens;
-  const double keys = c.num_seqs * (n * c.prefix + n * (n + 1) / 2);
-  const double flops = 4.0 * kHeads * kHeadDim * keys;
-  return {median_us, set_bytes / (median_us * 1e3), flops / (median_us * 1e6), sets, set_bytes / 1e6};
+  return results;
 }
 
 }  // namespace
@@ -231,20 +245,27 @@ int main(int argc, char** argv) {
 
   std::printf("paged attention prefill on %s: H %d, Hkv %d, D %d, B %d, bf16 pool; causal FLOPs\n", prop.name, kHeads,
               kKvHeads, kHeadDim, kBlockSize);
-  std::printf("%-20s %12s %10s %10s %10s %6s\n", "case", "median_us", "TFLOP/s", "of 989", "GB/s", "sets");
+  std::printf("%-20s %-32s %12s %10s %10s %10s %6s\n", "case", "kernel", "median_us", "TFLOP/s", "of 989", "GB/s",
+              "sets");
   for (const BenchCase& c : cases) {
-    const Result r = Run(c);
+    const std::array<Result, 2> results = Run(c);
     char name[64];
     std::snprintf(name, sizeof(name), "%dx%d_prefix%d", c.num_seqs, c.new_tokens, c.prefix);
-    const double frac = r.tflops / kPeakTflops;
-    std::printf("%-20s %12.1f %10.1f %9.1f%% %10.1f %6d\n", name, r.median_us, r.tflops, 100 * frac, r.gbps, r.sets);
-    if (csv != nullptr) {
-      std::fprintf(csv,
-                   "paged_attention_prefill,%s,%d,%d,%d,%d,%d,bf16,%.2f,%.1f,%.2f,"
-                   "causal FLOPs 4*H*D*sum(keys per row); %.1f%% of 989 TFLOP/s dense bf16 peak; B 16 shuffled "
-                   "blocks; GB/s = one pass over q+out+KV; rotating %d sets of %.0f MB\n",
-                   name, c.num_seqs, c.prefix + c.new_tokens, kHeads, kKvHeads, kHeadDim, r.median_us, r.gbps,
-                   r.tflops, 100 * frac, r.sets, r.set_mb);
+    for (int variant = 0; variant < 2; ++variant) {
+      const Result& r = results[static_cast<size_t>(variant)];
+      // The default launcher's rows pair with PyTorch's in tools/gpu-check; the variant's stand apart.
+      const char* kernel = variant == 0 ? "paged_attention_prefill" : "paged_attention_prefill_32rows";
+      const double frac = r.tflops / kPeakTflops;
+      std::printf("%-20s %-32s %12.1f %10.1f %9.1f%% %10.1f %6d\n", name, kernel, r.median_us, r.tflops, 100 * frac,
+                  r.gbps, r.sets);
+      if (csv != nullptr) {
+        std::fprintf(csv,
+                     "%s,%s,%d,%d,%d,%d,%d,bf16,%.2f,%.1f,%.2f,"
+                     "%d query rows per warp; causal FLOPs 4*H*D*sum(keys per row); %.1f%% of 989 TFLOP/s dense bf16 "
+                     "peak; B 16 shuffled blocks; GB/s = one pass over q+out+KV; rotating %d sets of %.0f MB\n",
+                     kernel, name, c.num_seqs, c.prefix + c.new_tokens, kHeads, kKvHeads, kHeadDim, r.median_us, r.gbps,
+                     r.tflops, kRowsPerWarp[variant], 100 * frac, r.sets, r.set_mb);
+      }
     }
   }
   if (csv != nullptr) std::fclose(csv);

@@ -14,18 +14,19 @@
 // The kernel's `extern __shared__ uint16_t smem[]`, on the host: one CTA's at a time, sized
 // for the largest instance. NOTE: defined here, so exactly one translation unit includes this.
 namespace kvmesh::kernels::prefill {
-alignas(16) uint16_t smem[TileGeometry<128>::kSmemBytes / sizeof(uint16_t)];
+alignas(16) uint16_t smem[TileGeometry<128, 2>::kSmemBytes / sizeof(uint16_t)];
 }  // namespace kvmesh::kernels::prefill
 
 namespace kvmesh::kernels::host_emulation {
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kMTiles>
 void EmulateGrid(const PagedAttentionPrefillArgs& args) {
-  const int32_t tiles_per_seq = (args.max_query_len + prefill::kRows - 1) / prefill::kRows;
+  using Geo = prefill::TileGeometry<kHeadDim, kMTiles>;
+  const int32_t tiles_per_seq = (args.max_query_len + Geo::kRows - 1) / Geo::kRows;
   const int64_t blocks = int64_t{tiles_per_seq} * args.num_seqs * args.num_heads;
-  static_assert(prefill::TileGeometry<kHeadDim>::kSmemBytes <= sizeof(prefill::smem));
+  static_assert(Geo::kSmemBytes <= sizeof(prefill::smem));
   unsigned char* shared = reinterpret_cast<unsigned char*>(prefill::smem);
-  const size_t shared_bytes = prefill::TileGeometry<kHeadDim>::kSmemBytes;
+  const size_t shared_bytes = Geo::kSmemBytes;
   for (int64_t b = 0; b < blocks; ++b) {
     std::memset(shared, 0xff, shared_bytes);  // NaN in bf16: reads before writes show
     std::barrier<> barrier(prefill::kThreads);
@@ -39,21 +40,29 @@ void EmulateGrid(const PagedAttentionPrefillArgs& args) {
     for (unsigned t = 0; t < static_cast<unsigned>(prefill::kThreads); ++t) {
       threads.emplace_back([&args, tiles_per_seq, t] {
         thread_idx = uint3{t, 0, 0};
-        prefill::PagedAttentionPrefillKernel<T, kHeadDim>(args, tiles_per_seq);
+        prefill::PagedAttentionPrefillKernel<T, kHeadDim, kMTiles>(args, tiles_per_seq);
       });
     }
     for (std::thread& th : threads) th.join();
   }
 }
 
-inline cudaError_t EmulatePagedAttentionPrefill(const PagedAttentionPrefillArgs& args) {
+inline cudaError_t EmulatePagedAttentionPrefill(const PagedAttentionPrefillArgs& args,
+                                                int32_t rows_per_warp = kPagedAttentionPrefillRowsPerWarp) {
   using Emulator = void (*)(const PagedAttentionPrefillArgs&);
-  constexpr Emulator kEmulators[3][2] = {{EmulateGrid<float, 64>, EmulateGrid<float, 128>},
-                                         {EmulateGrid<uint16_t, 64>, EmulateGrid<uint16_t, 128>},
-                                         {EmulateGrid<uint8_t, 64>, EmulateGrid<uint8_t, 128>}};
+  // [kv_dtype][head_dim 64, 128][rows per warp 16, 32], as the launcher's table.
+  constexpr Emulator kEmulators[3][2][2] = {
+      {{EmulateGrid<float, 64, 1>, EmulateGrid<float, 64, 2>}, {EmulateGrid<float, 128, 1>, EmulateGrid<float, 128, 2>}},
+      {{EmulateGrid<uint16_t, 64, 1>, EmulateGrid<uint16_t, 64, 2>},
+       {EmulateGrid<uint16_t, 128, 1>, EmulateGrid<uint16_t, 128, 2>}},
+      {{EmulateGrid<uint8_t, 64, 1>, EmulateGrid<uint8_t, 64, 2>},
+       {EmulateGrid<uint8_t, 128, 1>, EmulateGrid<uint8_t, 128, 2>}}};
   const int32_t dtype = static_cast<int32_t>(args.kv_dtype);
-  if ((args.head_dim != 64 && args.head_dim != 128) || dtype < 0 || dtype > 2) return cudaErrorInvalidValue;
-  kEmulators[dtype][args.head_dim == 128 ? 1 : 0](args);
+  if ((args.head_dim != 64 && args.head_dim != 128) || dtype < 0 || dtype > 2 ||
+      (rows_per_warp != 16 && rows_per_warp != 32)) {
+    return cudaErrorInvalidValue;
+  }
+  kEmulators[dtype][args.head_dim == 128 ? 1 : 0][rows_per_warp / 16 - 1](args);
   return cudaSuccess;
 }
 

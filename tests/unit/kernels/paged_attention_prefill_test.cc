@@ -2,7 +2,8 @@
 // (kv::KvStorage layout, shuffled block tables) for f32, bf16 and FP8 e4m3 pools: 1 and 257
 // query tokens, cached prefixes (prefix 100 + chunk 37), lengths that are not multiples of
 // the block size, mixed batches of prefill chunks and decode rows (n_s = 1), GQA ratios 1/4/8,
-// head_dim 64 and 128, block sizes 8/16/24/32/128, and a max_query_len above every n_s.
+// head_dim 64 and 128, block sizes 8/16/24/32/128, a max_query_len above every n_s, and both
+// warp shapes (16 query rows per warp, the default, and 32).
 //
 // Oracle inputs: the f32 pool as is; the bf16 pool as stored (the CPU backend reads bf16);
 // the FP8 pool decoded on the host (Fp8E4M3ToF32 * the head's scale) into an f32 pool. The
@@ -242,7 +243,8 @@ void ExpectCloseToReference(const std::vector<float>& got, const std::vector<flo
   ::testing::Test::RecordProperty("rel_l2", std::to_string(rel_l2));
 }
 
-void RunOnGpu(const PrefillCase& c, KvCacheDType kv_dtype, uint32_t seed) {
+// rows_per_warp 16 goes through LaunchPagedAttentionPrefill (the default), 32 through the variant.
+void RunOnGpu(const PrefillCase& c, KvCacheDType kv_dtype, uint32_t seed, int32_t rows_per_warp) {
   PreparedCase p = Prepare(c, kv_dtype, seed);
   DeviceBuffer<std::byte> d_pool(std::vector<std::byte>(p.pool->data(), p.pool->data() + p.pool->size_bytes()));
   DeviceBuffer<float> d_q(p.q), d_out(std::vector<float>(p.ref.size(), std::numeric_limits<float>::quiet_NaN()));
@@ -257,11 +259,14 @@ void RunOnGpu(const PrefillCase& c, KvCacheDType kv_dtype, uint32_t seed) {
   args.k_scale = d_k_scale.get();
   args.v_scale = d_v_scale.get();
   args.out = d_out.get();
-  ASSERT_EQ(LaunchPagedAttentionPrefill(args, nullptr), cudaSuccess);
+  static_assert(kPagedAttentionPrefillRowsPerWarp == 16);
+  ASSERT_EQ(rows_per_warp == 16 ? LaunchPagedAttentionPrefill(args, nullptr)
+                                : LaunchPagedAttentionPrefillWithRowsPerWarp(args, rows_per_warp, nullptr),
+            cudaSuccess);
   ExpectCloseToReference(d_out.Download(), p.ref, int64_t{c.heads} * c.head_dim);
 }
 
-void RunOnHostEmulation(const PrefillCase& c, KvCacheDType kv_dtype, uint32_t seed) {
+void RunOnHostEmulation(const PrefillCase& c, KvCacheDType kv_dtype, uint32_t seed, int32_t rows_per_warp) {
   PreparedCase p = Prepare(c, kv_dtype, seed);
   std::vector<float> out(p.ref.size(), std::numeric_limits<float>::quiet_NaN());
   PagedAttentionPrefillArgs args = p.args;
@@ -273,7 +278,7 @@ void RunOnHostEmulation(const PrefillCase& c, KvCacheDType kv_dtype, uint32_t se
   args.k_scale = p.k_scale.data();
   args.v_scale = p.v_scale.data();
   args.out = out.data();
-  ASSERT_EQ(host_emulation::EmulatePagedAttentionPrefill(args), cudaSuccess);
+  ASSERT_EQ(host_emulation::EmulatePagedAttentionPrefill(args, rows_per_warp), cudaSuccess);
   ExpectCloseToReference(out, p.ref, int64_t{c.heads} * c.head_dim);
 }
 
@@ -312,13 +317,16 @@ class PagedAttentionPrefillKernelTest : public ::testing::TestWithParam<KvCacheD
 TEST_P(PagedAttentionPrefillKernelTest, MatchesCpuBackendWithinBf16Tolerance) {
   KVMESH_SKIP_WITHOUT_GPU();
   uint32_t seed = 1234;
-  for (const PrefillCase& c : Cases()) {
-    ::testing::Message what;
-    what << "H " << c.heads << " Hkv " << c.kv_heads << " D " << c.head_dim << " B " << c.block_size << " seqs";
-    for (const SeqShape& s : c.seqs) what << " " << s.prefix << "+" << s.new_tokens;
-    SCOPED_TRACE(what);
-    RunOnGpu(c, GetParam(), seed++);
-    if (HasFatalFailure()) return;
+  for (const int32_t rows_per_warp : {16, 32}) {
+    for (const PrefillCase& c : Cases()) {
+      ::testing::Message what;
+      what << "rows/warp " << rows_per_warp << " H " << c.heads << " Hkv " << c.kv_heads << " D " << c.head_dim
+           << " B " << c.block_size << " seqs";
+      for (const SeqShape& s : c.seqs) what << " " << s.prefix << "+" << s.new_tokens;
+      SCOPED_TRACE(what);
+      RunOnGpu(c, GetParam(), seed++, rows_per_warp);
+      if (HasFatalFailure()) return;
+    }
   }
 }
 
@@ -357,15 +365,17 @@ TEST(PagedAttentionPrefillKernelEmulationTest, KernelCodeMatchesCpuBackendOnHost
        KvCacheDType::kBf16},
   };
   uint32_t seed = 77;
-  for (const EmulatedCase& e : cases) {
-    const PrefillCase& c = e.shape;
-    ::testing::Message what;
-    what << PoolName(e.kv_dtype) << " H " << c.heads << " Hkv " << c.kv_heads << " D " << c.head_dim << " B "
-         << c.block_size << " seqs";
-    for (const SeqShape& s : c.seqs) what << " " << s.prefix << "+" << s.new_tokens;
-    SCOPED_TRACE(what);
-    RunOnHostEmulation(c, e.kv_dtype, seed++);
-    if (HasFatalFailure()) return;
+  for (const int32_t rows_per_warp : {16, 32}) {
+    for (const EmulatedCase& e : cases) {
+      const PrefillCase& c = e.shape;
+      ::testing::Message what;
+      what << "rows/warp " << rows_per_warp << " " << PoolName(e.kv_dtype) << " H " << c.heads << " Hkv "
+           << c.kv_heads << " D " << c.head_dim << " B " << c.block_size << " seqs";
+      for (const SeqShape& s : c.seqs) what << " " << s.prefix << "+" << s.new_tokens;
+      SCOPED_TRACE(what);
+      RunOnHostEmulation(c, e.kv_dtype, seed++, rows_per_warp);
+      if (HasFatalFailure()) return;
+    }
   }
 }
 
@@ -401,6 +411,8 @@ TEST(PagedAttentionPrefillKernelShapeTest, RejectsBadShapesWithInvalidValue) {
     // case below fails on its one flaw. (With a device they would launch on host pointers.)
     EXPECT_NE(with([](auto&) {}), cudaErrorInvalidValue);
   }
+  EXPECT_EQ(LaunchPagedAttentionPrefillWithRowsPerWarp(good, 8, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchPagedAttentionPrefillWithRowsPerWarp(good, 64, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(with([](auto& a) { a.head_dim = 96; }), cudaErrorInvalidValue);
   EXPECT_EQ(with([](auto& a) { a.head_dim = 256; }), cudaErrorInvalidValue);
   EXPECT_EQ(with([](auto& a) { a.num_kv_heads = 3; }), cudaErrorInvalidValue);

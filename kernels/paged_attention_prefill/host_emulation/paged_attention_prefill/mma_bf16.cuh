@@ -3,7 +3,8 @@
 //   mma m16n8k16 A: a0 (row g, k 2c..2c+1), a1 (row g+8, same k), a2 (row g, k 2c+8..),
 //                   a3 (row g+8, k 2c+8..); B: b0 (k 2c..2c+1, col g), b1 (k 2c+8.., col g);
 //                   C/D: (row g, cols 2c, 2c+1), then (row g+8, the same cols).
-//   ldmatrix .x4 .trans: lanes 8i..8i+7 address the rows of matrix i; lane t gets, per matrix,
+//   ldmatrix .x4: lanes 8i..8i+7 address the rows of matrix i; lane t gets, per matrix,
+//                   (row t/4, cols 2(t%4) low and 2(t%4)+1 high); with .trans
 //                   (row 2(t%4), col t/4) low and (row 2(t%4)+1, col t/4) high.
 //   cp.async: the copy lands when a wait_group retires its group, not before.
 #pragma once
@@ -72,22 +73,41 @@ inline void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t
   }
 }
 
-inline void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t smem_addr) {
+// ldmatrix .x4 on the warp: each lane publishes its row address, then reads its four
+// registers, register i from matrix i through `element(rows of matrix i, lane)`.
+template <typename Element>
+inline void LdMatrixX4Emulated(uint32_t (&r)[4], uint32_t smem_addr, Element element) {
   he::Warp& w = he::MyWarp();
   const int lane = he::MyLane();
   EmulationCheck(smem_addr % 16 == 0 && smem_addr + 16 <= he::cta.shared_bytes, "ldmatrix row address");
   std::memcpy(w.slot[lane], &smem_addr, sizeof(smem_addr));
   w.barrier.arrive_and_wait();
   for (int i = 0; i < 4; ++i) {
-    uint32_t row_lo, row_hi;
-    std::memcpy(&row_lo, w.slot[i * 8 + 2 * (lane % 4)], sizeof(row_lo));
-    std::memcpy(&row_hi, w.slot[i * 8 + 2 * (lane % 4) + 1], sizeof(row_hi));
-    uint16_t lo, hi;
-    std::memcpy(&lo, he::cta.shared_base + row_lo + (lane / 4) * 2, 2);
-    std::memcpy(&hi, he::cta.shared_base + row_hi + (lane / 4) * 2, 2);
-    r[i] = uint32_t{lo} | (uint32_t{hi} << 16);
+    uint32_t rows[8];
+    for (int k = 0; k < 8; ++k) std::memcpy(&rows[k], w.slot[i * 8 + k], sizeof(rows[k]));
+    r[i] = element(rows, lane);
   }
   w.barrier.arrive_and_wait();
+}
+
+inline uint16_t SharedB16(uint32_t byte_address) {
+  uint16_t v;
+  std::memcpy(&v, he::cta.shared_base + byte_address, sizeof(v));
+  return v;
+}
+
+inline void LdMatrixX4(uint32_t (&r)[4], uint32_t smem_addr) {
+  LdMatrixX4Emulated(r, smem_addr, [](const uint32_t (&rows)[8], int t) {
+    const uint32_t at = rows[t / 4] + (t % 4) * 4;  // cols 2(t%4) (low) and 2(t%4)+1 (high)
+    return uint32_t{SharedB16(at)} | (uint32_t{SharedB16(at + 2)} << 16);
+  });
+}
+
+inline void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t smem_addr) {
+  LdMatrixX4Emulated(r, smem_addr, [](const uint32_t (&rows)[8], int t) {
+    const uint32_t col = (t / 4) * 2;  // rows 2(t%4) (low) and 2(t%4)+1 (high)
+    return uint32_t{SharedB16(rows[2 * (t % 4)] + col)} | (uint32_t{SharedB16(rows[2 * (t % 4) + 1] + col)} << 16);
+  });
 }
 
 struct PendingCopy {
