@@ -27,6 +27,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_memory.h"
 #include "copy_blocks/copy_blocks.h"
+#include "core/logging.h"
 #include "core/status_macros.h"
 #include "engine/step_metadata.h"
 #include "gather_rows/gather_rows.h"
@@ -100,12 +101,16 @@ class CudaModelRunner : public ModelRunner {
  private:
   struct Graph {
     cudaGraphExec_t exec = nullptr;
+    bool capture_failed = false;  // this bucket runs eagerly
   };
 
   absl::Status UploadWeights();
   absl::Status RunBlockCopies(const std::vector<KvBlockCopy>& copies);
   // Queues the forward pass over the metadata at meta_device_ on the backend's stream.
   void Forward(const ForwardShape& f);
+  // Captures Forward(shape) into graph->exec. On failure the stream is out of capture mode
+  // and no error is left pending.
+  absl::Status Capture(const ForwardShape& shape, Graph* graph);
   template <typename T>
   T* Meta(size_t offset) const {
     return reinterpret_cast<T*>(meta_device_.as<std::byte>() + offset);
@@ -308,6 +313,29 @@ void CudaModelRunner::Forward(const ForwardShape& f) {
   be_.Linear(head_in, model_.lm_head(), view2(logits_, r, c.vocab_size));
 }
 
+absl::Status CudaModelRunner::Capture(const ForwardShape& shape, Graph* graph) {
+  cudaStream_t stream = be_.stream();
+  cudaGraph_t captured = nullptr;
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                              "starting a decode graph capture");
+  Forward(shape);
+  const cudaError_t end = cudaStreamEndCapture(stream, &captured);  // ends the capture even after a failure
+  absl::Status recorded = be_.TakeError();
+  if (end != cudaSuccess || !recorded.ok()) {
+    if (captured != nullptr) cudaGraphDestroy(captured);
+    cudaGetLastError();  // the capture's error is not the next step's
+    return end != cudaSuccess ? backend::cuda::CudaStatus(end, "capturing a decode graph") : recorded;
+  }
+  const cudaError_t inst = cudaGraphInstantiate(&graph->exec, captured, 0);
+  cudaGraphDestroy(captured);
+  if (inst != cudaSuccess) {
+    graph->exec = nullptr;
+    cudaGetLastError();
+    return backend::cuda::CudaStatus(inst, "instantiating a decode graph");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
   ModelOutput output;
   if (batch.chunks.empty()) return output;
@@ -399,23 +427,19 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
     KVMESH_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(graph->exec, stream), "replaying a decode graph");
   } else {
     Forward(shape);
-    if (graph != nullptr) {
+    if (graph != nullptr && !graph->capture_failed) {
       // This eager run sized every scratch buffer; capture the bucket for later steps.
       // The capture records the same work without running it (this step's result is the
       // eager run's).
       KVMESH_RETURN_IF_ERROR(be_.TakeError());
       KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "a decode step");
-      cudaGraph_t captured = nullptr;
-      KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
-                                  "starting a decode graph capture");
-      Forward(shape);
-      const cudaError_t end = cudaStreamEndCapture(stream, &captured);
-      KVMESH_RETURN_IF_ERROR(be_.TakeError());
-      KVMESH_RETURN_IF_CUDA_ERROR(end, "capturing a decode graph");
-      const cudaError_t inst = cudaGraphInstantiate(&graph->exec, captured, 0);
-      cudaGraphDestroy(captured);
-      if (inst != cudaSuccess) graph->exec = nullptr;
-      KVMESH_RETURN_IF_CUDA_ERROR(inst, "instantiating a decode graph");
+      if (absl::Status captured = Capture(shape, graph); !captured.ok()) {
+        // A bucket that cannot be captured runs eagerly from now on: slower, not wrong.
+        graph->capture_failed = true;
+        KVMESH_LOG(kWarning) << "decode steps of this batch and context bucket run without a CUDA graph"
+                             << LogKv("batch", seqs) << LogKv("context", max_context)
+                             << LogKv("error", captured.message());
+      }
     }
   }
   const int64_t vocab = vocab_size();
