@@ -50,7 +50,7 @@ struct PagedAttentionPrefillArgs {
 // cudaErrorInvalidValue for bad shapes: a non-positive size, num_heads % num_kv_heads != 0,
 // head_dim not in {64, 128}, block_size_tokens not a multiple of 8 (a 16-byte K copy is 8
 // consecutive keys of one block), a null pointer (k_scale / v_scale only for FP8), kv_cache
-// not 16-byte aligned or q / out not 8-byte aligned (cudaMalloc gives 256), or a grid of
+// or q not 16-byte aligned or out not 8-byte aligned (cudaMalloc gives 256), or a grid of
 // more than 2^31 - 1 blocks (num_heads * num_seqs * ceil(max_query_len / 64)).
 // Preconditions not checked (device data): query_start ascending with n_s <= max_query_len,
 // n_s <= context_lens[s], block-table entries of positions < context_lens[s] valid blocks.

@@ -422,7 +422,7 @@ TEST(PagedAttentionPrefillKernelShapeTest, RejectsBadShapesWithInvalidValue) {
   EXPECT_EQ(with([](auto& a) { a.max_query_len = 0; }), cudaErrorInvalidValue);
   EXPECT_EQ(with([](auto& a) { a.out = nullptr; }), cudaErrorInvalidValue);
   EXPECT_EQ(with([&](auto& a) { a.kv_cache = dummy_f + 2; }), cudaErrorInvalidValue);  // 8-byte aligned only
-  EXPECT_EQ(with([&](auto& a) { a.q = dummy_f + 1; }), cudaErrorInvalidValue);
+  EXPECT_EQ(with([&](auto& a) { a.q = dummy_f + 2; }), cudaErrorInvalidValue);  // 8-byte aligned only
   EXPECT_EQ(with([&](auto& a) { a.out = dummy_f + 3; }), cudaErrorInvalidValue);
   EXPECT_EQ(with([](auto& a) {
               a.kv_dtype = KvCacheDType::kFp8E4M3;
