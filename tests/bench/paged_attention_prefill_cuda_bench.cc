@@ -37,7 +37,9 @@
 namespace {
 
 using kvmesh::kernels::KvCacheDType;
+using kvmesh::kernels::kPagedAttentionPrefillRowsPerWarp;
 using kvmesh::kernels::LaunchPagedAttentionPrefill;
+using kvmesh::kernels::LaunchPagedAttentionPrefillWithRowsPerWarp;
 using kvmesh::kernels::PagedAttentionPrefillArgs;
 
 constexpr int32_t kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
@@ -74,7 +76,7 @@ struct DeviceSet {
 
 // Both warp shapes, on the same data: [0] 16 query rows per warp (LaunchPagedAttentionPrefill's),
 // [1] 32 (LaunchPagedAttentionPrefillWithRowsPerWarp).
-constexpr int32_t kRowsPerWarp[2] = {16, 32};
+constexpr int32_t kRowsPerWarp[2] = {kPagedAttentionPrefillRowsPerWarp, 32};
 
 std::array<Result, 2> Run(const BenchCase& c) {
   const int32_t ctx = c.prefix + c.new_tokens;
@@ -153,7 +155,8 @@ std::array<Result, 2> Run(const BenchCase& c) {
       args.out = d.out;
       args.kv_cache = d.pool;
       args.block_tables = d.tables;
-      CHECK_CUDA(LaunchPagedAttentionPrefillWithRowsPerWarp(args, kRowsPerWarp[variant], nullptr));
+      CHECK_CUDA(variant == 0 ? LaunchPagedAttentionPrefill(args, nullptr)
+                              : LaunchPagedAttentionPrefillWithRowsPerWarp(args, kRowsPerWarp[variant], nullptr));
     };
     for (int i = 0; i < std::max(3, sets); ++i) launch(i);
     CHECK_CUDA(cudaDeviceSynchronize());
