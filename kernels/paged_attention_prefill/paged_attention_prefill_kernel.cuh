@@ -73,6 +73,22 @@ __device__ __forceinline__ float QuadSum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// acc[m][2np] and acc[m][2np+1] += a[m] times one 16 x 16 block of B (k rows, 16 columns):
+// the block's four 8x8 matrices come transposed from shared memory at `b_row_address` (this
+// lane's row, as ld_row / ld_col pick it) and serve every m16 tile. np must be a constant
+// after unrolling, so acc stays in registers.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void MmaColumnPair(float (&acc)[kMTiles][kNTiles][4], const uint32_t (&a)[kMTiles][4], int np,
+                                              uint32_t b_row_address) {
+  uint32_t b[4];
+  LdMatrixX4Trans(b, b_row_address);
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m) {
+    MmaBf16(acc[m][2 * np], a[m], b[0], b[1]);
+    MmaBf16(acc[m][2 * np + 1], a[m], b[2], b[3]);
+  }
+}
+
 // grid.x = num_heads * num_seqs * tiles_per_seq (heads fastest, then sequences, then query
 // tiles LAST first so the CTAs with the most KV tiles start first); block = kThreads.
 template <typename T, int kHeadDim, int kMTiles>
@@ -276,13 +292,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionPrefillKernel(const Pa
         for (int m = 0; m < kMTiles; ++m) q_fragment(m, kstep, a[m]);
 #pragma unroll
         for (int np = 0; np < kKeys / 16; ++np) {
-          uint32_t b[4];
-          LdMatrixX4Trans(b, SharedAddress(ks + (kstep * 16 + ld_row) * Geo::kKPitch + np * 16 + ld_col));
-#pragma unroll
-          for (int m = 0; m < kMTiles; ++m) {
-            MmaBf16(s[m][2 * np], a[m], b[0], b[1]);
-            MmaBf16(s[m][2 * np + 1], a[m], b[2], b[3]);
-          }
+          MmaColumnPair(s, a, np, SharedAddress(ks + (kstep * 16 + ld_row) * Geo::kKPitch + np * 16 + ld_col));
         }
       }
 
@@ -352,13 +362,7 @@ __global__ void __launch_bounds__(kThreads) PagedAttentionPrefillKernel(const Pa
         }
 #pragma unroll
         for (int np = 0; np < kHeadDim / 16; ++np) {
-          uint32_t b[4];
-          LdMatrixX4Trans(b, SharedAddress(vs + (kk * 16 + ld_row) * Geo::kVPitch + np * 16 + ld_col));
-#pragma unroll
-          for (int m = 0; m < kMTiles; ++m) {
-            MmaBf16(o[m][2 * np], a[m], b[0], b[1]);
-            MmaBf16(o[m][2 * np + 1], a[m], b[2], b[3]);
-          }
+          MmaColumnPair(o, a, np, SharedAddress(vs + (kk * 16 + ld_row) * Geo::kVPitch + np * 16 + ld_col));
         }
       }
     }
