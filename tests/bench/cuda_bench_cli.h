@@ -10,6 +10,18 @@
 
 #include <cuda_runtime.h>
 
+// Exits 1, naming the failed call and where, when a CUDA runtime call fails (a benchmark
+// has nothing sensible to time after that).
+#define KVMESH_BENCH_CHECK_CUDA(expr)                                                                 \
+  do {                                                                                                \
+    const cudaError_t kvmesh_bench_err = (expr);                                                      \
+    if (kvmesh_bench_err != cudaSuccess) {                                                            \
+      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr, cudaGetErrorString(kvmesh_bench_err),    \
+                   __FILE__, __LINE__);                                                               \
+      std::exit(1);                                                                                   \
+    }                                                                                                 \
+  } while (0)
+
 namespace kvmesh::bench {
 
 struct CudaBenchOptions {

@@ -36,16 +36,6 @@
 
 namespace {
 
-#define CEIL_CHECK_CUDA(expr)                                                                \
-  do {                                                                                       \
-    const cudaError_t ceil_err = (expr);                                                     \
-    if (ceil_err != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "cuda_ceilings_bench: %s failed: %s (%s:%d)\n", #expr,            \
-                   cudaGetErrorString(ceil_err), __FILE__, __LINE__);                        \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
-
 #define CEIL_CHECK_CUBLAS(expr)                                                              \
   do {                                                                                       \
     const cublasStatus_t ceil_st = (expr);                                                   \
@@ -125,7 +115,7 @@ __global__ void ReadVectors(const uint4* __restrict__ data, int64_t vectors, uin
 // A device allocation freed on destruction.
 class DeviceMemory {
  public:
-  explicit DeviceMemory(int64_t bytes) { CEIL_CHECK_CUDA(cudaMalloc(&ptr_, static_cast<size_t>(bytes))); }
+  explicit DeviceMemory(int64_t bytes) { KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&ptr_, static_cast<size_t>(bytes))); }
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
   ~DeviceMemory() { cudaFree(ptr_); }
@@ -140,12 +130,12 @@ class DeviceMemory {
 
 void FillBits(const DeviceMemory& m, int64_t bytes, uint32_t seed) {
   FillRandomBits<<<1024, 256>>>(m.as<uint32_t>(), bytes / 4, seed);
-  CEIL_CHECK_CUDA(cudaGetLastError());
+  KVMESH_BENCH_CHECK_CUDA(cudaGetLastError());
 }
 
 void FillBf16(const DeviceMemory& m, int64_t n, uint32_t seed) {
   FillRandomBf16<<<1024, 256>>>(m.as<__nv_bfloat16>(), n, seed);
-  CEIL_CHECK_CUDA(cudaGetLastError());
+  KVMESH_BENCH_CHECK_CUDA(cudaGetLastError());
 }
 
 // Median microseconds of run(rep) over `reps` reps, each between its own pair of events,
@@ -154,22 +144,22 @@ double MedianMicros(const std::function<void(int)>& run, int warmup, int reps) {
   for (int i = 0; i < warmup; ++i) run(i);
   std::vector<cudaEvent_t> start(reps), stop(reps);
   for (int i = 0; i < reps; ++i) {
-    CEIL_CHECK_CUDA(cudaEventCreate(&start[i]));
-    CEIL_CHECK_CUDA(cudaEventCreate(&stop[i]));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventCreate(&start[i]));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventCreate(&stop[i]));
   }
   for (int i = 0; i < reps; ++i) {
-    CEIL_CHECK_CUDA(cudaEventRecord(start[i]));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventRecord(start[i]));
     run(warmup + i);
-    CEIL_CHECK_CUDA(cudaEventRecord(stop[i]));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventRecord(stop[i]));
   }
-  CEIL_CHECK_CUDA(cudaDeviceSynchronize());
+  KVMESH_BENCH_CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<double> us(reps);
   for (int i = 0; i < reps; ++i) {
     float ms = 0;
-    CEIL_CHECK_CUDA(cudaEventElapsedTime(&ms, start[i], stop[i]));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start[i], stop[i]));
     us[i] = 1000.0 * ms;
-    CEIL_CHECK_CUDA(cudaEventDestroy(start[i]));
-    CEIL_CHECK_CUDA(cudaEventDestroy(stop[i]));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventDestroy(start[i]));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventDestroy(stop[i]));
   }
   std::sort(us.begin(), us.end());
   return us[reps / 2];
@@ -181,7 +171,9 @@ Row D2dCopy(const kvmesh::bench::CudaBenchOptions& opt) {
   FillBits(src, bytes, 1);
   FillBits(dst, bytes, 2);
   const double us = MedianMicros(
-      [&](int) { CEIL_CHECK_CUDA(cudaMemcpyAsync(dst.as<void>(), src.as<void>(), bytes, cudaMemcpyDeviceToDevice)); },
+      [&](int) {
+        KVMESH_BENCH_CHECK_CUDA(cudaMemcpyAsync(dst.as<void>(), src.as<void>(), bytes, cudaMemcpyDeviceToDevice));
+      },
       3, opt.quick ? 20 : 30);
   Row r;
   r.case_name = "d2d_copy_" + std::to_string(bytes / kMiB) + "MiB";
@@ -197,13 +189,13 @@ Row HbmRead(const kvmesh::bench::CudaBenchOptions& opt, const cudaDeviceProp& pr
   FillBits(data, bytes, 3);
   constexpr int kThreads = 512;
   int blocks_per_sm = 0;
-  CEIL_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, ReadVectors, kThreads, 0));
+  KVMESH_BENCH_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, ReadVectors, kThreads, 0));
   const int blocks = std::max(1, blocks_per_sm) * prop.multiProcessorCount;
   const int64_t vectors = bytes / static_cast<int64_t>(sizeof(uint4));
   const double us = MedianMicros(
       [&](int) {
         ReadVectors<<<blocks, kThreads>>>(data.as<uint4>(), vectors, sink.as<uint4>());
-        CEIL_CHECK_CUDA(cudaGetLastError());
+        KVMESH_BENCH_CHECK_CUDA(cudaGetLastError());
       },
       3, opt.quick ? 20 : 30);
   Row r;
@@ -231,7 +223,8 @@ class Bf16Gemm {
     cublasLtMatmulPreference_t pref;
     CEIL_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = workspace_bytes_;
-    CEIL_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    CEIL_CHECK_CUBLAS(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     int returned = 0;
     CEIL_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt_, op_, w_layout_, x_layout_, d_layout_, d_layout_, pref, 1,
                                                      &heuristic_, &returned));
@@ -314,7 +307,7 @@ int main(int argc, char** argv) {
   const kvmesh::bench::CudaBenchOptions opt = kvmesh::bench::ParseCudaBenchOptions(argc, argv);
   if (!kvmesh::bench::GpuPresentOrSay("cuda_ceilings_bench")) return 0;
   cudaDeviceProp prop;
-  CEIL_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  KVMESH_BENCH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("cuda_ceilings_bench on %s: %d SMs, L2 %d MiB, %.1f GiB%s\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize / static_cast<int>(kMiB), static_cast<double>(prop.totalGlobalMem) / (1024.0 * kMiB),
               opt.quick ? " (--quick)" : "");

@@ -34,16 +34,6 @@
 
 namespace {
 
-#define PAD_CHECK_CUDA(expr)                                                                                  \
-  do {                                                                                                        \
-    const cudaError_t pad_err = (expr);                                                                       \
-    if (pad_err != cudaSuccess) {                                                                             \
-      std::fprintf(stderr, "paged_attention_decode_cuda_bench: %s failed: %s (%s:%d)\n", #expr,              \
-                   cudaGetErrorString(pad_err), __FILE__, __LINE__);                                          \
-      std::exit(1);                                                                                           \
-    }                                                                                                         \
-  } while (0)
-
 using kvmesh::kernels::KvCacheDType;
 using kvmesh::kernels::PagedAttentionDecodeArgs;
 
@@ -104,15 +94,15 @@ std::vector<uint8_t> Pattern(KvCacheDType dtype) {
 void FillPool(void* pool, int64_t bytes, KvCacheDType dtype) {
   const std::vector<uint8_t> pattern = Pattern(dtype);
   void* device_pattern = nullptr;
-  PAD_CHECK_CUDA(cudaMalloc(&device_pattern, pattern.size()));
-  PAD_CHECK_CUDA(cudaMemcpy(device_pattern, pattern.data(), pattern.size(), cudaMemcpyHostToDevice));
+  KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&device_pattern, pattern.size()));
+  KVMESH_BENCH_CHECK_CUDA(cudaMemcpy(device_pattern, pattern.data(), pattern.size(), cudaMemcpyHostToDevice));
   for (int64_t at = 0; at < bytes; at += kPatternBytes) {
     const int64_t n = std::min(kPatternBytes, bytes - at);
-    PAD_CHECK_CUDA(cudaMemcpy(static_cast<uint8_t*>(pool) + at, device_pattern, static_cast<size_t>(n),
+    KVMESH_BENCH_CHECK_CUDA(cudaMemcpy(static_cast<uint8_t*>(pool) + at, device_pattern, static_cast<size_t>(n),
                               cudaMemcpyDeviceToDevice));
   }
-  PAD_CHECK_CUDA(cudaDeviceSynchronize());
-  PAD_CHECK_CUDA(cudaFree(device_pattern));
+  KVMESH_BENCH_CHECK_CUDA(cudaDeviceSynchronize());
+  KVMESH_BENCH_CHECK_CUDA(cudaFree(device_pattern));
 }
 
 Row RunCase(const Case& c, int sweeps) {
@@ -124,7 +114,7 @@ Row RunCase(const Case& c, int sweeps) {
   const int64_t pool_bytes = num_blocks * BlockBytes(c.dtype);
 
   void* pool = nullptr;
-  PAD_CHECK_CUDA(cudaMalloc(&pool, static_cast<size_t>(pool_bytes)));
+  KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&pool, static_cast<size_t>(pool_bytes)));
   FillPool(pool, pool_bytes, c.dtype);
 
   // Block tables: a random permutation of the pool's blocks, rotation r taking the r-th slice.
@@ -133,8 +123,8 @@ Row RunCase(const Case& c, int sweeps) {
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng);
   int32_t* tables = nullptr;
-  PAD_CHECK_CUDA(cudaMalloc(&tables, ids.size() * sizeof(int32_t)));
-  PAD_CHECK_CUDA(cudaMemcpy(tables, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&tables, ids.size() * sizeof(int32_t)));
+  KVMESH_BENCH_CHECK_CUDA(cudaMemcpy(tables, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
 
   const size_t q_elems = static_cast<size_t>(c.batch) * kHeads * kHeadDim;
   std::vector<float> q_host(q_elems * static_cast<size_t>(rotations));
@@ -142,17 +132,18 @@ Row RunCase(const Case& c, int sweeps) {
   for (float& x : q_host) x = normal(rng);
   float* q = nullptr;
   float* out = nullptr;
-  PAD_CHECK_CUDA(cudaMalloc(&q, q_host.size() * sizeof(float)));
-  PAD_CHECK_CUDA(cudaMemcpy(q, q_host.data(), q_host.size() * sizeof(float), cudaMemcpyHostToDevice));
-  PAD_CHECK_CUDA(cudaMalloc(&out, q_host.size() * sizeof(float)));
+  KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&q, q_host.size() * sizeof(float)));
+  KVMESH_BENCH_CHECK_CUDA(cudaMemcpy(q, q_host.data(), q_host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&out, q_host.size() * sizeof(float)));
   const std::vector<int32_t> lens_host(static_cast<size_t>(c.batch), c.context);
   int32_t* lens = nullptr;
-  PAD_CHECK_CUDA(cudaMalloc(&lens, lens_host.size() * sizeof(int32_t)));
-  PAD_CHECK_CUDA(cudaMemcpy(lens, lens_host.data(), lens_host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&lens, lens_host.size() * sizeof(int32_t)));
+  KVMESH_BENCH_CHECK_CUDA(
+      cudaMemcpy(lens, lens_host.data(), lens_host.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   const std::vector<float> scales_host(kKvHeads, 0.05f);
   float* scales = nullptr;
-  PAD_CHECK_CUDA(cudaMalloc(&scales, scales_host.size() * sizeof(float)));
-  PAD_CHECK_CUDA(
+  KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&scales, scales_host.size() * sizeof(float)));
+  KVMESH_BENCH_CHECK_CUDA(
       cudaMemcpy(scales, scales_host.data(), scales_host.size() * sizeof(float), cudaMemcpyHostToDevice));
 
   std::vector<PagedAttentionDecodeArgs> args(static_cast<size_t>(rotations));
@@ -178,35 +169,35 @@ Row RunCase(const Case& c, int sweeps) {
   }
   const size_t ws_bytes = kvmesh::kernels::PagedAttentionDecodeWorkspaceBytes(args[0]);
   void* workspace = nullptr;
-  if (ws_bytes > 0) PAD_CHECK_CUDA(cudaMalloc(&workspace, ws_bytes));
+  if (ws_bytes > 0) KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&workspace, ws_bytes));
 
   cudaStream_t stream;
-  PAD_CHECK_CUDA(cudaStreamCreate(&stream));
+  KVMESH_BENCH_CHECK_CUDA(cudaStreamCreate(&stream));
   cudaEvent_t start, stop;
-  PAD_CHECK_CUDA(cudaEventCreate(&start));
-  PAD_CHECK_CUDA(cudaEventCreate(&stop));
+  KVMESH_BENCH_CHECK_CUDA(cudaEventCreate(&start));
+  KVMESH_BENCH_CHECK_CUDA(cudaEventCreate(&stop));
   auto sweep = [&] {
     for (const PagedAttentionDecodeArgs& a : args) {
-      PAD_CHECK_CUDA(kvmesh::kernels::LaunchPagedAttentionDecode(a, workspace, ws_bytes, stream));
+      KVMESH_BENCH_CHECK_CUDA(kvmesh::kernels::LaunchPagedAttentionDecode(a, workspace, ws_bytes, stream));
     }
   };
   sweep();  // warm-up
-  PAD_CHECK_CUDA(cudaStreamSynchronize(stream));
+  KVMESH_BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
   std::vector<double> us;
   for (int i = 0; i < sweeps; ++i) {
-    PAD_CHECK_CUDA(cudaEventRecord(start, stream));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
     sweep();
-    PAD_CHECK_CUDA(cudaEventRecord(stop, stream));
-    PAD_CHECK_CUDA(cudaEventSynchronize(stop));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
     float ms = 0;
-    PAD_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
     us.push_back(static_cast<double>(ms) * 1e3 / rotations);
   }
   std::sort(us.begin(), us.end());
 
   // A finite output is the least a timing run must show.
   std::vector<float> out_host(q_elems);
-  PAD_CHECK_CUDA(cudaMemcpy(out_host.data(), out, q_elems * sizeof(float), cudaMemcpyDeviceToHost));
+  KVMESH_BENCH_CHECK_CUDA(cudaMemcpy(out_host.data(), out, q_elems * sizeof(float), cudaMemcpyDeviceToHost));
   const bool finite = std::all_of(out_host.begin(), out_host.end(), [](float x) { return std::isfinite(x); });
 
   Row row{.c = c, .median_us = us[us.size() / 2]};
@@ -219,12 +210,12 @@ Row RunCase(const Case& c, int sweeps) {
                 finite ? "" : "; NON-FINITE OUTPUT");
   row.notes = notes;
 
-  PAD_CHECK_CUDA(cudaEventDestroy(start));
-  PAD_CHECK_CUDA(cudaEventDestroy(stop));
-  PAD_CHECK_CUDA(cudaStreamDestroy(stream));
+  KVMESH_BENCH_CHECK_CUDA(cudaEventDestroy(start));
+  KVMESH_BENCH_CHECK_CUDA(cudaEventDestroy(stop));
+  KVMESH_BENCH_CHECK_CUDA(cudaStreamDestroy(stream));
   for (void* p : {pool, static_cast<void*>(tables), static_cast<void*>(q), static_cast<void*>(out),
                   static_cast<void*>(lens), static_cast<void*>(scales), workspace}) {
-    PAD_CHECK_CUDA(cudaFree(p));
+    KVMESH_BENCH_CHECK_CUDA(cudaFree(p));
   }
   return row;
 }
@@ -247,7 +238,7 @@ int main(int argc, char** argv) {
   const bool quick = options.quick;
   if (!kvmesh::bench::GpuPresentOrSay("paged_attention_decode_cuda_bench")) return 0;
   cudaDeviceProp prop;
-  PAD_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  KVMESH_BENCH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("paged_attention_decode_cuda_bench on %s (%d SMs, %d MB L2)%s: H %d, Hkv %d, D %d, B %d\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, quick ? " (--quick)" : "", kHeads, kKvHeads, kHeadDim,
               kBlockSize);

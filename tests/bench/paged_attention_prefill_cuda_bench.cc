@@ -32,6 +32,8 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda_bench_cli.h"
+
 #include "paged_attention_prefill/paged_attention_prefill.h"
 
 namespace {
@@ -46,15 +48,6 @@ constexpr int32_t kHeads = 32, kKvHeads = 8, kHeadDim = 128, kBlockSize = 16;
 constexpr double kPeakTflops = 989.0;  // H100/H200 dense bf16 tensor-core peak
 constexpr double kL2Bytes = 60e6;
 constexpr int kReps = 25;
-
-#define CHECK_CUDA(expr)                                                                                   \
-  do {                                                                                                     \
-    const cudaError_t check_err = (expr);                                                                  \
-    if (check_err != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(check_err)); \
-      std::exit(1);                                                                                        \
-    }                                                                                                      \
-  } while (0)
 
 struct BenchCase {
   int32_t num_seqs, new_tokens, prefix;
@@ -105,23 +98,26 @@ std::array<Result, 2> Run(const BenchCase& c) {
   std::vector<int32_t> ids(static_cast<size_t>(num_blocks));
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng);
-  std::vector<int32_t> query_start(static_cast<size_t>(c.num_seqs) + 1), context_lens(static_cast<size_t>(c.num_seqs), ctx);
+  std::vector<int32_t> query_start(static_cast<size_t>(c.num_seqs) + 1),
+      context_lens(static_cast<size_t>(c.num_seqs), ctx);
   for (int32_t s = 0; s <= c.num_seqs; ++s) query_start[static_cast<size_t>(s)] = s * c.new_tokens;
 
   int32_t *d_query_start = nullptr, *d_context_lens = nullptr;
-  CHECK_CUDA(cudaMalloc(&d_query_start, query_start.size() * sizeof(int32_t)));
-  CHECK_CUDA(cudaMalloc(&d_context_lens, context_lens.size() * sizeof(int32_t)));
-  CHECK_CUDA(cudaMemcpy(d_query_start, query_start.data(), query_start.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(d_context_lens, context_lens.data(), context_lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&d_query_start, query_start.size() * sizeof(int32_t)));
+  KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&d_context_lens, context_lens.size() * sizeof(int32_t)));
+  KVMESH_BENCH_CHECK_CUDA(
+      cudaMemcpy(d_query_start, query_start.data(), query_start.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  KVMESH_BENCH_CHECK_CUDA(
+      cudaMemcpy(d_context_lens, context_lens.data(), context_lens.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   std::vector<DeviceSet> dev(static_cast<size_t>(sets));
   for (DeviceSet& d : dev) {
-    CHECK_CUDA(cudaMalloc(&d.q, q.size() * sizeof(float)));
-    CHECK_CUDA(cudaMalloc(&d.out, q.size() * sizeof(float)));
-    CHECK_CUDA(cudaMalloc(&d.pool, pool.size() * sizeof(uint16_t)));
-    CHECK_CUDA(cudaMalloc(&d.tables, ids.size() * sizeof(int32_t)));
-    CHECK_CUDA(cudaMemcpy(d.q, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(d.pool, pool.data(), pool.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMemcpy(d.tables, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&d.q, q.size() * sizeof(float)));
+    KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&d.out, q.size() * sizeof(float)));
+    KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&d.pool, pool.size() * sizeof(uint16_t)));
+    KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&d.tables, ids.size() * sizeof(int32_t)));
+    KVMESH_BENCH_CHECK_CUDA(cudaMemcpy(d.q, q.data(), q.size() * sizeof(float), cudaMemcpyHostToDevice));
+    KVMESH_BENCH_CHECK_CUDA(cudaMemcpy(d.pool, pool.data(), pool.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    KVMESH_BENCH_CHECK_CUDA(cudaMemcpy(d.tables, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   }
 
   PagedAttentionPrefillArgs args;
@@ -145,38 +141,39 @@ std::array<Result, 2> Run(const BenchCase& c) {
 
   std::array<Result, 2> results{};
   std::vector<cudaEvent_t> events(2 * kReps);
-  for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventCreate(&e));
+  for (cudaEvent_t& e : events) KVMESH_BENCH_CHECK_CUDA(cudaEventCreate(&e));
   std::vector<float> out(q.size());
   for (int variant = 0; variant < 2; ++variant) {
-    for (DeviceSet& d : dev) CHECK_CUDA(cudaMemset(d.out, 0xff, q.size() * sizeof(float)));  // NaN: unwritten rows show
+    for (DeviceSet& d : dev)
+      KVMESH_BENCH_CHECK_CUDA(cudaMemset(d.out, 0xff, q.size() * sizeof(float)));  // NaN: unwritten rows show
     auto launch = [&](int i) {
       const DeviceSet& d = dev[static_cast<size_t>(i % sets)];
       args.q = d.q;
       args.out = d.out;
       args.kv_cache = d.pool;
       args.block_tables = d.tables;
-      CHECK_CUDA(variant == 0 ? LaunchPagedAttentionPrefill(args, nullptr)
+      KVMESH_BENCH_CHECK_CUDA(variant == 0 ? LaunchPagedAttentionPrefill(args, nullptr)
                               : LaunchPagedAttentionPrefillWithRowsPerWarp(args, kRowsPerWarp[variant], nullptr));
     };
     for (int i = 0; i < std::max(3, sets); ++i) launch(i);
-    CHECK_CUDA(cudaDeviceSynchronize());
+    KVMESH_BENCH_CHECK_CUDA(cudaDeviceSynchronize());
     for (int r = 0; r < kReps; ++r) {
-      CHECK_CUDA(cudaEventRecord(events[2 * r], nullptr));
+      KVMESH_BENCH_CHECK_CUDA(cudaEventRecord(events[2 * r], nullptr));
       launch(r);
-      CHECK_CUDA(cudaEventRecord(events[2 * r + 1], nullptr));
+      KVMESH_BENCH_CHECK_CUDA(cudaEventRecord(events[2 * r + 1], nullptr));
     }
-    CHECK_CUDA(cudaDeviceSynchronize());
+    KVMESH_BENCH_CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<double> us(kReps);
     for (int r = 0; r < kReps; ++r) {
       float ms = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, events[2 * r], events[2 * r + 1]));
+      KVMESH_BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, events[2 * r], events[2 * r + 1]));
       us[static_cast<size_t>(r)] = ms * 1e3;
     }
     std::sort(us.begin(), us.end());
     const double median_us = us[us.size() / 2];
 
     // Every output of the first set must be written and finite.
-    CHECK_CUDA(cudaMemcpy(out.data(), dev[0].out, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    KVMESH_BENCH_CHECK_CUDA(cudaMemcpy(out.data(), dev[0].out, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < out.size(); ++i) {
       if (!std::isfinite(out[i])) {
         std::fprintf(stderr, "case %dx%d_prefix%d, %d rows per warp: output %zu is not finite (%f)\n", c.num_seqs,
@@ -187,16 +184,16 @@ std::array<Result, 2> Run(const BenchCase& c) {
     results[static_cast<size_t>(variant)] = {median_us, set_bytes / (median_us * 1e3), flops / (median_us * 1e6), sets,
                                              set_bytes / 1e6};
   }
-  for (cudaEvent_t& e : events) CHECK_CUDA(cudaEventDestroy(e));
+  for (cudaEvent_t& e : events) KVMESH_BENCH_CHECK_CUDA(cudaEventDestroy(e));
 
   for (DeviceSet& d : dev) {
-    CHECK_CUDA(cudaFree(d.q));
-    CHECK_CUDA(cudaFree(d.out));
-    CHECK_CUDA(cudaFree(d.pool));
-    CHECK_CUDA(cudaFree(d.tables));
+    KVMESH_BENCH_CHECK_CUDA(cudaFree(d.q));
+    KVMESH_BENCH_CHECK_CUDA(cudaFree(d.out));
+    KVMESH_BENCH_CHECK_CUDA(cudaFree(d.pool));
+    KVMESH_BENCH_CHECK_CUDA(cudaFree(d.tables));
   }
-  CHECK_CUDA(cudaFree(d_query_start));
-  CHECK_CUDA(cudaFree(d_context_lens));
+  KVMESH_BENCH_CHECK_CUDA(cudaFree(d_query_start));
+  KVMESH_BENCH_CHECK_CUDA(cudaFree(d_context_lens));
 
   return results;
 }
@@ -204,47 +201,20 @@ std::array<Result, 2> Run(const BenchCase& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  std::string csv_path;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) {
-      quick = true;
-    } else if (std::strcmp(argv[i], "--csv") == 0 && i + 1 < argc) {
-      csv_path = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: %s [--quick] [--csv PATH]\n", argv[0]);
-      return 2;
-    }
-  }
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    std::printf("paged_attention_prefill_cuda_bench: no GPU here (%s); nothing measured\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
-    return 0;
-  }
+  const kvmesh::bench::CudaBenchOptions options = kvmesh::bench::ParseCudaBenchOptions(argc, argv);
+  const bool quick = options.quick;
+  if (!kvmesh::bench::GpuPresentOrSay("paged_attention_prefill_cuda_bench")) return 0;
   cudaDeviceProp prop{};
-  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  KVMESH_BENCH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
 
   // --quick: the subset tools/gpu_bench_torch.py --quick times too, so the summary pairs them.
   const std::vector<BenchCase> cases =
       quick ? std::vector<BenchCase>{{1, 1024, 0}, {8, 2048, 0}, {1, 512, 8192}}
             : std::vector<BenchCase>{{1, 1024, 0}, {1, 4096, 0}, {1, 16384, 0}, {8, 2048, 0}, {1, 512, 8192}};
 
-  FILE* csv = nullptr;
-  if (!csv_path.empty()) {
-    csv = std::fopen(csv_path.c_str(), "a+");
-    if (csv == nullptr) {
-      std::fprintf(stderr, "cannot open %s\n", csv_path.c_str());
-      return 1;
-    }
-    std::fseek(csv, 0, SEEK_END);
-    if (std::ftell(csv) == 0) {
-      std::fprintf(csv,
-                   "kernel,case,batch,context,num_heads,num_kv_heads,head_dim,kv_dtype,median_us,achieved_gbps,"
-                   "achieved_tflops,notes\n");
-    }
-  }
+  FILE* csv = options.csv_path.empty()
+                  ? nullptr
+                  : kvmesh::bench::OpenBenchCsv(options.csv_path, "paged_attention_prefill_cuda_bench");
 
   std::printf("paged attention prefill on %s: H %d, Hkv %d, D %d, B %d, bf16 pool; causal FLOPs\n", prop.name, kHeads,
               kKvHeads, kHeadDim, kBlockSize);

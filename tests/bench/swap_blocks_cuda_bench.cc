@@ -32,16 +32,6 @@
 
 namespace {
 
-#define SWAP_CHECK_CUDA(expr)                                                                              \
-  do {                                                                                                     \
-    const cudaError_t swap_err = (expr);                                                                   \
-    if (swap_err != cudaSuccess) {                                                                         \
-      std::fprintf(stderr, "swap_blocks_cuda_bench: %s failed: %s (%s:%d)\n", #expr,                      \
-                   cudaGetErrorString(swap_err), __FILE__, __LINE__);                                      \
-      std::exit(1);                                                                                        \
-    }                                                                                                      \
-  } while (0)
-
 using kvmesh::kernels::BlockPoolShape;
 
 constexpr int64_t kBlockBytes = 2 * 8 * 16 * 128 * 2;  // K and V, 8 heads, B 16, D 128, bf16: 64 KiB
@@ -59,22 +49,22 @@ struct Row {
 template <typename F>
 double MedianUs(F launch, cudaStream_t stream, int reps) {
   cudaEvent_t start, stop;
-  SWAP_CHECK_CUDA(cudaEventCreate(&start));
-  SWAP_CHECK_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < 2; ++i) SWAP_CHECK_CUDA(launch());
-  SWAP_CHECK_CUDA(cudaStreamSynchronize(stream));
+  KVMESH_BENCH_CHECK_CUDA(cudaEventCreate(&start));
+  KVMESH_BENCH_CHECK_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < 2; ++i) KVMESH_BENCH_CHECK_CUDA(launch());
+  KVMESH_BENCH_CHECK_CUDA(cudaStreamSynchronize(stream));
   std::vector<double> us;
   for (int i = 0; i < reps; ++i) {
-    SWAP_CHECK_CUDA(cudaEventRecord(start, stream));
-    SWAP_CHECK_CUDA(launch());
-    SWAP_CHECK_CUDA(cudaEventRecord(stop, stream));
-    SWAP_CHECK_CUDA(cudaEventSynchronize(stop));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventRecord(start, stream));
+    KVMESH_BENCH_CHECK_CUDA(launch());
+    KVMESH_BENCH_CHECK_CUDA(cudaEventRecord(stop, stream));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventSynchronize(stop));
     float ms = 0;
-    SWAP_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    KVMESH_BENCH_CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
     us.push_back(static_cast<double>(ms) * 1e3);
   }
-  SWAP_CHECK_CUDA(cudaEventDestroy(start));
-  SWAP_CHECK_CUDA(cudaEventDestroy(stop));
+  KVMESH_BENCH_CHECK_CUDA(cudaEventDestroy(start));
+  KVMESH_BENCH_CHECK_CUDA(cudaEventDestroy(stop));
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
 }
@@ -96,19 +86,20 @@ int main(int argc, char** argv) {
   const bool quick = options.quick;
   if (!kvmesh::bench::GpuPresentOrSay("swap_blocks_cuda_bench")) return 0;
   cudaDeviceProp prop;
-  SWAP_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  KVMESH_BENCH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const int64_t layers = quick ? 4 : 32;
   const int reps = quick ? 5 : 20;
   std::printf("swap_blocks_cuda_bench on %s (%d SMs)%s: %lld layers x %lld KiB per block per layer\n", prop.name,
               prop.multiProcessorCount, quick ? " (--quick)" : "", static_cast<long long>(layers),
               static_cast<long long>(kBlockBytes / 1024));
 
-  const BlockPoolShape shape{.num_layers = layers, .layer_bytes = kPoolBlocks * kBlockBytes, .block_bytes = kBlockBytes};
+  const BlockPoolShape shape{
+      .num_layers = layers, .layer_bytes = kPoolBlocks * kBlockBytes, .block_bytes = kBlockBytes};
   const auto pool_bytes = static_cast<size_t>(layers * shape.layer_bytes);
   void* device_pool = nullptr;
   void* host_pool = nullptr;
-  SWAP_CHECK_CUDA(cudaMalloc(&device_pool, pool_bytes));
-  SWAP_CHECK_CUDA(cudaHostAlloc(&host_pool, pool_bytes, cudaHostAllocMapped));
+  KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&device_pool, pool_bytes));
+  KVMESH_BENCH_CHECK_CUDA(cudaHostAlloc(&host_pool, pool_bytes, cudaHostAllocMapped));
   // Random bytes, never zeros: fill one block's worth on the host and replicate it.
   {
     std::vector<uint8_t> pattern(static_cast<size_t>(shape.layer_bytes));
@@ -117,12 +108,12 @@ int main(int argc, char** argv) {
     for (int64_t l = 0; l < layers; ++l) {
       std::memcpy(static_cast<char*>(host_pool) + l * shape.layer_bytes, pattern.data(), pattern.size());
     }
-    SWAP_CHECK_CUDA(cudaMemcpy(device_pool, host_pool, pool_bytes, cudaMemcpyHostToDevice));
+    KVMESH_BENCH_CHECK_CUDA(cudaMemcpy(device_pool, host_pool, pool_bytes, cudaMemcpyHostToDevice));
   }
   void* host_pool_device = nullptr;
-  SWAP_CHECK_CUDA(cudaHostGetDevicePointer(&host_pool_device, host_pool, 0));
+  KVMESH_BENCH_CHECK_CUDA(cudaHostGetDevicePointer(&host_pool_device, host_pool, 0));
   cudaStream_t stream;
-  SWAP_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  KVMESH_BENCH_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   std::vector<Row> rows;
   const std::vector<int64_t> block_counts = quick ? std::vector<int64_t>{256} : std::vector<int64_t>{256, 2048};
@@ -140,8 +131,9 @@ int main(int argc, char** argv) {
       pairs.push_back(dst[static_cast<size_t>(i)]);
     }
     int32_t* pairs_device = nullptr;
-    SWAP_CHECK_CUDA(cudaMalloc(&pairs_device, pairs.size() * sizeof(int32_t)));
-    SWAP_CHECK_CUDA(cudaMemcpy(pairs_device, pairs.data(), pairs.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    KVMESH_BENCH_CHECK_CUDA(cudaMalloc(&pairs_device, pairs.size() * sizeof(int32_t)));
+    KVMESH_BENCH_CHECK_CUDA(
+        cudaMemcpy(pairs_device, pairs.data(), pairs.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     const double bytes = static_cast<double>(n * layers * kBlockBytes);
 
     for (const bool offload : {true, false}) {
@@ -165,7 +157,7 @@ int main(int argc, char** argv) {
       rows.push_back({dir + "_memcpy_" + std::to_string(layers) + "layers", n, memcpy_us, bytes / (memcpy_us * 1e3),
                       "one cudaMemcpyAsync per (layer; block) (vLLM swap_blocks)"});
     }
-    SWAP_CHECK_CUDA(cudaFree(pairs_device));
+    KVMESH_BENCH_CHECK_CUDA(cudaFree(pairs_device));
   }
 
   std::printf("%-22s %7s %12s %10s  %s\n", "case", "blocks", "median_us", "GB/s", "notes");
@@ -174,8 +166,8 @@ int main(int argc, char** argv) {
                 r.median_us, r.gbps, r.notes.c_str());
   }
   if (!csv_path.empty()) AppendCsv(csv_path, rows);
-  SWAP_CHECK_CUDA(cudaStreamDestroy(stream));
-  SWAP_CHECK_CUDA(cudaFreeHost(host_pool));
-  SWAP_CHECK_CUDA(cudaFree(device_pool));
+  KVMESH_BENCH_CHECK_CUDA(cudaStreamDestroy(stream));
+  KVMESH_BENCH_CHECK_CUDA(cudaFreeHost(host_pool));
+  KVMESH_BENCH_CHECK_CUDA(cudaFree(device_pool));
   return 0;
 }
