@@ -102,6 +102,15 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
                 "--tensor-parallel-size > 1 needs --role both: prefill -> decode KV transfer of a "
                 "tensor-parallel group's sharded KV is not supported");
   }
+  // Likewise the CUDA runner's pool is in device memory, which the transfer path (host
+  // blocks over gRPC) does not read yet.
+  auto cuda_device = cli::CudaDeviceFromFlags();
+  if (!cuda_device.ok()) return Fail(process, std::string(cuda_device.status().message()));
+  if (*cuda_device >= 0 && *role != v1::WORKER_ROLE_BOTH) {
+    return Fail(process,
+                "--device cuda needs --role both: prefill -> decode KV transfer reads a host KV pool, and the CUDA "
+                "runner's is in device memory");
+  }
   auto loaded = cli::LoadModelOffThread(/*quiet=*/true);
   if (!loaded.ok()) return Fail(process, std::string(loaded.status().message()));
   engine::LlamaModel& model = *loaded->model;
