@@ -443,9 +443,11 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
     }
   }
   const int64_t vocab = vocab_size();
-  if (logit_rows > 0) {
+  // Only rows up to the last wanted one cross PCIe (a padded bucket's tail does not).
+  const int64_t copy_rows = wanted.empty() ? 0 : int64_t{wanted.back()} + 1;
+  if (copy_rows > 0) {
     KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(logits_host_.get(), logits_.get(),
-                                                sizeof(float) * static_cast<size_t>(logit_rows * vocab),
+                                                sizeof(float) * static_cast<size_t>(copy_rows * vocab),
                                                 cudaMemcpyDeviceToHost, stream),
                                 "copying logits to the host");
   }
