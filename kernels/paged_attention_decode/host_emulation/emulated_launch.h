@@ -1,23 +1,18 @@
 // Host emulation (see prelude.h): LaunchPagedAttentionDecode's one or two launches run on the
 // host, CTA by CTA, each as one std::thread per CUDA thread executing the kernels' own code.
-// Slow: small shapes only. Takes valid shapes (the launcher's checks are not repeated):
-// cudaErrorInvalidValue only for what it has no instance for (head_dim, pool type, a block
-// size that is not a power of two). The split path's workspace is its own, and starts as
-// NaN, so a partition the reduce reads but no CTA wrote shows in the output.
-//
-// NOTE: the parameters, grids and workspace layout below repeat LaunchPagedAttentionDecode's
-// (paged_attention_decode.cu, which a host compiler cannot read: it launches with <<<>>>).
-// Keep the two in step; the launcher's own derivation is what this emulation does not test.
+// Slow: small shapes only. The checks, parameters, grids and workspace layout are the
+// launcher's own (launch_plan.h); only the launches differ. The split path's workspace is
+// its own, and starts as NaN, so a partition the reduce reads but no CTA wrote shows.
 #pragma once
 
 #include <barrier>
-#include <bit>
 #include <cstdint>
 #include <limits>
 #include <thread>
 #include <vector>
 
 #include "paged_attention_decode/paged_attention_decode.h"
+#include "paged_attention_decode/launch_plan.h"
 #include "paged_attention_decode/paged_attention_decode_kernel.cuh"
 
 namespace kvmesh::kernels::host_emulation {
@@ -69,67 +64,22 @@ inline cudaError_t EmulatePagedAttentionDecode(const PagedAttentionDecodeArgs& a
        {EmulatePartitionGrid<uint8_t, 128, 1>, EmulatePartitionGrid<uint8_t, 128, 2>,
         EmulatePartitionGrid<uint8_t, 128, 4>, EmulatePartitionGrid<uint8_t, 128, 8>}}};
   const int32_t dtype = static_cast<int32_t>(args.kv_dtype);
-  if ((args.head_dim != 64 && args.head_dim != 128) || dtype < 0 || dtype > 2 ||
-      !std::has_single_bit(static_cast<uint32_t>(args.block_size_tokens))) {
-    return cudaErrorInvalidValue;
+  if ((args.head_dim != 64 && args.head_dim != 128) || dtype < 0 || dtype > 2) return cudaErrorInvalidValue;
+  // The launcher's own plan (launch_plan.h), over a workspace of our own that starts as NaN.
+  std::vector<float> workspace(pad::WorkspaceBytes(args) / sizeof(float), std::numeric_limits<float>::quiet_NaN());
+  pad::LaunchPlan plan;
+  if (const cudaError_t err =
+          pad::PlanLaunch(args, workspace.empty() ? nullptr : workspace.data(), workspace.size() * sizeof(float), &plan);
+      err != cudaSuccess) {
+    return err;
   }
-  const int32_t group = args.num_heads / args.num_kv_heads;
-  const int tile_index = group <= 1 ? 0 : group <= 2 ? 1 : group <= 4 ? 2 : 3;
-  const int32_t head_tiles = (group + (1 << tile_index) - 1) >> tile_index;
-  const int32_t partitions = (args.max_context_len + pad::kPartitionTokens - 1) / pad::kPartitionTokens;
-  const bool fp8 = args.kv_dtype == KvCacheDType::kFp8E4M3;
-  // Workspace as the launcher lays it out: partial outputs, then maxima, then sums.
-  const int64_t rows = int64_t{args.num_seqs} * args.num_heads * partitions;
-  std::vector<float> workspace(partitions > 1 ? static_cast<size_t>(rows * (args.head_dim + 2)) : 0,
-                               std::numeric_limits<float>::quiet_NaN());
-  float* partial_out = partitions > 1 ? workspace.data() : nullptr;
-  float* partial_max = partitions > 1 ? partial_out + rows * args.head_dim : nullptr;
-  float* partial_sum = partitions > 1 ? partial_max + rows : nullptr;
-  const pad::PartitionParams params = {
-      .q = args.q,
-      .kv_cache = args.kv_cache,
-      .context_lens = args.context_lens,
-      .block_tables = args.block_tables,
-      .k_scale = fp8 ? args.k_scale : nullptr,
-      .v_scale = fp8 ? args.v_scale : nullptr,
-      .out = args.out,
-      .partial_out = partial_out,
-      .partial_max = partial_max,
-      .partial_sum = partial_sum,
-      .num_heads = args.num_heads,
-      .num_kv_heads = args.num_kv_heads,
-      .group = group,
-      .head_tiles = head_tiles,
-      .block_size_tokens = args.block_size_tokens,
-      .log2_block_size = std::countr_zero(static_cast<uint32_t>(args.block_size_tokens)),
-      .max_blocks_per_seq = args.max_blocks_per_seq,
-      .max_context_len = args.max_context_len,
-      .num_partitions = partitions,
-      .q_multiplier = args.scale * pad::kLog2e,
-  };
-  const dim3 grid(static_cast<unsigned>(args.num_kv_heads * head_tiles), static_cast<unsigned>(args.num_seqs),
-                  static_cast<unsigned>(partitions));
-  kPartitionEmulators[dtype][args.head_dim == 128 ? 1 : 0][tile_index](grid, params);
-  if (partitions == 1) return cudaSuccess;
-
-  const pad::ReduceParams reduce = {
-      .context_lens = args.context_lens,
-      .partial_out = partial_out,
-      .partial_max = partial_max,
-      .partial_sum = partial_sum,
-      .out = args.out,
-      .num_heads = args.num_heads,
-      .block_size_tokens = args.block_size_tokens,
-      .max_blocks_per_seq = args.max_blocks_per_seq,
-      .max_context_len = args.max_context_len,
-      .num_partitions = partitions,
-  };
-  const dim3 reduce_grid(static_cast<unsigned>(args.num_heads), static_cast<unsigned>(args.num_seqs));
-  const auto reduce_threads = static_cast<unsigned>(args.head_dim);
+  kPartitionEmulators[dtype][args.head_dim == 128 ? 1 : 0][plan.group_tile_index](plan.partition_grid, plan.partition);
+  if (plan.num_partitions == 1) return cudaSuccess;
+  const pad::ReduceParams& reduce = plan.reduce;
   if (args.head_dim == 128) {
-    EmulateDecodeGrid(reduce_grid, reduce_threads, [&reduce] { pad::ReduceKernel<128>(reduce); });
+    EmulateDecodeGrid(plan.reduce_grid, plan.reduce_threads, [&reduce] { pad::ReduceKernel<128>(reduce); });
   } else {
-    EmulateDecodeGrid(reduce_grid, reduce_threads, [&reduce] { pad::ReduceKernel<64>(reduce); });
+    EmulateDecodeGrid(plan.reduce_grid, plan.reduce_threads, [&reduce] { pad::ReduceKernel<64>(reduce); });
   }
   return cudaSuccess;
 }
