@@ -75,7 +75,7 @@ def test_greedy_generation_matches_transformers_fixture():
     out = run(*args, "--kv-cache-dtype", "bf16").stdout
     assert json.loads(out.splitlines()[0])["id"] == case["greedy_ids"][0]
     bad = subprocess.run([KVMESH, *args, "--kv-cache-dtype", "fp4"], capture_output=True, text=True)
-    assert bad.returncode != 0 and "--kv-cache-dtype must be auto, f32 or bf16" in bad.stderr
+    assert bad.returncode != 0 and "--kv-cache-dtype must be auto, f32, bf16 or fp8" in bad.stderr
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent():
@@ -95,6 +95,24 @@ def test_streamed_text_equals_decoded_ids():
     objs = [json.loads(l) for l in out.splitlines() if l.strip()]
     tok = tokenizers.Tokenizer.from_file(os.path.join(TINY, "tokenizer.json"))
     assert "".join(o["text"] for o in objs) == tok.decode([o["id"] for o in objs], skip_special_tokens=True)
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU is here: tools/gpu-check runs --device cuda")
+def test_device_cuda_without_a_gpu_is_a_clear_error():
+    args = ["generate", "--prompt", "hi", "--max-tokens", "2"]
+    bad = subprocess.run([KVMESH, *args, "--device", "cuda"], capture_output=True, text=True)
+    assert bad.returncode != 0
+    # Either no GPU here or a build without nvcc: both say what --device cuda needs.
+    assert "--device cuda needs a GPU" in bad.stderr or "built without CUDA" in bad.stderr, bad.stderr
+    bad = subprocess.run([KVMESH, *args, "--device", "tpu"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--device must be cpu, cuda or cuda:N" in bad.stderr
+    # FP8 KV is a GPU feature: the CPU backends keep f32 or bf16.
+    bad = subprocess.run([KVMESH, *args, "--kv-cache-dtype", "fp8"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--kv-cache-dtype fp8 needs --device cuda" in bad.stderr
+    # Other commands refuse the same way; a prefill worker cannot run on the GPU yet.
+    bad = subprocess.run([KVMESH, "bench", "throughput", "--num-prompts", "1", "--device", "cuda"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "CUDA" in bad.stderr, bad.stderr
 
 
 def test_missing_model_directory_is_a_clear_error():
