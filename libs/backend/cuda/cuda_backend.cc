@@ -349,8 +349,9 @@ void CudaBackend::PagedAttention(const TensorView& q, const TensorView& kv_cache
     args.kv_dtype = KvDType(kv_cache.dtype);
     const size_t workspace = kernels::PagedAttentionDecodeWorkspaceBytes(args);
     if (!EnsureScratch(workspace, attention_scratch_, "decode attention partials")) return;
-    RecordError(kernels::LaunchPagedAttentionDecode(args, attention_scratch_.get(), attention_scratch_.bytes(), stream_),
-                "paged attention (decode)");
+    RecordError(
+        kernels::LaunchPagedAttentionDecode(args, attention_scratch_.get(), attention_scratch_.bytes(), stream_),
+        "paged attention (decode)");
     return;
   }
   kernels::PagedAttentionPrefillArgs args;

@@ -30,6 +30,7 @@
 #include "core/logging.h"
 #include "core/status_macros.h"
 #include "engine/step_metadata.h"
+#include "engine/step_staging.h"
 #include "gather_rows/gather_rows.h"
 #include "kv/kv_layout.h"
 
@@ -41,38 +42,6 @@ using backend::cuda::AllocatePinnedHost;
 using backend::cuda::CudaBackend;
 using backend::cuda::DeviceMemory;
 using backend::cuda::PinnedHostMemory;
-
-constexpr size_t kAlign = 256;
-// The smallest context bucket of a decode graph.
-constexpr int32_t kMinContextBucket = 256;
-size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// Byte offsets of the step metadata inside one buffer (the same on host and device).
-struct MetadataLayout {
-  size_t slots = 0, token_ids = 0, positions = 0, query_start = 0, context_lens = 0, logit_rows = 0,
-         block_tables = 0, block_copies = 0, total = 0;
-
-  static MetadataLayout For(int64_t max_tokens, int64_t max_seqs, int64_t max_blocks_per_seq,
-                            int64_t max_block_copies) {
-    MetadataLayout m;
-    size_t at = 0;
-    auto take = [&at](size_t bytes) {
-      const size_t offset = at;
-      at += AlignUp(bytes);
-      return offset;
-    };
-    m.slots = take(sizeof(int64_t) * max_tokens);
-    m.token_ids = take(sizeof(int32_t) * max_tokens);
-    m.positions = take(sizeof(int32_t) * max_tokens);
-    m.query_start = take(sizeof(int32_t) * (max_seqs + 1));
-    m.context_lens = take(sizeof(int32_t) * max_seqs);
-    m.logit_rows = take(sizeof(int32_t) * max_seqs);
-    m.block_tables = take(sizeof(int32_t) * max_seqs * max_blocks_per_seq);
-    m.block_copies = take(sizeof(int32_t) * 2 * max_block_copies);
-    m.total = at;
-    return m;
-  }
-};
 
 // What one forward pass runs over: `rows` token rows of `seqs` sequences (metadata at
 // `meta` on the device), `logit_rows` of them through the LM head.
@@ -130,7 +99,7 @@ class CudaModelRunner : public ModelRunner {
   DeviceMemory pool_;  // the KV pool, kv_layout.h's layout, all layers
   DeviceMemory embed_, final_norm_, inv_freq_;
   std::vector<DeviceMemory> input_norms_, post_norms_;  // f32 [hidden] per layer
-  MetadataLayout meta_layout_;
+  StagingLayout meta_layout_;
   DeviceMemory meta_device_;
   PinnedHostMemory meta_host_;
   DeviceMemory residual_, hidden_, qkv_, q_, k_, v_, attn_, proj_, gate_up_, act_, head_in_, logits_;
@@ -155,10 +124,12 @@ absl::Status CudaModelRunner::UploadWeights() {
       bytes = sizeof(float) * widened.size();
     }
     KVMESH_ASSIGN_OR_RETURN(DeviceMemory d, AllocateDevice(bytes, what));
-    KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpy(d.get(), src, bytes, cudaMemcpyHostToDevice), absl::StrCat("uploading ", what));
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpy(d.get(), src, bytes, cudaMemcpyHostToDevice),
+                                absl::StrCat("uploading ", what));
     return d;
   };
-  if (w.embed_tokens.dtype != DType::kF32 && w.embed_tokens.dtype != DType::kBF16 && w.embed_tokens.dtype != DType::kF16)
+  if (w.embed_tokens.dtype != DType::kF32 && w.embed_tokens.dtype != DType::kBF16 &&
+      w.embed_tokens.dtype != DType::kF16)
     return absl::InvalidArgumentError("the embedding table must be f32, bf16 or f16");
   KVMESH_ASSIGN_OR_RETURN(embed_, upload(w.embed_tokens, false, "the embedding table"));
   // Norm weights are tiny: f32 on the device whatever the model's dtype (exact widening).
@@ -188,7 +159,7 @@ absl::Status CudaModelRunner::Init() {
   KVMESH_RETURN_IF_CUDA_ERROR(cudaMemset(pool_.get(), 0, pool_.bytes()), "clearing the KV pool");
   const int64_t max_blocks = (options_.max_model_len + layout_.block_size_tokens() - 1) / layout_.block_size_tokens();
   // Block copies per step: at most one per sequence forked this step; be generous.
-  meta_layout_ = MetadataLayout::For(t, s, max_blocks, 4 * s);
+  meta_layout_ = StagingLayout::For(t, s, max_blocks, 4 * s);
   KVMESH_ASSIGN_OR_RETURN(meta_device_, AllocateDevice(meta_layout_.total, "step metadata"));
   KVMESH_ASSIGN_OR_RETURN(meta_host_, AllocatePinnedHost(meta_layout_.total, "step metadata staging"));
   auto act = [](int64_t floats, absl::string_view what) { return AllocateDevice(sizeof(float) * floats, what); };
@@ -348,80 +319,37 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
   const int64_t t = static_cast<int64_t>(meta_.token_ids.size());
   const int64_t s = static_cast<int64_t>(batch.chunks.size());
   if (t > options_.max_num_tokens || s > options_.max_num_seqs)
-    return absl::InvalidArgumentError(absl::StrCat("a step of ", t, " tokens in ", s, " sequences exceeds the runner's ",
-                                                   options_.max_num_tokens, " tokens / ", options_.max_num_seqs,
-                                                   " sequences"));
+    return absl::InvalidArgumentError(absl::StrCat("a step of ", t, " tokens in ", s,
+                                                   " sequences exceeds the runner's ", options_.max_num_tokens,
+                                                   " tokens / ", options_.max_num_seqs, " sequences"));
   if (meta_.max_context_len > options_.max_model_len)
-    return absl::InvalidArgumentError(absl::StrCat("context of ", meta_.max_context_len, " tokens exceeds max_model_len ",
-                                                   options_.max_model_len));
+    return absl::InvalidArgumentError(
+        absl::StrCat("context of ", meta_.max_context_len, " tokens exceeds max_model_len ", options_.max_model_len));
   KVMESH_RETURN_IF_ERROR(RunBlockCopies(batch.block_copies));
 
   // Decode steps use the graph layout (padded bucket, fixed block-table rows); others
-  // the step's own sizes.
-  const bool decode = meta_.max_query_len == 1;
-  int64_t rows = t, seqs = s;
-  int32_t blocks_per_seq = meta_.max_blocks_per_seq, max_context = meta_.max_context_len;
-  if (decode) {
-    int64_t batch_bucket = 1;
-    while (batch_bucket < s) batch_bucket *= 2;
-    rows = seqs = std::min<int64_t>(batch_bucket, options_.max_num_seqs);
-    int64_t context_bucket = kMinContextBucket;
-    while (context_bucket < meta_.max_context_len) context_bucket *= 2;
-    max_context = static_cast<int32_t>(std::min<int64_t>(context_bucket, options_.max_model_len));
-    blocks_per_seq = (max_context + block_size_tokens() - 1) / block_size_tokens();
-  }
-  // Fill the pinned staging: the step's rows, then padding rows (slot -1: no KV write;
-  // context 1 over block 0: a finite, discarded result).
-  std::byte* host = meta_host_.as<std::byte>();
-  auto put = [&](size_t offset, const auto& values, auto pad, int64_t count) {
-    using T = std::decay_t<decltype(values[0])>;
-    T* dst = reinterpret_cast<T*>(host + offset);
-    std::copy(values.begin(), values.end(), dst);
-    std::fill(dst + values.size(), dst + count, static_cast<T>(pad));
-  };
-  put(meta_layout_.slots, meta_.slots, int64_t{-1}, rows);
-  put(meta_layout_.token_ids, meta_.token_ids, 0, rows);
-  put(meta_layout_.positions, meta_.positions, 0, rows);
-  put(meta_layout_.context_lens, meta_.context_lens, 1, seqs);
-  {
-    int32_t* qs = reinterpret_cast<int32_t*>(host + meta_layout_.query_start);
-    std::copy(meta_.query_start.begin(), meta_.query_start.end(), qs);
-    for (int64_t i = s + 1; i <= seqs; ++i) qs[i] = qs[i - 1] + 1;
-  }
-  int32_t* tables = reinterpret_cast<int32_t*>(host + meta_layout_.block_tables);
-  std::fill(tables, tables + seqs * blocks_per_seq, 0);
-  for (int64_t i = 0; i < s; ++i) {
-    std::copy_n(meta_.block_tables.begin() + i * meta_.max_blocks_per_seq, meta_.max_blocks_per_seq,
-                tables + i * blocks_per_seq);
-  }
-  // Logit rows: a decode graph computes every row of its bucket (the host keeps the
-  // wanted ones); an eager step only the wanted rows.
-  std::vector<int32_t> wanted;  // indices into the LM head's output rows
-  int64_t logit_rows = 0;
-  int32_t* logit_row_ids = reinterpret_cast<int32_t*>(host + meta_layout_.logit_rows);
-  if (decode) {
-    for (int64_t i = 0; i < seqs; ++i) logit_row_ids[i] = static_cast<int32_t>(i);
-    logit_rows = seqs;
-    for (int64_t i = 0; i < s; ++i) {
-      if (batch.chunks[static_cast<size_t>(i)].compute_logits) wanted.push_back(static_cast<int32_t>(i));
-    }
-  } else {
-    std::copy(meta_.logit_rows.begin(), meta_.logit_rows.end(), logit_row_ids);
-    logit_rows = static_cast<int64_t>(meta_.logit_rows.size());
-    for (int64_t i = 0; i < logit_rows; ++i) wanted.push_back(static_cast<int32_t>(i));
-  }
+  // the step's own sizes (step_staging.h).
+  const StagedStep staged =
+      StageStep(meta_, batch, meta_layout_,
+                {.max_num_seqs = options_.max_num_seqs,
+                 .max_model_len = options_.max_model_len,
+                 .block_size_tokens = block_size_tokens()},
+                meta_host_.as<std::byte>());
+  const bool decode = staged.decode;
+  const int64_t seqs = staged.seqs;
+  const int32_t max_context = staged.max_context_len;
+  const std::vector<int32_t>& wanted = staged.wanted;
   cudaStream_t stream = be_.stream();
-  // One upload of the whole metadata block up to the block tables' end.
-  const size_t upload_bytes = meta_layout_.block_tables + sizeof(int32_t) * static_cast<size_t>(seqs * blocks_per_seq);
-  KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(meta_device_.get(), host, upload_bytes, cudaMemcpyHostToDevice, stream),
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(meta_device_.get(), meta_host_.get(), staged.upload_bytes,
+                                              cudaMemcpyHostToDevice, stream),
                               "uploading step metadata");
 
-  const ForwardShape shape{.rows = rows,
-                           .seqs = seqs,
-                           .logit_rows = logit_rows,
-                           .max_blocks_per_seq = blocks_per_seq,
-                           .max_query_len = meta_.max_query_len,
-                           .max_context_len = max_context};
+  const ForwardShape shape{.rows = staged.rows,
+                           .seqs = staged.seqs,
+                           .logit_rows = staged.logit_rows,
+                           .max_blocks_per_seq = staged.max_blocks_per_seq,
+                           .max_query_len = staged.max_query_len,
+                           .max_context_len = staged.max_context_len};
   Graph* graph = decode && options_.enable_cuda_graphs ? &graphs_[{seqs, max_context}] : nullptr;
   if (graph != nullptr && graph->exec != nullptr) {
     KVMESH_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(graph->exec, stream), "replaying a decode graph");

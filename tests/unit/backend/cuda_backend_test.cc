@@ -42,7 +42,9 @@ class HostDevice {
   float* f32() { return reinterpret_cast<float*>(host_.data()); }
   uint16_t* u16() { return reinterpret_cast<uint16_t*>(host_.data()); }
   int64_t size() const { return static_cast<int64_t>(host_.size() / DTypeSize(dtype_)); }
-  void Upload() { ASSERT_EQ(cudaMemcpy(device_.get(), host_.data(), host_.size(), cudaMemcpyHostToDevice), cudaSuccess); }
+  void Upload() {
+    ASSERT_EQ(cudaMemcpy(device_.get(), host_.data(), host_.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
   std::vector<float> DownloadF32() {
     std::vector<float> out(host_.size() / sizeof(float));
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -198,7 +200,8 @@ TEST_F(CudaBackendKernelTest, NormsRopeAndSiluMatchCpu) {
   std::vector<float> inv_freq(d / 2);
   for (int64_t i = 0; i < d / 2; ++i) inv_freq[i] = std::pow(10000.f, -2.f * i / d);
   DeviceMemory d_pos = UploadVector(positions), d_freq = UploadVector(inv_freq);
-  gpu_->ApplyRope(q.device(), k.device(), {d_pos.as<int32_t>(), positions.size()}, {d_freq.as<float>(), inv_freq.size()});
+  gpu_->ApplyRope(q.device(), k.device(), {d_pos.as<int32_t>(), positions.size()},
+                  {d_freq.as<float>(), inv_freq.size()});
   cpu_->ApplyRope(q.host(), k.host(), positions, inv_freq);
   ExpectClose(q.DownloadF32(), q.f32(), t * h * d, 2e-5f, "RoPE q");
   ExpectClose(k.DownloadF32(), k.f32(), t * hkv * d, 2e-5f, "RoPE k");
