@@ -42,8 +42,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         options.max_model_len, "): without chunked prefill a long prompt could never be scheduled"));
   }
   KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<kv::KvCacheManager> kv, kv::KvCacheManager::Create(kv_options));
+  SchedulerOptions scheduler_options = options.scheduler;
+  scheduler_options.argmax_on_runner = runner.returns_argmax();
   KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler,
-                          Scheduler::Create(options.scheduler, *kv, runner.vocab_size()));
+                          Scheduler::Create(scheduler_options, *kv, runner.vocab_size()));
   const RequestLimits limits{.vocab_size = runner.vocab_size(),
                              .max_model_len = options.max_model_len,
                              .max_num_seqs = options.scheduler.max_num_seqs,
@@ -97,6 +99,9 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     if (result->logits.size() != expected) {
       result = absl::InternalError(absl::StrCat("returned ", result->logits.size(), " logits, expected ",
                                                 scheduled.num_logits_rows, " rows of ", limits_.vocab_size));
+    } else if (result->argmax_token_ids.size() != static_cast<size_t>(scheduled.num_argmax_rows)) {
+      result = absl::InternalError(absl::StrCat("returned ", result->argmax_token_ids.size(),
+                                                " argmax tokens, expected ", scheduled.num_argmax_rows));
     }
   }
   std::vector<RequestOutput> outputs;
@@ -104,7 +109,8 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
     ++num_runner_failures_;
     outputs = scheduler_->FailScheduled(scheduled, RunnerError(result.status()));
   } else {
-    KVMESH_ASSIGN_OR_RETURN(outputs, scheduler_->UpdateFromOutput(scheduled, result->logits));
+    KVMESH_ASSIGN_OR_RETURN(
+        outputs, scheduler_->UpdateFromOutput(scheduled, result->logits, result->argmax_token_ids));
   }
   Deliver(outputs);
   if (reclaimed.empty()) return outputs;

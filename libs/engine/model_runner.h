@@ -24,6 +24,10 @@ struct SequenceChunk {
   int32_t start_position = 0;         // tokens of this sequence already in the KV cache
   std::vector<int32_t> block_table;   // physical blocks covering positions 0..start+len-1
   bool compute_logits = false;        // logits of the chunk's last token are wanted
+  // With compute_logits: only the greedy token is wanted (greedy sampling, no logprobs,
+  // penalties or masks), so the runner returns it in ModelOutput::argmax_token_ids instead
+  // of the logits row. Set only for runners whose returns_argmax() is true.
+  bool argmax_only = false;
 };
 
 // Copy every layer's KV of block `src` into block `dst` (copy-on-write) before the step.
@@ -45,8 +49,12 @@ struct ModelBatch {
 };
 
 struct ModelOutput {
-  // [number of chunks with compute_logits, vocab_size] f32, in chunk order.
+  // [number of chunks with compute_logits and not argmax_only, vocab_size] f32, in chunk order.
   std::vector<float> logits;
+  // One per chunk with compute_logits and argmax_only, in chunk order: the lowest id of
+  // the largest logit (NaN never wins; +inf counts as the largest finite float, as the
+  // sampler's greedy path reads it), or -1 when no logit is finite.
+  std::vector<int32_t> argmax_token_ids;
 };
 
 class ModelRunner {
@@ -65,6 +73,9 @@ class ModelRunner {
   // pool). Prefill/decode disaggregation copies blocks in and out through it
   // (Engine::ImportKvBlock / ExportKvBlock) between steps, never during Execute.
   virtual kv::KvStorage* kv_storage() { return nullptr; }
+  // Whether Execute honours SequenceChunk::argmax_only (a device runner then copies one
+  // token id to the host instead of a vocabulary of logits, and skips the host's argmax).
+  virtual bool returns_argmax() const { return false; }
 };
 
 }  // namespace kvmesh::engine

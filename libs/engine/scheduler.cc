@@ -424,19 +424,22 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
   }
 
   // 3. Assemble the batch from the chunks that survived preemption.
-  for (const ScheduledChunk& chunk : out.chunks) {
+  for (ScheduledChunk& chunk : out.chunks) {
     const Sequence* seq = seqs_.at(chunk.kv_id);
+    chunk.argmax_only = chunk.compute_logits && options_.argmax_on_runner && ArgmaxSuffices(*seq);
     SequenceChunk sc;
     sc.token_ids.assign(seq->token_ids.begin() + chunk.start_position,
                         seq->token_ids.begin() + chunk.start_position + chunk.num_tokens);
     sc.start_position = chunk.start_position;
     for (const kv::BlockId b : kv_.block_table(chunk.kv_id)) sc.block_table.push_back(b.value);
     sc.compute_logits = chunk.compute_logits;
+    sc.argmax_only = chunk.argmax_only;
     out.batch.chunks.push_back(std::move(sc));
     out.batch.block_copies.insert(out.batch.block_copies.end(), chunk.block_copies.begin(),
                                   chunk.block_copies.end());
     out.num_batched_tokens += chunk.num_tokens;
-    out.num_logits_rows += chunk.compute_logits ? 1 : 0;
+    out.num_logits_rows += chunk.compute_logits && !chunk.argmax_only ? 1 : 0;
+    out.num_argmax_rows += chunk.argmax_only ? 1 : 0;
   }
   stats_.last_batch_num_seqs = static_cast<int32_t>(out.chunks.size());
   stats_.last_batch_num_tokens = out.num_batched_tokens;
@@ -465,15 +468,40 @@ absl::Status Scheduler::Fork(Sequence* parent) {
   return absl::OkStatus();
 }
 
+absl::Status Scheduler::EnsureSampler(Sequence* seq) {
+  if (seq->sampler.has_value()) return absl::OkStatus();
+  const RequestState* request = seq->request;
+  KVMESH_ASSIGN_OR_RETURN(SequenceSampler sampler,
+                          SequenceSampler::Create(request->SampleParams(seq->sample_index), vocab_size_,
+                                                  request->prompt_token_ids, request->eos_token_ids));
+  seq->sampler.emplace(std::move(sampler));
+  return absl::OkStatus();
+}
+
 absl::Status Scheduler::SampleNext(Sequence* seq, std::span<const float> row) {
-  RequestState* request = seq->request;
-  if (!seq->sampler.has_value()) {
-    KVMESH_ASSIGN_OR_RETURN(SequenceSampler sampler,
-                            SequenceSampler::Create(request->SampleParams(seq->sample_index), vocab_size_,
-                                                    request->prompt_token_ids, request->eos_token_ids));
-    seq->sampler.emplace(std::move(sampler));
-  }
+  KVMESH_RETURN_IF_ERROR(EnsureSampler(seq));
   KVMESH_ASSIGN_OR_RETURN(SampleResult result, seq->sampler->Sample(row));
+  AppendOutputToken(seq, std::move(result));
+  return absl::OkStatus();
+}
+
+bool Scheduler::ArgmaxSuffices(const Sequence& seq) const {
+  const RequestState& request = *seq.request;
+  const SamplingParams& p = request.sampling_params;
+  // One sample (no fork shares the row), greedy, nothing but the token wanted, and no
+  // penalty or min_tokens mask between the logits and their argmax.
+  return request.n == 1 && p.is_greedy() && p.logprobs < 0 && p.repetition_penalty == 1.0f &&
+         p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f && seq.num_output_tokens() >= p.min_tokens;
+}
+
+absl::Status Scheduler::TakeArgmax(Sequence* seq, int32_t token_id) {
+  KVMESH_RETURN_IF_ERROR(EnsureSampler(seq));  // its Append keeps the counts a later sample needs
+  if (token_id == -1) return absl::InvalidArgumentError("no token has a finite logit after masking and penalties");
+  if (token_id < 0 || token_id >= vocab_size_) {
+    return absl::InternalError(absl::StrCat("the runner's argmax ", token_id, " is outside the vocabulary"));
+  }
+  SampleResult result;
+  result.token_id = token_id;
   AppendOutputToken(seq, std::move(result));
   return absl::OkStatus();
 }
@@ -556,18 +584,29 @@ RequestOutput Scheduler::TakeOutput(RequestState* request, const absl::Status& s
 }
 
 absl::StatusOr<std::vector<RequestOutput>> Scheduler::UpdateFromOutput(const SchedulerOutput& scheduled,
-                                                                      std::span<const float> logits) {
+                                                                      std::span<const float> logits,
+                                                                      std::span<const int32_t> argmax_token_ids) {
   const size_t expected = static_cast<size_t>(scheduled.num_logits_rows) * static_cast<size_t>(vocab_size_);
   if (logits.size() != expected) {
     return absl::InvalidArgumentError(absl::StrCat("UpdateFromOutput: ", logits.size(), " logits for ",
                                                    scheduled.num_logits_rows, " rows of vocab_size ", vocab_size_));
   }
+  if (argmax_token_ids.size() != static_cast<size_t>(scheduled.num_argmax_rows)) {
+    return absl::InvalidArgumentError(absl::StrCat("UpdateFromOutput: ", argmax_token_ids.size(),
+                                                   " argmax tokens for ", scheduled.num_argmax_rows, " rows"));
+  }
+  size_t argmax_row = 0;
   std::vector<RequestState*> touched;  // in batch order, each once
   absl::flat_hash_map<RequestState*, absl::Status> failed;
   size_t row = 0;
   for (const ScheduledChunk& chunk : scheduled.chunks) {
     std::span<const float> row_logits;
-    if (chunk.compute_logits) row_logits = logits.subspan(row++ * vocab_size_, vocab_size_);
+    int32_t argmax_token = -1;
+    if (chunk.argmax_only) {
+      argmax_token = argmax_token_ids[argmax_row++];
+    } else if (chunk.compute_logits) {
+      row_logits = logits.subspan(row++ * vocab_size_, vocab_size_);
+    }
     const auto it = seqs_.find(chunk.kv_id);
     if (it == seqs_.end()) continue;  // ended since Schedule (Abort)
     Sequence* seq = it->second;
@@ -594,7 +633,8 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::UpdateFromOutput(const Sch
     }
     bool sampled = true;
     for (Sequence* sample : samples) {
-      if (absl::Status s = SampleNext(sample, row_logits); !s.ok()) {
+      if (absl::Status s = chunk.argmax_only ? TakeArgmax(sample, argmax_token) : SampleNext(sample, row_logits);
+          !s.ok()) {
         failed[request] = absl::Status(s.code(), absl::StrCat("sampling failed: ", s.message()));
         ++stats_.num_failed_requests;
         EndRequest(request, CompletionFinishReason::kError);

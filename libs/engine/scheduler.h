@@ -71,6 +71,10 @@ struct SchedulerOptions {
   // so that one long prompt cannot crowd out the others (vLLM's option of that name).
   int32_t long_prefill_token_threshold = 0;
   Policy policy = Policy::kFcfs;
+  // The runner returns greedy tokens itself (ModelRunner::returns_argmax): chunks of
+  // sequences that sample greedily with no logprobs, penalties or min_tokens masks are
+  // scheduled argmax_only.
+  bool argmax_on_runner = false;
 
   // InvalidArgument for a non-positive budget or seq cap, or a negative threshold.
   absl::Status Validate() const;
@@ -82,6 +86,7 @@ struct ScheduledChunk {
   int32_t start_position = 0;  // tokens computed before this step
   int32_t num_tokens = 0;
   bool compute_logits = false;  // the chunk reaches the last known token: sample after it
+  bool argmax_only = false;     // with compute_logits: the runner returns the greedy token
   std::vector<KvBlockCopy> block_copies;  // copy-on-write this chunk's allocation asked for
 };
 
@@ -89,7 +94,8 @@ struct SchedulerOutput {
   ModelBatch batch;
   std::vector<ScheduledChunk> chunks;
   int32_t num_batched_tokens = 0;
-  int32_t num_logits_rows = 0;  // chunks with compute_logits
+  int32_t num_logits_rows = 0;  // chunks with compute_logits and not argmax_only
+  int32_t num_argmax_rows = 0;  // chunks with compute_logits and argmax_only
   int32_t num_preempted = 0;    // sequences preempted while scheduling this step
   bool empty() const { return chunks.empty(); }
 };
@@ -142,12 +148,14 @@ class Scheduler {
   absl::StatusOr<SchedulerOutput> Schedule();
 
   // Applies a step's result: `logits` is ModelOutput::logits, [num_logits_rows,
-  // vocab_size]. Returns one RequestOutput per request that changed, in batch order. A
-  // sample whose logits cannot be sampled fails its request (kError output, blocks
-  // freed). InvalidArgument if logits has the wrong size (nothing changes: call
+  // vocab_size], and `argmax_token_ids` ModelOutput::argmax_token_ids, [num_argmax_rows].
+  // Returns one RequestOutput per request that changed, in batch order. A sample whose
+  // logits cannot be sampled (or whose argmax is -1) fails its request (kError output,
+  // blocks freed). InvalidArgument if either has the wrong size (nothing changes: call
   // FailScheduled); Internal if the KV manager breaks its contract.
   absl::StatusOr<std::vector<RequestOutput>> UpdateFromOutput(const SchedulerOutput& scheduled,
-                                                             std::span<const float> logits);
+                                                             std::span<const float> logits,
+                                                             std::span<const int32_t> argmax_token_ids = {});
 
   // The runner failed on `scheduled`: every request with a sequence in it ends with
   // finish_reason kError and `error` as its status, and all its blocks are freed.
@@ -244,6 +252,13 @@ class Scheduler {
   absl::Status Fork(Sequence* parent);
   // Samples the next token of `seq` from `row`; on a sampler error fails the request.
   absl::Status SampleNext(Sequence* seq, std::span<const float> row);
+  // Creates `seq`'s sampler on its first sample.
+  absl::Status EnsureSampler(Sequence* seq);
+  // Whether the greedy token is all `seq` needs from its logits (see ArgmaxSuffices' body).
+  bool ArgmaxSuffices(const Sequence& seq) const;
+  // Appends the runner's greedy token `token_id` (-1: no finite logit, an error) as
+  // SampleNext would have sampled it.
+  absl::Status TakeArgmax(Sequence* seq, int32_t token_id);
   // Appends `result.token_id` as `seq`'s next output (sampler, pending output and
   // logprobs) and, unless the request is prefill-only, applies the stop checks.
   void AppendOutputToken(Sequence* seq, SampleResult result);

@@ -31,6 +31,7 @@
 #include "core/status_macros.h"
 #include "engine/step_metadata.h"
 #include "engine/step_staging.h"
+#include "argmax/argmax.h"
 #include "gather_rows/gather_rows.h"
 #include "kv/kv_layout.h"
 
@@ -66,6 +67,7 @@ class CudaModelRunner : public ModelRunner {
   int32_t block_size_tokens() const override { return layout_.block_size_tokens(); }
   int32_t num_blocks() const override { return layout_.num_blocks(); }
   absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override;
+  bool returns_argmax() const override { return true; }
 
  private:
   struct Graph {
@@ -104,6 +106,8 @@ class CudaModelRunner : public ModelRunner {
   PinnedHostMemory meta_host_;
   DeviceMemory residual_, hidden_, qkv_, q_, k_, v_, attn_, proj_, gate_up_, act_, head_in_, logits_;
   PinnedHostMemory logits_host_;
+  DeviceMemory argmax_;             // [max_num_seqs] int32: each LM head row's greedy token
+  PinnedHostMemory argmax_host_;
   std::map<std::pair<int64_t, int32_t>, Graph> graphs_;  // by (batch bucket, context bucket)
 };
 
@@ -176,6 +180,8 @@ absl::Status CudaModelRunner::Init() {
   KVMESH_ASSIGN_OR_RETURN(head_in_, act(s * e, "LM head input"));
   KVMESH_ASSIGN_OR_RETURN(logits_, act(s * vocab, "logits"));
   KVMESH_ASSIGN_OR_RETURN(logits_host_, AllocatePinnedHost(sizeof(float) * s * vocab, "logits staging"));
+  KVMESH_ASSIGN_OR_RETURN(argmax_, AllocateDevice(sizeof(int32_t) * s, "greedy tokens"));
+  KVMESH_ASSIGN_OR_RETURN(argmax_host_, AllocatePinnedHost(sizeof(int32_t) * s, "greedy tokens staging"));
   const int64_t widest = std::max({e, h * d, inter});
   KVMESH_RETURN_IF_ERROR(be_.Reserve(t, widest, s, static_cast<int32_t>(h), static_cast<int32_t>(hkv),
                                      static_cast<int32_t>(d), std::max(options_.max_model_len, 1)));
@@ -282,6 +288,10 @@ void CudaModelRunner::Forward(const ForwardShape& f) {
   const TensorView head_in = view2(head_in_, r, e);
   be_.RmsNorm(head_in, TensorView::Contiguous(final_norm_.get(), DType::kF32, {e}), eps, head_in);
   be_.Linear(head_in, model_.lm_head(), view2(logits_, r, c.vocab_size));
+  // Every row's greedy token too (a pass over logits the GEMM just wrote): argmax_only
+  // chunks then copy one id to the host instead of their row.
+  be_.RecordError(kernels::LaunchArgmaxRows(Act(logits_), r, c.vocab_size, argmax_.as<int32_t>(), stream),
+                  "the greedy argmax");
 }
 
 absl::Status CudaModelRunner::Capture(const ForwardShape& shape, Graph* graph) {
@@ -370,22 +380,36 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
       }
     }
   }
+  // wanted[k] is the LM head row of the k-th chunk with compute_logits; argmax_only ones
+  // take its greedy token, the others its logits.
+  std::vector<int32_t> logits_rows, argmax_rows;
+  size_t k = 0;
+  for (const SequenceChunk& chunk : batch.chunks) {
+    if (!chunk.compute_logits) continue;
+    (chunk.argmax_only ? argmax_rows : logits_rows).push_back(wanted[k++]);
+  }
   const int64_t vocab = vocab_size();
-  // Only rows up to the last wanted one cross PCIe (a padded bucket's tail does not).
-  const int64_t copy_rows = wanted.empty() ? 0 : int64_t{wanted.back()} + 1;
-  if (copy_rows > 0) {
+  // Only rows up to the last one needed cross PCIe (a padded bucket's tail does not).
+  if (!logits_rows.empty()) {
     KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(logits_host_.get(), logits_.get(),
-                                                sizeof(float) * static_cast<size_t>(copy_rows * vocab),
+                                                sizeof(float) * static_cast<size_t>((logits_rows.back() + 1) * vocab),
                                                 cudaMemcpyDeviceToHost, stream),
                                 "copying logits to the host");
   }
+  if (!argmax_rows.empty()) {
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(argmax_host_.get(), argmax_.get(),
+                                                sizeof(int32_t) * static_cast<size_t>(argmax_rows.back() + 1),
+                                                cudaMemcpyDeviceToHost, stream),
+                                "copying greedy tokens to the host");
+  }
   KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "a model step on the GPU");
   KVMESH_RETURN_IF_ERROR(be_.TakeError());
-  output.logits.resize(wanted.size() * static_cast<size_t>(vocab));
-  for (size_t i = 0; i < wanted.size(); ++i) {
-    std::memcpy(output.logits.data() + i * vocab, logits_host_.as<float>() + static_cast<int64_t>(wanted[i]) * vocab,
+  output.logits.resize(logits_rows.size() * static_cast<size_t>(vocab));
+  for (size_t i = 0; i < logits_rows.size(); ++i) {
+    std::memcpy(output.logits.data() + i * vocab, logits_host_.as<float>() + int64_t{logits_rows[i]} * vocab,
                 sizeof(float) * static_cast<size_t>(vocab));
   }
+  for (const int32_t row : argmax_rows) output.argmax_token_ids.push_back(argmax_host_.as<int32_t>()[row]);
   return output;
 }
 

@@ -27,6 +27,7 @@
 #include "backend/ops.h"
 #include "engine/llama_model.h"
 #include "engine/paged_model_runner.h"
+#include "engine/sampler.h"
 
 namespace kvmesh::engine {
 namespace {
@@ -248,6 +249,38 @@ TEST_P(CudaModelRunnerModelTest, GraphReplayEqualsEagerBitForBit) {
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_TRUE(b.ok()) << b.status();
     ASSERT_EQ(a->logits, b->logits) << "step " << step;
+  }
+}
+
+// argmax_only chunks get the host sampler's greedy token of the logits the same step
+// computes (run twice: the same tokens at the same positions rewrite the same KV).
+TEST_P(CudaModelRunnerModelTest, ArgmaxOnlyChunksReturnTheGreedyTokenOfTheirLogits) {
+  ASSERT_TRUE(gpu_runner_->returns_argmax());
+  const int32_t vocab = cpu_runner_->vocab_size();
+  ModelBatch prefill;
+  prefill.chunks.push_back({{5, 6, 7, 8, 9}, 0, {3}, false});
+  prefill.chunks.push_back({{10, 11, 12}, 0, {4}, false});
+  ASSERT_TRUE(gpu_runner_->Execute(prefill).ok());
+  for (bool graph_bucket_seen : {false, true}) {
+    ModelBatch step;
+    step.chunks.push_back({{20}, 5, {3}, true});
+    step.chunks.push_back({{21}, 3, {4}, true});
+    auto logits = gpu_runner_->Execute(step);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    ASSERT_EQ(logits->logits.size(), 2u * vocab);
+    step.chunks[0].argmax_only = true;  // mixed: one greedy, one with logits
+    auto mixed = gpu_runner_->Execute(step);
+    ASSERT_TRUE(mixed.ok()) << mixed.status();
+    ASSERT_EQ(mixed->argmax_token_ids.size(), 1u) << graph_bucket_seen;
+    ASSERT_EQ(mixed->logits.size(), 1u * vocab);
+    SamplingParams greedy;
+    greedy.temperature = 0.0f;
+    auto sampler = SequenceSampler::Create(greedy, vocab, {}, {});
+    ASSERT_TRUE(sampler.ok());
+    const std::span<const float> row0(logits->logits.data(), static_cast<size_t>(vocab));
+    EXPECT_EQ(mixed->argmax_token_ids[0], sampler->Sample(row0).value().token_id);
+    EXPECT_EQ(std::vector<float>(mixed->logits.begin(), mixed->logits.end()),
+              std::vector<float>(logits->logits.begin() + vocab, logits->logits.end()));
   }
 }
 

@@ -161,6 +161,47 @@ TEST(EngineTest, ConcurrentRequestsProduceTheirReferenceTokens) {
   EXPECT_EQ(d.engine->stats().num_finished_requests, 3);
 }
 
+// A runner that returns greedy tokens itself gets argmax_only chunks exactly for the samples
+// whose next token is the plain argmax (greedy, no logprobs, penalties or pending
+// min_tokens mask, n == 1), and every request still produces its reference tokens.
+TEST(EngineTest, ArgmaxOnlyChunksGoToARunnerThatReturnsArgmaxAndGiveTheSameTokens) {
+  Driver d(Options(64), 64);
+  d.runner.set_returns_argmax(true);
+  d.engine = Engine::Create(Options(64), d.runner).value();  // the scheduler reads returns_argmax at Create
+  ASSERT_TRUE(d.Add(Req("greedy", Prompt(7), Greedy(12))).ok());
+  ASSERT_TRUE(d.Add(Req("seeded", Prompt(11, 4), Seeded(15, 99))).ok());
+  EngineRequest logprobs = Req("logprobs", Prompt(5, 2), Greedy(6));
+  logprobs.sampling_params.logprobs = 2;
+  ASSERT_TRUE(d.Add(logprobs).ok());
+  EngineRequest penalized = Req("penalized", Prompt(6, 3), Greedy(6));
+  penalized.sampling_params.repetition_penalty = 1.3f;
+  ASSERT_TRUE(d.Add(penalized).ok());
+  EngineRequest min_tokens = Req("min_tokens", Prompt(4, 5), Greedy(8));
+  min_tokens.sampling_params.min_tokens = 3;
+  min_tokens.eos_token_ids = {7};
+  min_tokens.sampling_params.ignore_eos = false;
+  ASSERT_TRUE(d.Add(min_tokens).ok());
+  ASSERT_TRUE(d.Add(Req("n2", Prompt(5, 6), Greedy(4), /*n=*/2)).ok());
+  d.RunToCompletion();
+  for (const auto& [id, r] : d.requests) {
+    d.ExpectReference(id);
+    EXPECT_EQ(d.num_final[id], 1) << id;
+  }
+  // greedy: all 12 samples by argmax; min_tokens: every sample after its first 3 (those
+  // run under the EOS mask); the others never (seeded, logprobs, penalties, n == 2).
+  int argmax_chunks = 0, logits_chunks = 0;
+  for (const ModelBatch& batch : d.runner.batches()) {
+    for (const SequenceChunk& chunk : batch.chunks) {
+      if (chunk.compute_logits) ++(chunk.argmax_only ? argmax_chunks : logits_chunks);
+    }
+  }
+  const int min_tokens_outputs = static_cast<int>(d.completions["min_tokens"][0].size());
+  ASSERT_GE(min_tokens_outputs, 3);
+  EXPECT_EQ(argmax_chunks, 12 + (min_tokens_outputs - 3));
+  EXPECT_EQ(logits_chunks, 15 + 6 + 6 + 3 + (1 + 2 * 3));  // n2: one shared first row, then 3 per sample
+  d.ExpectKvEmpty();
+}
+
 TEST(EngineTest, StreamingCallbackSeesEveryTokenAndOneFinalOutput) {
   Driver d(Options(64));
   std::vector<int32_t> streamed;

@@ -11,6 +11,7 @@
 // Thread-safety: not thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -72,6 +73,9 @@ class FakeModelRunner : public ModelRunner {
   int32_t vocab_size() const override { return vocab_size_; }
   int32_t block_size_tokens() const override { return block_size_; }
   int32_t num_blocks() const override { return num_blocks_; }
+  bool returns_argmax() const override { return returns_argmax_; }
+  // Honour SequenceChunk::argmax_only as a device runner does (off by default).
+  void set_returns_argmax(bool on) { returns_argmax_ = on; }
 
   absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override {
     batches_.push_back(batch);
@@ -109,6 +113,12 @@ class FakeModelRunner : public ModelRunner {
         history.push_back(slots_[*slot]);
       }
       const std::vector<float> logits = HistoryLogits(history, vocab_size_);
+      if (chunk.argmax_only && returns_argmax_) {
+        // Lowest id of the largest logit (these logits are finite).
+        out.argmax_token_ids.push_back(
+            static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+        continue;
+      }
       out.logits.insert(out.logits.end(), logits.begin(), logits.end());
     }
     if (truncate_logits_next_) {
@@ -143,6 +153,7 @@ class FakeModelRunner : public ModelRunner {
   std::vector<ModelBatch> batches_;
   std::optional<absl::Status> fail_next_;
   bool truncate_logits_next_ = false;
+  bool returns_argmax_ = false;
 };
 
 }  // namespace kvmesh::engine::testing
