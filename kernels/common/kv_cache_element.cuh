@@ -24,9 +24,10 @@ template <> struct KvStorageType<KvCacheDType::kF32> { using type = float; };
 template <> struct KvStorageType<KvCacheDType::kBf16> { using type = uint16_t; };
 template <> struct KvStorageType<KvCacheDType::kFp8E4M3> { using type = uint8_t; };
 
-// The device functions below are for nvcc; launcher headers include this file for
-// KvCacheDType, and host code (the CUDA backend, tests) compiles them with the C++ compiler.
-#ifdef __CUDACC__
+// The device functions below are for nvcc and for the host emulation of the kernels
+// (kernels/host_emulation/prelude.h defines KVMESH_HOST_EMULATION); launcher headers include
+// this file for KvCacheDType, and other host code (the CUDA backend) compiles it without them.
+#if defined(__CUDACC__) || defined(KVMESH_HOST_EMULATION)
 
 // bf16 bits -> f32: exact.
 __device__ __forceinline__ float Bf16BitsToFloat(uint16_t bits) { return __uint_as_float(uint32_t{bits} << 16); }
@@ -60,6 +61,6 @@ __device__ __forceinline__ float DecodeKv(float x, float /*scale*/) { return x; 
 __device__ __forceinline__ float DecodeKv(uint16_t x, float /*scale*/) { return Bf16BitsToFloat(x); }
 __device__ __forceinline__ float DecodeKv(uint8_t x, float scale) { return Fp8E4M3BitsToFloat(x) * scale; }
 
-#endif  // __CUDACC__
+#endif  // __CUDACC__ || KVMESH_HOST_EMULATION
 
 }  // namespace kvmesh::kernels

@@ -1,13 +1,11 @@
-// Host emulation (see prelude.h): LaunchPagedAttentionPrefill's grid run on the host, CTA by
-// CTA, each as kThreads std::threads executing the kernel's own code. Slow: small shapes only.
+// Host emulation (see prelude.h): LaunchPagedAttentionPrefill's grid run on the host by
+// host_emulation/grid.h, CTA by CTA, each as kThreads std::threads executing the kernel's
+// own code. Slow: small shapes only.
 // Takes valid shapes (LaunchPagedAttentionPrefill's checks are not repeated): cudaErrorInvalidValue
 // only for a head_dim or pool type it has no instance for.
 #pragma once
 
-#include <cstring>
-#include <thread>
-#include <vector>
-
+#include "host_emulation/grid.h"
 #include "paged_attention_prefill/paged_attention_prefill.h"
 #include "paged_attention_prefill/paged_attention_prefill_kernel.cuh"
 
@@ -20,31 +18,14 @@ alignas(16) uint16_t smem[TileGeometry<128, 2>::kSmemBytes / sizeof(uint16_t)];
 namespace kvmesh::kernels::host_emulation {
 
 template <typename T, int kHeadDim, int kMTiles>
-void EmulateGrid(const PagedAttentionPrefillArgs& args) {
+void EmulatePrefillGrid(const PagedAttentionPrefillArgs& args) {
   using Geo = prefill::TileGeometry<kHeadDim, kMTiles>;
   const int32_t tiles_per_seq = (args.max_query_len + Geo::kRows - 1) / Geo::kRows;
   const int64_t blocks = int64_t{tiles_per_seq} * args.num_seqs * args.num_heads;
   static_assert(Geo::kSmemBytes <= sizeof(prefill::smem));
-  unsigned char* shared = reinterpret_cast<unsigned char*>(prefill::smem);
-  const size_t shared_bytes = Geo::kSmemBytes;
-  for (int64_t b = 0; b < blocks; ++b) {
-    std::memset(shared, 0xff, shared_bytes);  // NaN in bf16: reads before writes show
-    std::barrier<> barrier(prefill::kThreads);
-    std::vector<Warp> warps(prefill::kThreads / kWarpSize);
-    cta = Cta{.block_idx = uint3{static_cast<unsigned>(b), 0, 0},
-              .barrier = &barrier,
-              .warps = warps.data(),
-              .shared_base = shared,
-              .shared_bytes = shared_bytes};
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < static_cast<unsigned>(prefill::kThreads); ++t) {
-      threads.emplace_back([&args, tiles_per_seq, t] {
-        thread_idx = uint3{t, 0, 0};
-        prefill::PagedAttentionPrefillKernel<T, kHeadDim, kMTiles>(args, tiles_per_seq);
-      });
-    }
-    for (std::thread& th : threads) th.join();
-  }
+  EmulateGrid(dim3(static_cast<unsigned>(blocks)), static_cast<unsigned>(prefill::kThreads),
+              [&args, tiles_per_seq] { prefill::PagedAttentionPrefillKernel<T, kHeadDim, kMTiles>(args, tiles_per_seq); },
+              DynamicShared{.base = reinterpret_cast<unsigned char*>(prefill::smem), .bytes = Geo::kSmemBytes});
 }
 
 inline cudaError_t EmulatePagedAttentionPrefill(const PagedAttentionPrefillArgs& args,
@@ -52,11 +33,11 @@ inline cudaError_t EmulatePagedAttentionPrefill(const PagedAttentionPrefillArgs&
   using Emulator = void (*)(const PagedAttentionPrefillArgs&);
   // [kv_dtype][head_dim 64, 128][rows per warp 16, 32], as the launcher's table.
   constexpr Emulator kEmulators[3][2][2] = {
-      {{EmulateGrid<float, 64, 1>, EmulateGrid<float, 64, 2>}, {EmulateGrid<float, 128, 1>, EmulateGrid<float, 128, 2>}},
-      {{EmulateGrid<uint16_t, 64, 1>, EmulateGrid<uint16_t, 64, 2>},
-       {EmulateGrid<uint16_t, 128, 1>, EmulateGrid<uint16_t, 128, 2>}},
-      {{EmulateGrid<uint8_t, 64, 1>, EmulateGrid<uint8_t, 64, 2>},
-       {EmulateGrid<uint8_t, 128, 1>, EmulateGrid<uint8_t, 128, 2>}}};
+      {{EmulatePrefillGrid<float, 64, 1>, EmulatePrefillGrid<float, 64, 2>}, {EmulatePrefillGrid<float, 128, 1>, EmulatePrefillGrid<float, 128, 2>}},
+      {{EmulatePrefillGrid<uint16_t, 64, 1>, EmulatePrefillGrid<uint16_t, 64, 2>},
+       {EmulatePrefillGrid<uint16_t, 128, 1>, EmulatePrefillGrid<uint16_t, 128, 2>}},
+      {{EmulatePrefillGrid<uint8_t, 64, 1>, EmulatePrefillGrid<uint8_t, 64, 2>},
+       {EmulatePrefillGrid<uint8_t, 128, 1>, EmulatePrefillGrid<uint8_t, 128, 2>}}};
   const int32_t dtype = static_cast<int32_t>(args.kv_dtype);
   if ((args.head_dim != 64 && args.head_dim != 128) || dtype < 0 || dtype > 2 ||
       (rows_per_warp != 16 && rows_per_warp != 32)) {
