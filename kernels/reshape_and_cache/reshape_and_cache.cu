@@ -1,48 +1,9 @@
 #include "reshape_and_cache/reshape_and_cache.h"
 
-#include "common/kv_cache_element.cuh"
+#include "reshape_and_cache/reshape_and_cache_kernel.cuh"
 
 namespace kvmesh::kernels {
 namespace {
-
-constexpr int kThreads = 128;
-
-// One block per token; threads walk its num_kv_heads * head_dim elements in order, so the
-// reads and the V writes are coalesced. K writes are strided by B elements (the K block
-// is dimension-major): one token's K cannot be written contiguously in this layout.
-// Elements are encoded by kv_cache_element.cuh's EncodeKv, the encoding the pool's
-// readers decode; k_scale / v_scale ([num_kv_heads], device) are read for FP8 only.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) ReshapeAndCacheKernel(const float* __restrict__ k,
-                                                                  const float* __restrict__ v,
-                                                                  const int64_t* __restrict__ slots,
-                                                                  KvCacheShape shape,
-                                                                  const float* __restrict__ k_scale,
-                                                                  const float* __restrict__ v_scale,
-                                                                  T* __restrict__ kv_cache) {
-  const int64_t t = blockIdx.x;
-  const int64_t slot = slots[t];
-  if (slot < 0) return;
-  const int64_t bsz = shape.block_size_tokens;
-  const int64_t d = shape.head_dim;
-  const int64_t block = slot / bsz;
-  const int64_t offset = slot - block * bsz;
-  const int64_t head_elems = bsz * d;
-  const int64_t row_elems = shape.num_kv_heads * d;
-  T* k_block = kv_cache + block * 2 * shape.num_kv_heads * head_elems;  // [Hkv][D][B]
-  T* v_block = k_block + shape.num_kv_heads * head_elems;              // [Hkv][B][D]
-  // 32-bit index math within the row (Launch checks num_kv_heads * head_dim < 2^31): a
-  // 64-bit division per element is a slow subroutine call.
-  const int32_t d32 = static_cast<int32_t>(d);
-  for (int32_t e = threadIdx.x; e < static_cast<int32_t>(row_elems); e += kThreads) {
-    const int32_t h = e / d32;
-    const int32_t c = e - h * d32;
-    const float ks = k_scale != nullptr ? k_scale[h] : 1.0f;
-    const float vs = v_scale != nullptr ? v_scale[h] : 1.0f;
-    k_block[h * head_elems + c * bsz + offset] = EncodeKv(k[t * row_elems + e], ks, kv_cache);
-    v_block[h * head_elems + offset * d + c] = EncodeKv(v[t * row_elems + e], vs, kv_cache);
-  }
-}
 
 template <typename T>
 cudaError_t Launch(const float* k, const float* v, const int64_t* slots, int64_t num_tokens, const KvCacheShape& shape,
@@ -52,8 +13,9 @@ cudaError_t Launch(const float* k, const float* v, const int64_t* slots, int64_t
     return cudaErrorInvalidValue;
   }
   if (num_tokens == 0) return cudaSuccess;
-  ReshapeAndCacheKernel<T><<<static_cast<unsigned>(num_tokens), kThreads, 0, stream>>>(k, v, slots, shape, k_scale,
-                                                                                        v_scale, kv_cache);
+  reshape_and_cache::ReshapeAndCacheKernel<T>
+      <<<reshape_and_cache::ReshapeAndCacheGrid(num_tokens), reshape_and_cache::kThreads, 0, stream>>>(
+          k, v, slots, shape, k_scale, v_scale, kv_cache);
   return cudaGetLastError();
 }
 

@@ -1,53 +1,16 @@
 #include "rope/rope.h"
 
+#include "rope/rope_kernel.cuh"
+
 namespace kvmesh::kernels {
-namespace {
-
-constexpr int kThreads = 256;
-constexpr int64_t kMaxHeadDim = 1024;
-
-// One block per token: the D/2 cos/sin pairs go to shared memory once, then the block
-// rotates every (head, i) pair of q and then k. Each pair is read and written by one thread.
-__global__ void __launch_bounds__(kThreads) RopeKernel(float* __restrict__ q, float* __restrict__ k,
-                                                       const int32_t* __restrict__ positions,
-                                                       const float* __restrict__ inv_freq, int num_heads,
-                                                       int num_kv_heads, int head_dim) {
-  __shared__ float cos_sin[kMaxHeadDim];  // [half] cos, then [half] sin
-  const int half = head_dim / 2;
-  const int64_t t = blockIdx.x;
-  const float pos = static_cast<float>(positions[t]);
-  for (int i = threadIdx.x; i < half; i += kThreads) {
-    const float angle = __fmul_rn(pos, inv_freq[i]);  // rounded to f32, never contracted
-    sincosf(angle, &cos_sin[half + i], &cos_sin[i]);
-  }
-  __syncthreads();
-  const int q_pairs = num_heads * half;
-  const int total = (num_heads + num_kv_heads) * half;
-  for (int p = threadIdx.x; p < total; p += kThreads) {
-    const bool is_q = p < q_pairs;
-    const int local = is_q ? p : p - q_pairs;
-    const int head = local / half;
-    const int i = local - head * half;
-    float* v = is_q ? q + (t * num_heads + head) * head_dim : k + (t * num_kv_heads + head) * head_dim;
-    const float x1 = v[i];
-    const float x2 = v[i + half];
-    const float c = cos_sin[i];
-    const float s = cos_sin[half + i];
-    // As the reference: x1*c - x2*s rounded per product (no fma), to stay within an ulp.
-    v[i] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-    v[i + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
-  }
-}
-
-}  // namespace
 
 cudaError_t LaunchRopeF32(float* q, float* k, const int32_t* positions, const float* inv_freq, int64_t num_tokens,
                           int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, cudaStream_t stream) {
-  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > kMaxHeadDim || num_heads < 0 || num_kv_heads < 0) {
+  if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > rope::kMaxHeadDim || num_heads < 0 || num_kv_heads < 0) {
     return cudaErrorInvalidValue;
   }
   if (num_tokens == 0) return cudaSuccess;
-  RopeKernel<<<static_cast<unsigned>(num_tokens), kThreads, 0, stream>>>(
+  rope::RopeKernel<<<rope::RopeGrid(num_tokens), rope::kThreads, 0, stream>>>(
       q, k, positions, inv_freq, static_cast<int>(num_heads), static_cast<int>(num_kv_heads),
       static_cast<int>(head_dim));
   return cudaGetLastError();

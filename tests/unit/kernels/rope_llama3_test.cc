@@ -26,6 +26,7 @@
 #include "backend/ops.h"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
+#include "llama3_rope_config.h"
 #include "model/model_config.h"
 #include "rope/rope.h"
 
@@ -34,26 +35,13 @@ namespace {
 
 using test_util::DeviceBuffer;
 
-model::ModelConfig Llama3Config() {
-  model::ModelConfig config;
-  config.head_dim = 128;
-  config.rope_theta = 500000.0f;
-  config.max_position_embeddings = 131072;
-  config.rope_scaling = {.type = model::RopeScalingType::kLlama3,
-                         .factor = 8.0f,
-                         .low_freq_factor = 1.0f,
-                         .high_freq_factor = 4.0f,
-                         .original_max_position_embeddings = 8192};
-  return config;
-}
-
 TEST(RopeLlama3KernelTest, InverseFrequenciesAreScaled) {
   // Needs no GPU: that the config really applies llama3 scaling (else the test below would
   // only repeat rope_test). High frequencies (wavelength < 8192 / 4) are kept; low ones
   // (wavelength > 8192) divided by the factor 8.
-  model::ModelConfig plain = Llama3Config();
+  model::ModelConfig plain = test_util::Llama3RopeConfig();
   plain.rope_scaling = {};
-  const std::vector<float> scaled = Llama3Config().RopeInverseFrequencies();
+  const std::vector<float> scaled = test_util::Llama3RopeConfig().RopeInverseFrequencies();
   const std::vector<float> unscaled = plain.RopeInverseFrequencies();
   ASSERT_EQ(scaled.size(), 64u);
   ASSERT_EQ(unscaled.size(), 64u);
@@ -67,7 +55,7 @@ TEST(RopeLlama3KernelTest, InverseFrequenciesAreScaled) {
 
 TEST(RopeLlama3KernelTest, MatchesCpuBackendsWithScaledFrequencies) {
   KVMESH_SKIP_WITHOUT_GPU();
-  const std::vector<float> inv_freq = Llama3Config().RopeInverseFrequencies();
+  const std::vector<float> inv_freq = test_util::Llama3RopeConfig().RopeInverseFrequencies();
   const int64_t head_dim = 128;
   const int64_t half = head_dim / 2;
   std::vector<std::unique_ptr<backend::Backend>> oracles;
