@@ -7,8 +7,8 @@
 // friends are emptied), then the kernel's .cuh, then grid.h runs a launch.
 //
 // What it emulates: thread and block indices and dimensions, __syncthreads (a CTA-wide
-// barrier), warp shuffles (a warp-wide barrier and an exchange slot per lane), the bit casts
-// and the rounding intrinsics the kernels call. What it cannot check: the hardware's own
+// barrier), warp shuffles (a warp-wide barrier and an exchange slot per lane), int atomics,
+// the bit casts and the rounding intrinsics the kernels call. What it cannot check: the hardware's own
 // semantics (a shuffle here is what the CUDA guide says it is), the memory model beyond the
 // barriers (every thread sees every write at once, so a missing __syncthreads shows only if a
 // read happens to run before the write), timing, occupancy, bank conflicts, registers.
@@ -21,6 +21,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <barrier>
 #include <bit>
 #include <cmath>
@@ -107,11 +108,31 @@ inline T __ldg(const T* p) {
 }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
 inline void __syncthreads() { ::kvmesh::kernels::host_emulation::cta.barrier->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned /*mask*/, float v, int lane_mask) {
+// The shuffles over a full warp (every kernel here passes the full mask and width 32).
+template <typename T>
+inline T __shfl_xor_sync(unsigned /*mask*/, T v, int lane_mask, int /*width*/ = 32) {
   return ::kvmesh::kernels::host_emulation::WarpExchange(v, [lane_mask](int lane) { return lane ^ lane_mask; });
 }
-inline int __shfl_xor_sync(unsigned /*mask*/, int v, int lane_mask) {
-  return ::kvmesh::kernels::host_emulation::WarpExchange(v, [lane_mask](int lane) { return lane ^ lane_mask; });
+// A lane below `delta` keeps its own value, as on the device.
+template <typename T>
+inline T __shfl_up_sync(unsigned /*mask*/, T v, unsigned delta, int /*width*/ = 32) {
+  return ::kvmesh::kernels::host_emulation::WarpExchange(
+      v, [delta](int lane) { return lane >= static_cast<int>(delta) ? lane - static_cast<int>(delta) : lane; });
+}
+// Atomics on (shared or global) ints: real atomics, the CTA's threads run concurrently.
+inline int atomicMax(int* address, int val) {
+  std::atomic_ref<int> a(*address);
+  int old = a.load();
+  while (old < val && !a.compare_exchange_weak(old, val)) {
+  }
+  return old;
+}
+inline int atomicMin(int* address, int val) {
+  std::atomic_ref<int> a(*address);
+  int old = a.load();
+  while (old > val && !a.compare_exchange_weak(old, val)) {
+  }
+  return old;
 }
 inline float __uint_as_float(uint32_t bits) { return std::bit_cast<float>(bits); }
 inline uint32_t __float_as_uint(float x) { return std::bit_cast<uint32_t>(x); }
@@ -124,3 +145,5 @@ inline uint32_t __float_as_uint(float x) { return std::bit_cast<uint32_t>(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
+inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }

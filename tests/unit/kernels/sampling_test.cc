@@ -23,97 +23,28 @@
 
 #include "cuda_test_util.h"
 #include "sampling/philox.cuh"
+#include "sampling_oracle.h"
 
 namespace kvmesh::kernels {
 namespace {
 
 using test_util::DeviceBuffer;
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-struct RowParams {
-  float temperature = 1.0f;
-  int32_t top_k = 0;
-  float top_p = 1.0f;
-  uint64_t seed = 0;
-  uint64_t offset = 0;
-};
-
-float Sanitize(float x) { return std::isnan(x) ? -kInf : std::min(x, FLT_MAX); }
-
-// The survivors of top-k then top-p for one row, as SequenceSampler::SampleRandom picks
-// them, in id order, with their weights exp((x - max) / T) (f32, as the kernel computes).
-struct Survivors {
-  std::vector<int32_t> ids;
-  std::vector<double> weights;
-};
-
-Survivors HostSurvivors(const float* logits, int64_t vocab, const RowParams& p) {
-  std::vector<float> l(static_cast<size_t>(vocab));
-  for (int64_t i = 0; i < vocab; ++i) l[static_cast<size_t>(i)] = Sanitize(logits[i]);
-  const float max_logit = *std::max_element(l.begin(), l.end());
-  const float inv_t = 1.0f / p.temperature;
-  std::vector<int32_t> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return l[static_cast<size_t>(a)] > l[static_cast<size_t>(b)] ||
-           (l[static_cast<size_t>(a)] == l[static_cast<size_t>(b)] && a < b);
-  });
-  const auto weight = [&](int32_t id) {
-    return static_cast<double>(std::exp((l[static_cast<size_t>(id)] - max_logit) * inv_t));
-  };
-  size_t n = p.top_k > 0 && p.top_k < vocab ? static_cast<size_t>(p.top_k) : order.size();
-  if (p.top_p < 1.0f) {
-    double total = 0;
-    for (size_t i = 0; i < n; ++i) total += weight(order[i]);
-    const double threshold = static_cast<double>(p.top_p) * total;
-    size_t nucleus = 0;
-    double before = 0;
-    while (nucleus < n && before < threshold) before += weight(order[nucleus++]);
-    n = nucleus;
-  }
-  order.resize(n);
-  std::sort(order.begin(), order.end());
-  Survivors s;
-  for (int32_t id : order) {
-    if (weight(id) > 0) {
-      s.ids.push_back(id);
-      s.weights.push_back(weight(id));
-    }
-  }
-  return s;
-}
-
-// The token the kernel should draw: inverse CDF over the survivors in id order at the
-// row's Philox uniform.
-int32_t HostDraw(const Survivors& s, const RowParams& p) {
-  const double total = std::accumulate(s.weights.begin(), s.weights.end(), 0.0);
-  const double target = PhiloxUniform(p.seed, p.offset) * total;
-  double cumulative = 0;
-  for (size_t i = 0; i < s.ids.size(); ++i) {
-    cumulative += s.weights[i];
-    if (target < cumulative) return s.ids[i];
-  }
-  return s.ids.back();
-}
+using test_util::HostArgmax;
+using test_util::HostDraw;
+using test_util::HostSurvivors;
+using test_util::kInf;
+using test_util::kNaN;
+using test_util::RandomLogits;
+using test_util::RowParams;
+using test_util::Survivors;
 
 // Runs the kernel on rows of `logits` ([rows, vocab]) and returns the chosen ids.
 std::vector<int32_t> RunKernel(const std::vector<float>& logits, int64_t vocab, const std::vector<RowParams>& params) {
   const auto rows = static_cast<int64_t>(params.size());
-  std::vector<float> temperature, top_p;
-  std::vector<int32_t> top_k;
-  std::vector<uint64_t> seeds, offsets;
-  for (const RowParams& p : params) {
-    temperature.push_back(p.temperature);
-    top_k.push_back(p.top_k);
-    top_p.push_back(p.top_p);
-    seeds.push_back(p.seed);
-    offsets.push_back(p.offset);
-  }
-  DeviceBuffer<float> d_logits(logits), d_temperature(temperature), d_top_p(top_p);
-  DeviceBuffer<int32_t> d_top_k(top_k);
-  DeviceBuffer<uint64_t> d_seeds(seeds), d_offsets(offsets);
+  const test_util::RowArrays a = test_util::SplitRowParams(params);
+  DeviceBuffer<float> d_logits(logits), d_temperature(a.temperature), d_top_p(a.top_p);
+  DeviceBuffer<int32_t> d_top_k(a.top_k);
+  DeviceBuffer<uint64_t> d_seeds(a.seeds), d_offsets(a.offsets);
   DeviceBuffer<int32_t> d_out(std::vector<int32_t>(params.size(), -7));  // poison
   const size_t workspace_bytes = SampleTopKTopPWorkspaceBytes(rows, vocab);
   DeviceBuffer<unsigned char> workspace(std::vector<unsigned char>(workspace_bytes + 1));
@@ -122,21 +53,6 @@ std::vector<int32_t> RunKernel(const std::vector<float>& logits, int64_t vocab, 
                                  nullptr),
             cudaSuccess);
   return d_out.Download();
-}
-
-std::vector<float> RandomLogits(int64_t rows, int64_t vocab, float spread, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, spread);
-  std::vector<float> logits(static_cast<size_t>(rows * vocab));
-  for (float& x : logits) x = normal(rng);
-  return logits;
-}
-
-int32_t HostArgmax(const float* l, int64_t vocab) {
-  int32_t best = 0;
-  for (int64_t i = 1; i < vocab; ++i) {
-    if (Sanitize(l[i]) > Sanitize(l[best])) best = static_cast<int32_t>(i);
-  }
-  return best;
 }
 
 TEST(SamplingKernelTest, PhiloxMatchesRandom123KnownAnswers) {
@@ -181,43 +97,8 @@ TEST(SamplingKernelTest, GreedyIsArgmaxWithLowestIdOnTies) {
   for (const int64_t vocab : {int64_t{32000}, int64_t{128256}}) {
     SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
     std::mt19937 rng(static_cast<uint32_t>(vocab));
-    constexpr int64_t kRows = 8;
-    std::vector<float> logits = RandomLogits(kRows, vocab, 3.0f, rng);
-    float* row = logits.data();
-    // Row 1: all equal -> id 0. Row 2: the max twice, late -> the first of the two.
-    std::fill(row + vocab, row + 2 * vocab, 0.25f);
-    row[2 * vocab + vocab - 5] = 100.0f;
-    row[2 * vocab + vocab - 2] = 100.0f;
-    // Row 3: NaNs everywhere but a few ids; the largest of those wins.
-    std::fill(row + 3 * vocab, row + 4 * vocab, kNaN);
-    row[3 * vocab + 17] = -3.0f;
-    row[3 * vocab + 4000] = -2.0f;
-    // Row 4: two +inf (the lower id wins) and NaNs around them.
-    row[4 * vocab + 9] = kNaN;
-    row[4 * vocab + 31000] = kInf;
-    row[4 * vocab + 20000] = kInf;
-    // Row 5: nothing finite -> -1.
-    std::fill(row + 5 * vocab, row + 6 * vocab, kNaN);
-    row[5 * vocab + 3] = -kInf;
-    // Row 6: the max at the very last id.
-    row[6 * vocab + vocab - 1] = 1000.0f;
-    std::vector<RowParams> params(kRows);
-    for (size_t r = 0; r < params.size(); ++r) {
-      params[r].temperature = r % 2 == 0 ? 0.0f : 5e-6f;
-      params[r].top_k = static_cast<int32_t>(r) * 3;  // ignored when greedy
-      params[r].top_p = 0.5f;
-      params[r].seed = r;
-    }
-    const std::vector<int32_t> got = RunKernel(logits, vocab, params);
-    for (int64_t r = 0; r < kRows; ++r) {
-      const int32_t expected = r == 5 ? -1 : HostArgmax(row + r * vocab, vocab);
-      EXPECT_EQ(got[static_cast<size_t>(r)], expected) << "row " << r;
-    }
-    EXPECT_EQ(got[1], 0);
-    EXPECT_EQ(got[2], vocab - 5);
-    EXPECT_EQ(got[3], 4000);
-    EXPECT_EQ(got[4], 20000);
-    EXPECT_EQ(got[6], vocab - 1);
+    const std::vector<float> logits = test_util::GreedyEdgeRows(vocab, rng);
+    test_util::ExpectGreedyEdgeRows(logits, vocab, RunKernel(logits, vocab, test_util::GreedyRowParams()));
   }
 }
 
