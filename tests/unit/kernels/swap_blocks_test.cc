@@ -16,11 +16,16 @@
 #include <gtest/gtest.h>
 
 #include "cuda_test_util.h"
+#include "swap_blocks_oracle.h"
 
 namespace kvmesh::kernels {
 namespace {
 
 using test_util::DeviceBuffer;
+using test_util::ExpectedAfterSwap;
+using test_util::RandomBytes;
+using test_util::ShuffledPairs;
+using test_util::SwapCase;
 
 // Pinned (page-locked, mapped) host memory from cudaHostAlloc; freed on destruction.
 class PinnedBuffer {
@@ -48,42 +53,6 @@ class PinnedBuffer {
   void* data_ = nullptr;
 };
 
-std::vector<std::byte> RandomBytes(size_t n, std::mt19937& rng) {
-  std::vector<std::byte> out(n);
-  for (std::byte& b : out) b = static_cast<std::byte>(rng());
-  return out;
-}
-
-// `n` pairs (src, dst): distinct random src ids below src_blocks, distinct random dst ids
-// below dst_blocks.
-std::vector<int32_t> ShuffledPairs(int32_t n, int32_t src_blocks, int32_t dst_blocks, std::mt19937& rng) {
-  std::vector<int32_t> src(static_cast<size_t>(src_blocks)), dst(static_cast<size_t>(dst_blocks));
-  std::iota(src.begin(), src.end(), 0);
-  std::iota(dst.begin(), dst.end(), 0);
-  std::shuffle(src.begin(), src.end(), rng);
-  std::shuffle(dst.begin(), dst.end(), rng);
-  std::vector<int32_t> pairs;
-  for (int32_t i = 0; i < n; ++i) {
-    pairs.push_back(src[static_cast<size_t>(i)]);
-    pairs.push_back(dst[static_cast<size_t>(i)]);
-  }
-  return pairs;
-}
-
-// What the swap must leave in `dst`: `dst` with each pair's block copied over, every layer.
-std::vector<std::byte> ExpectedAfterSwap(const std::vector<std::byte>& src, const BlockPoolShape& src_shape,
-                                         std::vector<std::byte> dst, const BlockPoolShape& dst_shape,
-                                         const std::vector<int32_t>& pairs) {
-  for (int64_t layer = 0; layer < src_shape.num_layers; ++layer) {
-    for (size_t p = 0; p + 1 < pairs.size(); p += 2) {
-      std::memcpy(dst.data() + layer * dst_shape.layer_bytes + pairs[p + 1] * dst_shape.block_bytes,
-                  src.data() + layer * src_shape.layer_bytes + pairs[p] * src_shape.block_bytes,
-                  static_cast<size_t>(src_shape.block_bytes));
-    }
-  }
-  return dst;
-}
-
 enum class Launcher { kKernel, kMemcpy };
 
 class SwapBlocksKernelTest : public ::testing::TestWithParam<Launcher> {};
@@ -91,24 +60,16 @@ class SwapBlocksKernelTest : public ::testing::TestWithParam<Launcher> {};
 TEST_P(SwapBlocksKernelTest, OffloadsAndOnboardsShuffledBlocks) {
   KVMESH_SKIP_WITHOUT_GPU();
   const Launcher launcher = GetParam();
-  struct Case {
-    int64_t block_bytes;
-    int32_t device_blocks, host_blocks, pairs;
-  };
   // 16-byte path (a Llama-like block: 2 * 8 heads * 16 * 128 * 2 bytes, and a small one),
   // and an odd block size that takes the byte path.
-  for (const Case& c : {Case{65536, 7, 11, 5}, Case{2 * 2 * 5 * 64 * 2, 13, 9, 9}, Case{1000, 6, 4, 3}}) {
+  for (const SwapCase& c :
+       {SwapCase{65536, 7, 11, 5}, SwapCase{2 * 2 * 5 * 64 * 2, 13, 9, 9}, SwapCase{1000, 6, 4, 3}}) {
     SCOPED_TRACE(::testing::Message() << "block_bytes " << c.block_bytes << " device " << c.device_blocks
                                       << " host " << c.host_blocks);
     std::mt19937 rng(static_cast<uint32_t>(c.block_bytes + c.pairs));
-    const BlockPoolShape device_shape{.num_layers = 2, .layer_bytes = c.block_bytes * c.device_blocks,
-                                      .block_bytes = c.block_bytes};
-    const BlockPoolShape host_shape{.num_layers = 2, .layer_bytes = c.block_bytes * c.host_blocks,
-                                    .block_bytes = c.block_bytes};
-    const auto device_bytes = static_cast<size_t>(2 * device_shape.layer_bytes);
-    const auto host_bytes = static_cast<size_t>(2 * host_shape.layer_bytes);
-    const std::vector<std::byte> device_initial = RandomBytes(device_bytes, rng);
-    const std::vector<std::byte> host_initial = RandomBytes(host_bytes, rng);
+    const auto [device_shape, host_shape, device_initial, host_initial] = test_util::RandomSwapPools(c, rng);
+    const auto device_bytes = device_initial.size();
+    const auto host_bytes = host_initial.size();
     DeviceBuffer<std::byte> device_pool(device_initial);
     PinnedBuffer host_pool(host_bytes);
     std::memcpy(host_pool.get(), host_initial.data(), host_bytes);

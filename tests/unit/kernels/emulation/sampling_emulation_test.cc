@@ -82,7 +82,8 @@ TEST(SamplingEmulationKernelTest, DrawsLieInHostSurvivorSetAndMatchHostDraw) {
     for (int64_t r = 0; r < rows; ++r) {
       const Config& c = configs[static_cast<size_t>(r)];
       params[static_cast<size_t>(r)] = {.temperature = c.temperature, .top_k = c.top_k, .top_p = c.top_p,
-                                        .seed = 1000 + static_cast<uint64_t>(r), .offset = static_cast<uint64_t>(vocab)};
+                                        .seed = 1000 + static_cast<uint64_t>(r),
+                                        .offset = static_cast<uint64_t>(vocab)};
     }
     const std::vector<int32_t> got = EmulateSampling(logits, vocab, params);
     for (int64_t r = 0; r < rows; ++r) {
