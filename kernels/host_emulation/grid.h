@@ -19,7 +19,8 @@ struct DynamicShared {
 };
 
 // `kernel` (a callable) executes one CUDA thread's code; it is called on each CTA's threads
-// with threadIdx, blockIdx, blockDim and gridDim set.
+// with threadIdx, blockIdx, blockDim and gridDim set. Threads per CTA: a multiple of 32 for a
+// kernel that shuffles (a partial warp's barrier would wait for lanes that do not exist).
 template <typename Kernel>
 void EmulateGrid(dim3 grid, dim3 block, const Kernel& kernel, DynamicShared shared = {}) {
   const unsigned threads_per_cta = block.x * block.y * block.z;
