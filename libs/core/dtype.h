@@ -56,6 +56,17 @@ inline float RoundToBf16(float f) { return Bf16ToF32(F32ToBf16(f)); }
 float F16ToF32(uint16_t bits);
 uint16_t F32ToF16(float f);
 
+// Element `i` of contiguous float data `p` (f32, bf16 or f16) widened to f32, exactly;
+// 0 for any other dtype.
+inline float LoadAsF32(const void* p, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(p)[i]);
+    default: return 0.0f;
+  }
+}
+
 // FP8 e4m3 bits (OCP "e4m3fn", torch.float8_e4m3fn, CUDA's __NV_E4M3): bias 7, no
 // infinities, 0x7f / 0xff are NaN, largest finite +-448, smallest subnormal 2^-9.
 // F32ToFp8E4M3 rounds to nearest even and saturates like cuda_fp8.h's

@@ -60,14 +60,6 @@ cpu::ElemType ToElemType(DType dtype) {
   }
 }
 
-float LoadF32(const void* p, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
 class CpuPackedLinear final : public PackedLinear {
  public:
   CpuPackedLinear(cpu::PackedPanels panels, DType dtype, int64_t num_bytes, AlignedBuffer data, AlignedBuffer bias)
@@ -140,7 +132,7 @@ class CpuBackend final : public Backend {
         } else {
           float* dst = static_cast<float*>(data.get()) + p * panel_elems;
           for (int64_t kk = 0; kk < k; ++kk) {
-            dst[kk * cpu::kPanelCols + col] = w ? LoadF32(w->data, w->dtype, src_row * w->strides[0] + kk) : 0.0f;
+            dst[kk * cpu::kPanelCols + col] = w ? LoadAsF32(w->data, w->dtype, src_row * w->strides[0] + kk) : 0.0f;
           }
         }
       }
@@ -151,7 +143,7 @@ class CpuBackend final : public Backend {
       float* b = static_cast<float*>(bias.get());
       int64_t row = 0;
       for (const TensorView& bv : biases) {
-        for (int64_t i = 0; i < bv.num_elements(); ++i) b[row++] = LoadF32(bv.data, bv.dtype, i);
+        for (int64_t i = 0; i < bv.num_elements(); ++i) b[row++] = LoadAsF32(bv.data, bv.dtype, i);
       }
       for (; row < num_panels * cpu::kPanelCols; ++row) b[row] = 0.0f;
     }

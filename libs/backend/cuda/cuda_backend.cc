@@ -49,14 +49,6 @@ class CudaPackedLinear : public PackedLinear {
   DeviceMemory bias_;
 };
 
-float WidenToF32(const void* p, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
 kernels::KvCacheDType KvDType(DType dtype) {
   switch (dtype) {
     case DType::kBF16: return kernels::KvCacheDType::kBf16;
@@ -134,9 +126,7 @@ absl::Status CudaBackend::Reserve(int64_t max_tokens, int64_t max_width, int64_t
   args.num_heads = num_heads;
   args.num_kv_heads = num_kv_heads;
   args.head_dim = head_dim;
-  args.block_size_tokens = 16;
-  args.max_blocks_per_seq = 1;
-  args.max_context_len = max_context_len;
+  args.max_context_len = max_context_len;  // the partials' size depends on these four only
   EnsureScratch(kernels::PagedAttentionDecodeWorkspaceBytes(args), attention_scratch_, "decode attention partials");
   return TakeError();
 }
@@ -189,7 +179,7 @@ absl::StatusOr<std::unique_ptr<PackedLinear>> CudaBackend::PackLinear(std::span<
     std::vector<float> host(static_cast<size_t>(n));
     int64_t at = 0;
     for (const TensorView& b : biases) {
-      for (int64_t i = 0; i < b.dim(0); ++i) host[static_cast<size_t>(at++)] = WidenToF32(b.data, b.dtype, i);
+      for (int64_t i = 0; i < b.dim(0); ++i) host[static_cast<size_t>(at++)] = LoadAsF32(b.data, b.dtype, i);
     }
     KVMESH_ASSIGN_OR_RETURN(bias, AllocateDevice(sizeof(float) * host.size(), "a linear layer's bias"));
     KVMESH_RETURN_IF_CUDA_ERROR(
@@ -326,11 +316,8 @@ void CudaBackend::PagedAttention(const TensorView& q, const TensorView& kv_cache
     RecordError(cudaErrorInvalidValue, "PagedAttention on CUDA needs the batch's max_query_len and max_context_len");
     return;
   }
-  const int32_t num_seqs = static_cast<int32_t>(batch.context_lens.size());
-  const int32_t h = static_cast<int32_t>(q.dim(1)), d = static_cast<int32_t>(q.dim(2));
-  const int32_t hkv = static_cast<int32_t>(kv_cache.dim(2)), block = static_cast<int32_t>(kv_cache.dim(3));
-  if (batch.max_query_len == 1) {
-    kernels::PagedAttentionDecodeArgs args;
+  // The fields both kernels' arguments share (kv_cache: [num_blocks, 2, Hkv, B, D]).
+  auto fill_common = [&](auto& args) {
     args.q = q.data_as<float>();
     args.kv_cache = kv_cache.data;
     args.context_lens = batch.context_lens.data();
@@ -338,15 +325,19 @@ void CudaBackend::PagedAttention(const TensorView& q, const TensorView& kv_cache
     args.k_scale = k_scale_.as<float>();
     args.v_scale = v_scale_.as<float>();
     args.out = out.data_as<float>();
-    args.num_seqs = num_seqs;
-    args.num_heads = h;
-    args.num_kv_heads = hkv;
-    args.head_dim = d;
-    args.block_size_tokens = block;
+    args.num_seqs = static_cast<int32_t>(batch.context_lens.size());
+    args.num_heads = static_cast<int32_t>(q.dim(1));
+    args.num_kv_heads = static_cast<int32_t>(kv_cache.dim(2));
+    args.head_dim = static_cast<int32_t>(q.dim(2));
+    args.block_size_tokens = static_cast<int32_t>(kv_cache.dim(3));
     args.max_blocks_per_seq = batch.max_blocks_per_seq;
-    args.max_context_len = batch.max_context_len;
     args.scale = scale;
     args.kv_dtype = KvDType(kv_cache.dtype);
+  };
+  if (batch.max_query_len == 1) {
+    kernels::PagedAttentionDecodeArgs args;
+    fill_common(args);
+    args.max_context_len = batch.max_context_len;
     const size_t workspace = kernels::PagedAttentionDecodeWorkspaceBytes(args);
     if (!EnsureScratch(workspace, attention_scratch_, "decode attention partials")) return;
     RecordError(
@@ -355,24 +346,10 @@ void CudaBackend::PagedAttention(const TensorView& q, const TensorView& kv_cache
     return;
   }
   kernels::PagedAttentionPrefillArgs args;
-  args.q = q.data_as<float>();
-  args.kv_cache = kv_cache.data;
+  fill_common(args);
   args.query_start = batch.query_start.data();
-  args.context_lens = batch.context_lens.data();
-  args.block_tables = batch.block_tables.data();
-  args.k_scale = k_scale_.as<float>();
-  args.v_scale = v_scale_.as<float>();
-  args.out = out.data_as<float>();
-  args.num_seqs = num_seqs;
   args.num_tokens = static_cast<int32_t>(q.dim(0));
-  args.num_heads = h;
-  args.num_kv_heads = hkv;
-  args.head_dim = d;
-  args.block_size_tokens = block;
-  args.max_blocks_per_seq = batch.max_blocks_per_seq;
   args.max_query_len = batch.max_query_len;
-  args.scale = scale;
-  args.kv_dtype = KvDType(kv_cache.dtype);
   RecordError(kernels::LaunchPagedAttentionPrefill(args, stream_), "paged attention (prefill)");
 }
 

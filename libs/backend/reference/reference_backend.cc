@@ -24,16 +24,6 @@
 namespace kvmesh::backend {
 namespace {
 
-// Element `i` (in elements, contiguous) of `p` widened to f32.
-float LoadF32(const void* p, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(p)[i]);
-    default: return 0.0f;
-  }
-}
-
 // The weight widened to f32, row-major [N, K], and the bias ([N] f32, or empty).
 class ReferencePackedLinear final : public PackedLinear {
  public:
@@ -75,11 +65,11 @@ class ReferenceBackend final : public Backend {
       const TensorView& w = parts[p];
       for (int64_t r = 0; r < w.shape[0]; ++r) {
         for (int64_t c = 0; c < k; ++c) {
-          weight[(row0 + r) * k + c] = LoadF32(w.data, w.dtype, r * w.strides[0] + c * w.strides[1]);
+          weight[(row0 + r) * k + c] = LoadAsF32(w.data, w.dtype, r * w.strides[0] + c * w.strides[1]);
         }
         if (!biases.empty()) {
           const TensorView& b = biases[p];
-          bias[row0 + r] = LoadF32(b.data, b.dtype, r);
+          bias[row0 + r] = LoadAsF32(b.data, b.dtype, r);
         }
       }
       row0 += w.shape[0];
@@ -111,7 +101,7 @@ class ReferenceBackend final : public Backend {
     float* o = out.data_as<float>();
     for (size_t t = 0; t < ids.size(); ++t) {
       for (int64_t c = 0; c < e; ++c) {
-        o[static_cast<int64_t>(t) * e + c] = LoadF32(table.data, table.dtype, ids[t] * table.strides[0] + c);
+        o[static_cast<int64_t>(t) * e + c] = LoadAsF32(table.data, table.dtype, ids[t] * table.strides[0] + c);
       }
     }
   }
@@ -126,7 +116,7 @@ class ReferenceBackend final : public Backend {
       for (int64_t c = 0; c < e; ++c) ss += static_cast<double>(xs[t * e + c]) * xs[t * e + c];
       const double inv = 1.0 / std::sqrt(ss / static_cast<double>(e) + eps);
       for (int64_t c = 0; c < e; ++c) {
-        o[t * e + c] = static_cast<float>(xs[t * e + c] * inv * LoadF32(weight.data, weight.dtype, c));
+        o[t * e + c] = static_cast<float>(xs[t * e + c] * inv * LoadAsF32(weight.data, weight.dtype, c));
       }
     }
   }

@@ -120,10 +120,8 @@ absl::Status CudaModelRunner::UploadWeights() {
     size_t bytes = static_cast<size_t>(host.num_bytes());
     if (widen_to_f32 && host.dtype != DType::kF32) {
       widened.resize(static_cast<size_t>(host.num_elements()));
-      for (size_t i = 0; i < widened.size(); ++i) {
-        const uint16_t bits = static_cast<const uint16_t*>(host.data)[i];
-        widened[i] = host.dtype == DType::kBF16 ? Bf16ToF32(bits) : F16ToF32(bits);
-      }
+      for (size_t i = 0; i < widened.size(); ++i)
+        widened[i] = LoadAsF32(host.data, host.dtype, static_cast<int64_t>(i));
       src = widened.data();
       bytes = sizeof(float) * widened.size();
     }
@@ -194,6 +192,8 @@ absl::Status CudaModelRunner::RunBlockCopies(const std::vector<KvBlockCopy>& cop
   const size_t capacity = (meta_layout_.total - meta_layout_.block_copies) / (2 * sizeof(int32_t));
   int32_t* host = HostMeta<int32_t>(meta_layout_.block_copies);
   for (size_t begin = 0; begin < copies.size(); begin += capacity) {
+    // The previous batch's upload must be done before its staging is rewritten.
+    if (begin > 0) KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(be_.stream()), "copying KV blocks");
     const size_t n = std::min(capacity, copies.size() - begin);
     for (size_t i = 0; i < n; ++i) {
       host[2 * i] = copies[begin + i].src;
@@ -210,8 +210,6 @@ absl::Status CudaModelRunner::RunBlockCopies(const std::vector<KvBlockCopy>& cop
     KVMESH_RETURN_IF_CUDA_ERROR(kernels::LaunchCopyBlocks(pool_.get(), shape, Meta<int32_t>(meta_layout_.block_copies),
                                                           static_cast<int64_t>(n), be_.stream()),
                                 "copying KV blocks");
-    // The pinned staging is rewritten next: wait for the upload.
-    KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(be_.stream()), "copying KV blocks");
   }
   return absl::OkStatus();
 }
