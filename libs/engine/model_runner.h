@@ -36,8 +36,24 @@ struct KvBlockCopy {
   int32_t dst = 0;
 };
 
+// Moves one block's KV, every layer, between the runner's pool (tier 0) and host memory
+// (the host tier's slot, kv/host_kv_tier.h) laid out layer-major: num_layers consecutive
+// ranges of the pool layout's block bytes. Under tensor parallelism the slot holds every
+// rank's heads: rank r's share (its own num_layers * block bytes) starts at
+// r * that size. A CUDA runner moves them with kernels/swap_blocks through pinned memory.
+struct KvBlockSwap {
+  int32_t block = 0;          // in the runner's pool
+  std::byte* host = nullptr;  // kv_swap_bytes_per_block() bytes, valid until Execute returns
+};
+
 struct ModelBatch {
   std::vector<SequenceChunk> chunks;
+  // Execute's order within a step: swap_out (pool -> host: a block offloaded as it is
+  // evicted may be reused by a chunk of this same step), then swap_in (host -> pool: a
+  // prefix hit onboarded from a lower tier), then block_copies, then the chunks. A batch
+  // may carry swaps and no chunks.
+  std::vector<KvBlockSwap> swap_out;
+  std::vector<KvBlockSwap> swap_in;
   std::vector<KvBlockCopy> block_copies;
   // Optional: Execute calls it once per layer, in layer order, on its own thread, as
   // soon as that layer's new KV of every chunk is in kv_storage() (every rank's, under
@@ -76,6 +92,9 @@ class ModelRunner {
   // Whether Execute honours SequenceChunk::argmax_only (a device runner then copies one
   // token id to the host instead of a vocabulary of logits, and skips the host's argmax).
   virtual bool returns_argmax() const { return false; }
+  // Bytes of one block over every layer (and every TP rank): the size of a KvBlockSwap's
+  // host range. 0 when the runner cannot swap blocks (then the engine runs no lower tier).
+  virtual int64_t kv_swap_bytes_per_block() const { return 0; }
 };
 
 }  // namespace kvmesh::engine

@@ -1,0 +1,116 @@
+// DiskKvTier: tier 2 of the KV hierarchy — offloaded blocks in slab files on a local
+// disk, written and read asynchronously with io_uring (O_DIRECT where the filesystem
+// allows it), surviving a restart.
+//
+// A block here is the KV of one full block over every layer, layer-major (layer l's
+// KvLayout::BlockBytes() at offset l * block_bytes): `record_payload_bytes` =
+// num_layers * block_bytes, the same unit the host tier holds (kv/host_kv_tier.h).
+// Blocks are keyed by their BlockHash, the canonical identity every tier shares.
+//
+// On disk: a few slab files under `directory`, each an array of fixed-size records.
+// A record is a 4 KiB header (magic, format version, model salt, block hash, parent
+// hash, dtype, layer count, block bytes, payload checksum XXH3-64, a header checksum)
+// followed by the payload padded to 4 KiB. Create() rebuilds the index from the
+// headers: a record whose header or payload does not verify, a truncated file or a
+// file of another model (salt, layout) is skipped, logged and counted — never served.
+// A record is written payload first, header last, so a process killed mid-write
+// leaves a record whose header does not verify.
+//
+// Asynchronous: StartWrite / StartRead queue I/O and return at once; Poll() reaps what
+// has completed without blocking. The engine thread calls Poll() every step: it never
+// waits for the disk. A full disk (ENOSPC) or a full queue fails that one write
+// (the block simply is not offloaded) and never a request. Reads verify the payload's
+// checksum on completion; a mismatch is kDataLoss (the caller recomputes) and drops
+// the record.
+//
+// Thread-safety: not thread-safe; owned by the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kv/kv_tier_stats.h"
+#include "kv/kv_types.h"
+
+namespace kvmesh::kv {
+
+struct DiskKvTierOptions {
+  std::string directory;       // --kv-disk-cache-dir; created if missing
+  int64_t capacity_bytes = 0;  // --kv-disk-cache-bytes; records beyond it are evicted LRU
+  int64_t record_payload_bytes = 0;  // num_layers * block_bytes
+  // Identity of the KV (model, adapter, dtype, layout): records of another salt are foreign.
+  uint64_t salt = 0;
+  int32_t num_layers = 0;
+  int64_t block_bytes = 0;  // one block of one layer
+  int32_t dtype = 0;        // DType as an integer, recorded in headers
+  int32_t queue_depth = 64;  // I/O in flight at most; StartWrite beyond it is refused
+  bool use_direct_io = true;  // O_DIRECT when the filesystem allows; else buffered + fdatasync-free
+};
+
+// One finished I/O, as Poll returns it.
+struct DiskIoCompletion {
+  enum class Kind : uint8_t { kWrite, kRead };
+  int64_t ticket = 0;
+  Kind kind = Kind::kWrite;
+  BlockHash hash;
+  // OK; kDataLoss (read: checksum mismatch, record dropped); kResourceExhausted (write:
+  // disk full, the tier evicted to make room for later writes); kInternal / kUnavailable
+  // for other I/O errors.
+  absl::Status status;
+};
+
+class DiskKvTier {
+ public:
+  // InvalidArgument naming the flag (--kv-disk-cache-dir, --kv-disk-cache-bytes) for a
+  // directory that cannot be created or written, or a capacity below one record.
+  static absl::StatusOr<std::unique_ptr<DiskKvTier>> Create(const DiskKvTierOptions& options);
+  ~DiskKvTier();  // waits for the I/O in flight
+  DiskKvTier(const DiskKvTier&) = delete;
+  DiskKvTier& operator=(const DiskKvTier&) = delete;
+
+  // Whether a complete, verified record of `hash` is held (writes still in flight do
+  // not count). Counts a query (and a hit) in stats().
+  bool Lookup(const BlockHash& hash);
+  // As Lookup, without counting.
+  bool Contains(const BlockHash& hash) const;
+
+  // Queues a write of `payload` (record_payload_bytes; the caller keeps it valid and
+  // unchanged until the completion) under `hash`, whose payload checksum (XXH3-64 of
+  // the bytes) is `checksum`. Evicts LRU records to stay within capacity. Returns the
+  // ticket. AlreadyExists if the hash is held or being written; ResourceExhausted when
+  // the queue is full; InvalidArgument for a payload of the wrong size.
+  absl::StatusOr<int64_t> StartWrite(const BlockHash& hash, const BlockHash& parent_hash,
+                                     std::span<const std::byte> payload, uint64_t checksum);
+
+  // Queues a read of `hash` into `dst` (record_payload_bytes, valid until the
+  // completion). The record is pinned (never evicted) until its read completes.
+  // NotFound if not held; ResourceExhausted when the queue is full.
+  absl::StatusOr<int64_t> StartRead(const BlockHash& hash, std::span<std::byte> dst);
+
+  // Reaps completed I/O without blocking.
+  std::vector<DiskIoCompletion> Poll();
+  // Waits until nothing is in flight and returns every completion (shutdown, tests).
+  std::vector<DiskIoCompletion> Drain();
+
+  // kStored when a write completes, kRemoved when a record is evicted or dropped; tier kDisk.
+  std::vector<KvEvent> DrainEvents();
+
+  int64_t num_records() const;
+  int64_t capacity_records() const;
+  int32_t num_in_flight() const;
+  const KvTierStats& stats() const;
+  // Index, LRU and slot accounting agree. Internal on the first violation; for tests.
+  absl::Status CheckInvariants() const;
+
+ private:
+  class Impl;
+  explicit DiskKvTier(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvmesh::kv

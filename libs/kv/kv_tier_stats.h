@@ -1,0 +1,37 @@
+// KvTierStats: the counters one lower KV tier (host memory, disk) keeps, for metrics
+// (kvmesh_kv_tier_*{tier=...}) and for the load-versus-recompute decision, which reads
+// the measured bandwidths.
+//
+// Thread-safety: a plain value.
+#pragma once
+
+#include <cstdint>
+
+namespace kvmesh::kv {
+
+struct KvTierStats {
+  int64_t queries = 0;             // lookups
+  int64_t hits = 0;                // ... that found the block
+  int64_t blocks_offloaded = 0;    // blocks written into this tier
+  int64_t bytes_offloaded = 0;
+  int64_t blocks_onboarded = 0;    // blocks read back out of this tier
+  int64_t bytes_onboarded = 0;
+  int64_t evictions = 0;           // blocks dropped to make room
+  int64_t checksum_failures = 0;   // blocks whose bytes did not verify on the way up
+  int64_t write_failures = 0;      // offloads refused or failed (full, queue full, I/O error)
+  int64_t skipped_records = 0;     // disk: corrupt, truncated or foreign records skipped at start-up
+  int32_t in_flight = 0;           // copies or I/O in flight now
+  // Measured as the tier runs (exponentially weighted; 0 until measured).
+  double read_bytes_per_second = 0;
+  double write_bytes_per_second = 0;
+};
+
+// Folds one measured transfer into an exponentially weighted bandwidth (weight 1/8 per
+// sample; the first sample sets it).
+inline void RecordBandwidth(double& bytes_per_second, int64_t bytes, double seconds) {
+  if (bytes <= 0 || seconds <= 0) return;
+  const double sample = static_cast<double>(bytes) / seconds;
+  bytes_per_second = bytes_per_second == 0 ? sample : bytes_per_second + (sample - bytes_per_second) / 8;
+}
+
+}  // namespace kvmesh::kv
