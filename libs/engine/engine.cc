@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <chrono>
 #include <iterator>
 #include <utility>
 
@@ -16,6 +17,58 @@ absl::Status RunnerError(const absl::Status& s) {
   const absl::StatusCode code =
       s.code() == absl::StatusCode::kInvalidArgument ? absl::StatusCode::kInternal : s.code();
   return absl::Status(code, absl::StrCat("model runner failed: ", s.message()));
+}
+
+}  // namespace
+
+namespace {
+
+// Builds the lower tiers the options ask for under `kv` (nothing when host_cache_bytes is 0).
+absl::Status AttachKvTiers(const EngineOptions& options, ModelRunner& runner, kv::KvCacheManager& kv) {
+  const EngineKvTierOptions& t = options.tiers;
+  if (t.host_cache_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-host-cache-bytes must be >= 0, got ", t.host_cache_bytes));
+  }
+  if (t.host_cache_bytes == 0) {
+    if (!t.disk_cache_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "--kv-disk-cache-dir needs --kv-host-cache-bytes: blocks read from disk land in the host tier");
+    }
+    return absl::OkStatus();
+  }
+  if (!options.kv.enable_prefix_caching) {
+    return absl::InvalidArgumentError(
+        "--kv-host-cache-bytes needs prefix caching: offloaded blocks are found again by their hashes");
+  }
+  const int64_t slot_bytes = runner.kv_swap_bytes_per_block();
+  if (slot_bytes <= 0) {
+    return absl::FailedPreconditionError(
+        "--kv-host-cache-bytes: this model runner cannot copy KV blocks to host memory (tensor-parallel or device "
+        "runners without block swaps)");
+  }
+  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<kv::HostKvTier> host,
+                          kv::HostKvTier::Create({.capacity_bytes = t.host_cache_bytes,
+                                                  .slot_bytes = slot_bytes,
+                                                  .allocate = t.host_allocate,
+                                                  .deallocate = t.host_deallocate,
+                                                  .record_events = options.kv.record_events}));
+  std::unique_ptr<kv::DiskKvTier> disk;
+  if (!t.disk_cache_dir.empty()) {
+    const kv::KvStorage* storage = runner.kv_storage();
+    if (storage == nullptr) {
+      return absl::FailedPreconditionError("--kv-disk-cache-dir: this model runner exposes no KV layout");
+    }
+    const kv::KvLayout& layout = storage->layout();
+    KVMESH_ASSIGN_OR_RETURN(disk, kv::DiskKvTier::Create({.directory = t.disk_cache_dir,
+                                                          .capacity_bytes = t.disk_cache_bytes,
+                                                          .record_payload_bytes = slot_bytes,
+                                                          .salt = t.model_identity ^ options.kv.salt,
+                                                          .num_layers = layout.num_layers(),
+                                                          .block_bytes = layout.BlockBytes(),
+                                                          .dtype = static_cast<int32_t>(layout.dtype()),
+                                                          .block_size_tokens = layout.block_size_tokens()}));
+  }
+  return kv.AttachTiers(std::make_unique<kv::KvTiers>(std::move(host), std::move(disk), kv.block_size_tokens()));
 }
 
 }  // namespace
@@ -42,6 +95,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         options.max_model_len, "): without chunked prefill a long prompt could never be scheduled"));
   }
   KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<kv::KvCacheManager> kv, kv::KvCacheManager::Create(kv_options));
+  KVMESH_RETURN_IF_ERROR(AttachKvTiers(options, runner, *kv));
   SchedulerOptions scheduler_options = options.scheduler;
   scheduler_options.argmax_on_runner = runner.returns_argmax();
   KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler,
@@ -82,9 +136,10 @@ absl::StatusOr<RequestOutput> Engine::Abort(const std::string& request_id) {
 
 absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   std::vector<RequestOutput> reclaimed = ReclaimExpired();
+  kv_->PollTiers();  // disk reads that landed make their requests admissible
   KVMESH_ASSIGN_OR_RETURN(SchedulerOutput scheduled, scheduler_->Schedule());
   if (scheduled.empty()) return reclaimed;
-  ++num_steps_;
+  if (!scheduled.chunks.empty()) ++num_steps_;
   // NOTE: the per-layer hook is installed only when a streamed prefill runs in this
   // step; ordinary steps leave it empty.
   std::vector<LayerExport> layer_exports;
@@ -92,8 +147,15 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   if (!layer_exports.empty()) {
     scheduled.batch.on_layer_kv_written = [this, &layer_exports](int32_t layer) { ExportLayer(layer_exports, layer); };
   }
+  const auto started = std::chrono::steady_clock::now();
   absl::StatusOr<ModelOutput> result = runner_.Execute(scheduled.batch);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   scheduled.batch.on_layer_kv_written = nullptr;
+  // NOTE: a failed step may have run none of its copies: offloads are dropped (the
+  // blocks were evicted anyway) and onboarded blocks end with their failed requests.
+  kv_->FinishSwaps(scheduled.swaps, result.ok(), result.ok() ? result->swap_out_seconds : 0,
+                   result.ok() ? result->swap_in_seconds : 0);
+  if (result.ok()) RecordStepSpeed(scheduled, *result, seconds);
   if (result.ok()) {
     const size_t expected = static_cast<size_t>(scheduled.num_logits_rows) * static_cast<size_t>(limits_.vocab_size);
     if (result->logits.size() != expected) {
@@ -143,6 +205,46 @@ void Engine::Deliver(const std::vector<RequestOutput>& outputs) {
   }
 }
 
+absl::Status Engine::RunPendingTierCopies() {
+  if (!kv_->has_tiers()) return absl::OkStatus();
+  const kv::KvSwaps swaps = kv_->TakeSwaps();
+  if (swaps.empty()) return absl::OkStatus();
+  ModelBatch batch;
+  AppendSwaps(swaps, &batch);
+  absl::StatusOr<ModelOutput> result = runner_.Execute(batch);
+  kv_->FinishSwaps(swaps, result.ok(), result.ok() ? result->swap_out_seconds : 0,
+                   result.ok() ? result->swap_in_seconds : 0);
+  return result.status();
+}
+
+void Engine::RecordStepSpeed(const SchedulerOutput& scheduled, const ModelOutput& output, double seconds) {
+  if (!kv_->has_tiers()) return;
+  int64_t prefill_tokens = 0;
+  for (const ScheduledChunk& c : scheduled.chunks) prefill_tokens += c.num_tokens > 1 ? c.num_tokens : 0;
+  // Only prefill-heavy steps say how fast recomputing is.
+  const double compute_seconds = seconds - output.swap_out_seconds - output.swap_in_seconds;
+  if (prefill_tokens < 32 || prefill_tokens * 2 < scheduled.num_batched_tokens || compute_seconds <= 0) return;
+  double tps = kv_->tiers()->prefill_tokens_per_second();
+  kv::RecordBandwidth(tps, prefill_tokens, compute_seconds);
+  kv_->tiers()->set_prefill_tokens_per_second(tps);
+}
+
+int64_t Engine::CountStrandedBlocks() const {
+  int64_t stranded = 0;
+  for (const kv::RequestId id : kv_->request_ids()) {
+    if (!scheduler_->HasSequence(id)) stranded += static_cast<int64_t>(kv_->block_table(id).size());
+  }
+  const int64_t now = NowMs();
+  for (const auto& [id, lease] : leases_) {
+    if (now >= lease.deadline_ms) stranded += static_cast<int64_t>(lease.block_ids.size());
+  }
+  for (const auto& [id, held] : held_prefills_) {
+    if (now >= held.deadline_ms) stranded += static_cast<int64_t>(held.block_ids.size());
+  }
+  if (kv_->has_tiers()) stranded += kv_->tiers()->num_lookup_pins();
+  return stranded;
+}
+
 EngineStats Engine::stats() const {
   const SchedulerStats s = scheduler_->stats();
   const kv::PrefixCacheStats& p = kv_->prefix_cache_stats();
@@ -178,6 +280,22 @@ EngineStats Engine::stats() const {
   e.num_leases_expired = num_leases_expired_;
   e.num_leases_aborted = num_leases_aborted_;
   e.num_prefill_releases_expired = num_prefill_releases_expired_;
+  e.num_kv_blocks_stranded = CountStrandedBlocks();
+  e.prefix_cache_host_hit_tokens = p.host_hit_tokens;
+  e.num_waiting_for_disk = s.num_waiting_for_disk;
+  if (const kv::KvTiers* tiers = kv_->tiers(); tiers != nullptr) {
+    e.has_host_tier = true;
+    e.host_tier = tiers->host().stats();
+    e.host_tier_slots = tiers->host().num_slots();
+    e.host_tier_resident = tiers->host().num_resident();
+    e.tiers = tiers->stats();
+    e.prefill_tokens_per_second = tiers->prefill_tokens_per_second();
+    if (const kv::DiskKvTier* disk = tiers->disk(); disk != nullptr) {
+      e.has_disk_tier = true;
+      e.disk_tier = disk->stats();
+      e.disk_tier_records = disk->num_records();
+    }
+  }
   return e;
 }
 

@@ -47,8 +47,24 @@
 
 namespace kvmesh::engine {
 
+// The lower KV tiers under the engine's pool (kv/kv_tiers.h). Off unless
+// host_cache_bytes > 0.
+struct EngineKvTierOptions {
+  int64_t host_cache_bytes = 0;  // --kv-host-cache-bytes
+  // Where the host tier's memory comes from (pinned or managed memory on a CUDA worker);
+  // empty: plain host memory with huge pages.
+  std::function<std::byte*(int64_t bytes)> host_allocate;
+  std::function<void(std::byte*)> host_deallocate;
+  std::string disk_cache_dir;    // --kv-disk-cache-dir; empty: no disk tier
+  int64_t disk_cache_bytes = 0;  // --kv-disk-cache-bytes
+  // Fingerprint of the model the KV belongs to: the disk tier's records carry it and
+  // records of another model are skipped at start-up.
+  uint64_t model_identity = 0;
+};
+
 struct EngineOptions {
   SchedulerOptions scheduler;
+  EngineKvTierOptions tiers;
   // num_blocks == 0: the runner's num_blocks(). block_size_tokens must equal the runner's.
   // With record_events on, the owner drains DrainKvEvents() every step.
   kv::KvCacheManagerOptions kv;
@@ -108,6 +124,22 @@ struct EngineStats {
   int64_t num_leases_aborted = 0;
   // Prefill-only requests (prefill side) whose release timed out.
   int64_t num_prefill_releases_expired = 0;
+  // Blocks that nothing live should be holding: held by no live request, leased or
+  // pinned past their deadline, or host slots pinned by a lookup nobody used. Always 0
+  // unless something leaks (kvmesh_kv_blocks_stranded).
+  int64_t num_kv_blocks_stranded = 0;
+  // Lower tiers (all zero without them).
+  bool has_host_tier = false;
+  bool has_disk_tier = false;
+  kv::KvTierStats host_tier;
+  kv::KvTierStats disk_tier;
+  kv::KvTiersStats tiers;
+  int32_t host_tier_slots = 0;
+  int32_t host_tier_resident = 0;
+  int64_t disk_tier_records = 0;
+  int64_t prefix_cache_host_hit_tokens = 0;
+  int64_t num_waiting_for_disk = 0;
+  double prefill_tokens_per_second = 0;  // measured, for load-versus-recompute
 };
 
 class Engine {
@@ -262,6 +294,13 @@ class Engine {
 
   Engine(const EngineOptions& options, ModelRunner& runner, std::unique_ptr<kv::KvCacheManager> kv,
          std::unique_ptr<Scheduler> scheduler, const RequestLimits& limits);
+
+  // Runs the lower-tier copies queued outside a step (a reservation's evictions and
+  // onboards) at once, before anyone writes the blocks directly.
+  absl::Status RunPendingTierCopies();
+  // Folds one step's prefill speed into the load-versus-recompute estimate.
+  void RecordStepSpeed(const SchedulerOutput& scheduled, const ModelOutput& output, double seconds);
+  int64_t CountStrandedBlocks() const;
 
   // Invokes the callbacks of `outputs`; forgets those of finished requests, and keeps
   // the lease / pinned-prefill tables in step with them.

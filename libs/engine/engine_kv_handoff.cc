@@ -53,6 +53,13 @@ absl::StatusOr<RemotePrefillLease> Engine::ReserveForRemotePrefill(EngineRequest
   KVMESH_ASSIGN_OR_RETURN(const kv::KvBlockSpec spec, kv_block_spec());
   KVMESH_RETURN_IF_ERROR(ValidateEngineRequest(request, limits_));
   KVMESH_ASSIGN_OR_RETURN(RemotePrefillReservation reservation, scheduler_->ReserveRemotePrefill(request));
+  // The transfer writes these blocks directly, between steps: offload what the
+  // reservation evicted, and onboard its host hits, first.
+  if (absl::Status copied = RunPendingTierCopies(); !copied.ok()) {
+    // Its onboarded prefix never landed: the reservation must not stand.
+    (void)scheduler_->FailRequest(request.request_id, copied);
+    return absl::UnavailableError(absl::StrCat("KV tier copy failed: ", copied.message()));
+  }
   const KvTransferId id{next_transfer_id_++};
   ++num_leases_granted_;
   const int32_t num_cached_blocks = reservation.num_cached_tokens / spec.block_size_tokens;

@@ -71,6 +71,9 @@ struct ModelOutput {
   // the largest logit (NaN never wins; +inf counts as the largest finite float, as the
   // sampler's greedy path reads it), or -1 when no logit is finite.
   std::vector<int32_t> argmax_token_ids;
+  // Time the step spent on ModelBatch::swap_out and swap_in (the tiers' bandwidths).
+  double swap_out_seconds = 0;
+  double swap_in_seconds = 0;
 };
 
 class ModelRunner {

@@ -1,5 +1,7 @@
 #include "engine/paged_model_runner.h"
 
+#include <chrono>
+
 #include <cmath>
 #include <cstring>
 
@@ -70,8 +72,30 @@ void PagedModelRunner::EnsureScratch(int64_t t) {
   scratch_tokens_ = t;
 }
 
+int64_t PagedModelRunner::kv_swap_bytes_per_block() const {
+  return storage_->SwapBytesPerBlock() * (comm_ != nullptr ? comm_->world_size() : 1);
+}
+
+absl::Status PagedModelRunner::RunSwaps(const ModelBatch& batch, ModelOutput& output) {
+  // Under TP the host slot holds every rank's heads; this rank's share is at rank * its size.
+  const int64_t offset = comm_ != nullptr ? comm_->rank() * storage_->SwapBytesPerBlock() : 0;
+  auto start = std::chrono::steady_clock::now();
+  for (const KvBlockSwap& s : batch.swap_out) {
+    KVMESH_RETURN_IF_ERROR(storage_->SwapOut(kv::BlockId{s.block}, s.host + offset));
+  }
+  auto mid = std::chrono::steady_clock::now();
+  for (const KvBlockSwap& s : batch.swap_in) {
+    KVMESH_RETURN_IF_ERROR(storage_->SwapIn(kv::BlockId{s.block}, s.host + offset));
+  }
+  auto end = std::chrono::steady_clock::now();
+  output.swap_out_seconds = std::chrono::duration<double>(mid - start).count();
+  output.swap_in_seconds = std::chrono::duration<double>(end - mid).count();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
   ModelOutput output;
+  if (!batch.swap_out.empty() || !batch.swap_in.empty()) KVMESH_RETURN_IF_ERROR(RunSwaps(batch, output));
   if (batch.chunks.empty()) return output;
   KVMESH_RETURN_IF_ERROR(Prepare(batch));
   const auto& c = model_.config();

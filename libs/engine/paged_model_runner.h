@@ -56,6 +56,8 @@ class PagedModelRunner : public ModelRunner {
   int32_t num_blocks() const override { return storage_->layout().num_blocks(); }
   absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override;
   kv::KvStorage* kv_storage() override { return storage_.get(); }
+  // This rank's block bytes times the group's size (every rank's heads in one slot).
+  int64_t kv_swap_bytes_per_block() const override;
 
   const kv::KvStorage& storage() const { return *storage_; }
   kv::KvStorage& storage() { return *storage_; }
@@ -65,6 +67,8 @@ class PagedModelRunner : public ModelRunner {
   PagedModelRunner(LlamaModel& model, std::unique_ptr<kv::KvStorage> storage, comm::Communicator* comm)
       : model_(model), storage_(std::move(storage)), comm_(comm) {}
   absl::Status Prepare(const ModelBatch& batch);
+  // The batch's lower-tier copies (ModelBatch::swap_out, then swap_in), timed.
+  absl::Status RunSwaps(const ModelBatch& batch, ModelOutput& output);
   void EnsureScratch(int64_t num_tokens);
   // Vocab-parallel embedding: this rank's rows, zero for other ranks' tokens, summed.
   absl::Status ShardedEmbedding(const TensorView& out);

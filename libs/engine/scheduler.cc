@@ -95,9 +95,12 @@ absl::StatusOr<RemotePrefillReservation> Scheduler::ReserveRemotePrefill(const E
   }
   KVMESH_ASSIGN_OR_RETURN(Sequence * seq, CreateRequest(request));
   kv::ComputedPrefix prefix = kv_.FindCachedPrefix(seq->token_ids);
+  // NOTE: a remote prefill does not wait for a disk load: the prefill side computes
+  // whatever tier 0 and the host tier do not hold.
   absl::StatusOr<kv::KvAllocation> alloc =
       kv_.AllocateSlots(seq->kv_id, seq->token_ids, seq->num_tokens() - prefix.num_tokens, &prefix);
   if (!alloc.ok()) {
+    kv_.ReleasePrefix(prefix);
     DiscardNewRequest(seq);
     if (alloc.status().code() == absl::StatusCode::kResourceExhausted) return alloc.status();
     return KvBroken(alloc.status(), "AllocateSlots for a remote prefill");
@@ -313,6 +316,7 @@ absl::Status Scheduler::Preempt(Sequence* seq, SchedulerOutput* out, int32_t* bu
   seq->num_computed_tokens = 0;
   seq->num_prefill_tokens = seq->num_tokens();
   ++seq->num_preemptions;
+  seq->disk_load_started = false;  // its blocks may be offloaded now: a resume may load them
   ++stats_.num_preemptions;
   ++out->num_preempted;
   EnqueueWaiting(seq, /*front=*/true);
@@ -385,12 +389,36 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
     while (w < waiting_.size() && budget > 0) {
       Sequence* seq = waiting_[w];
       if (NumRunningSlots() + seq->request->num_seq_slots_if_unforked() > options_.max_num_seqs) break;
+      // A sequence whose prefix is being read from disk waits for it (holding no
+      // tier-0 block, so the load cannot deadlock anyone); later ones may pass it.
+      if (!seq->loading_block_hashes.empty()) {
+        if (kv_.AnyLoading(seq->loading_block_hashes)) {
+          ++w;
+          continue;
+        }
+        seq->loading_block_hashes.clear();
+      }
       kv::ComputedPrefix prefix = kv_.FindCachedPrefix(seq->token_ids);
+      if (prefix.num_disk_blocks > 0 && !seq->disk_load_started) {
+        // Onboard from disk first (once: what is gone by then is recomputed).
+        seq->disk_load_started = true;
+        if (kv_.StartDiskLoads(prefix) > 0) {
+          const size_t first = static_cast<size_t>(prefix.num_blocks());
+          seq->loading_block_hashes.assign(prefix.block_hashes.begin() + static_cast<std::ptrdiff_t>(first),
+                                           prefix.block_hashes.begin() +
+                                               static_cast<std::ptrdiff_t>(first + prefix.num_disk_blocks));
+          kv_.ReleasePrefix(prefix);
+          ++stats_.num_waiting_for_disk;
+          ++w;
+          continue;
+        }
+      }
       // NOTE: in-batch prefix sharing. When the first block this request would compute
       // is being computed right now by a running sequence (same hash), defer it: a step
       // later that block is a cache hit instead of duplicate prefill work.
-      const size_t first_uncached = prefix.blocks.size();
+      const size_t first_uncached = static_cast<size_t>(prefix.num_blocks());
       if (first_uncached < prefix.block_hashes.size() && in_flight.contains(prefix.block_hashes[first_uncached])) {
+        kv_.ReleasePrefix(prefix);
         ++stats_.num_deferred_for_prefix;
         ++w;
         continue;
@@ -399,10 +427,14 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
       if (options_.enable_chunked_prefill && options_.long_prefill_token_threshold > 0) {
         pending = std::min(pending, options_.long_prefill_token_threshold);
       }
-      if (!options_.enable_chunked_prefill && pending > budget) break;
+      if (!options_.enable_chunked_prefill && pending > budget) {
+        kv_.ReleasePrefix(prefix);
+        break;
+      }
       const int32_t num_new = std::min(pending, budget);
       absl::StatusOr<kv::KvAllocation> alloc = kv_.AllocateSlots(seq->kv_id, seq->token_ids, num_new, &prefix);
       if (!alloc.ok()) {
+        kv_.ReleasePrefix(prefix);
         if (alloc.status().code() == absl::StatusCode::kResourceExhausted) break;  // wait for room
         return KvBroken(alloc.status(), "AllocateSlots for a waiting sequence");
       }
@@ -423,7 +455,9 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
     }
   }
 
-  // 3. Assemble the batch from the chunks that survived preemption.
+  // 3. Assemble the batch from the chunks that survived preemption, with the tier copies
+  // the allocations above queued (offloads of evicted blocks, onboards of host hits).
+  AddSwaps(kv_.TakeSwaps(), &out);
   for (ScheduledChunk& chunk : out.chunks) {
     const Sequence* seq = seqs_.at(chunk.kv_id);
     chunk.argmax_only = chunk.compute_logits && options_.argmax_on_runner && ArgmaxSuffices(*seq);
@@ -444,6 +478,16 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
   stats_.last_batch_num_seqs = static_cast<int32_t>(out.chunks.size());
   stats_.last_batch_num_tokens = out.num_batched_tokens;
   return out;
+}
+
+void AppendSwaps(const kv::KvSwaps& swaps, ModelBatch* batch) {
+  for (const kv::KvSwap& s : swaps.out) batch->swap_out.push_back(KvBlockSwap{.block = s.block.value, .host = s.host});
+  for (const kv::KvSwap& s : swaps.in) batch->swap_in.push_back(KvBlockSwap{.block = s.block.value, .host = s.host});
+}
+
+void Scheduler::AddSwaps(kv::KvSwaps swaps, SchedulerOutput* out) {
+  AppendSwaps(swaps, &out->batch);
+  out->swaps = std::move(swaps);
 }
 
 absl::Status Scheduler::Fork(Sequence* parent) {

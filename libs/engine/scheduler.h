@@ -97,7 +97,11 @@ struct SchedulerOutput {
   int32_t num_logits_rows = 0;  // chunks with compute_logits and not argmax_only
   int32_t num_argmax_rows = 0;  // chunks with compute_logits and argmax_only
   int32_t num_preempted = 0;    // sequences preempted while scheduling this step
-  bool empty() const { return chunks.empty(); }
+  // The lower-tier copies in batch.swap_out / swap_in, for KvCacheManager::FinishSwaps
+  // once the step ran.
+  kv::KvSwaps swaps;
+  // Nothing to run: no chunk and no tier copy.
+  bool empty() const { return chunks.empty() && swaps.empty(); }
 };
 
 struct SchedulerStats {
@@ -110,6 +114,8 @@ struct SchedulerStats {
   // Admissions put off one step because a running sequence was computing the same
   // prefix block (in-batch prefix sharing).
   int64_t num_deferred_for_prefix = 0;
+  // Admissions put off to read the prefix from the disk tier first.
+  int64_t num_waiting_for_disk = 0;
   int64_t num_prefill_tokens = 0;  // computed prefill tokens (cache hits excluded, recomputes included)
   int64_t num_decode_tokens = 0;
   int64_t num_finished_requests = 0;  // every end: stop, length, abort, error
@@ -125,6 +131,9 @@ struct RemotePrefillReservation {
   std::vector<kv::BlockId> block_ids;  // the whole prompt, in position order
   int32_t num_cached_tokens = 0;       // leading prompt tokens from the local prefix cache
 };
+
+// Appends the tier copies `swaps` to `batch` (ModelBatch::swap_out / swap_in).
+void AppendSwaps(const kv::KvSwaps& swaps, ModelBatch* batch);
 
 class Scheduler {
  public:
@@ -215,6 +224,8 @@ class Scheduler {
 
   bool HasUnfinishedRequests() const { return !requests_.empty(); }
   bool HasRequest(const std::string& request_id) const { return requests_.contains(request_id); }
+  // Whether an unfinished sequence has this KV id.
+  bool HasSequence(kv::RequestId kv_id) const { return seqs_.contains(kv_id); }
   SchedulerStats stats() const;
   const SchedulerOptions& options() const { return options_; }
 
@@ -246,6 +257,8 @@ class Scheduler {
   // if it was scheduled there (returning its budget to `budget`).
   absl::Status Preempt(Sequence* seq, SchedulerOutput* out, int32_t* budget);
   void EnqueueWaiting(Sequence* seq, bool front);
+  // Moves the KV manager's queued tier copies into the step.
+  void AddSwaps(kv::KvSwaps swaps, SchedulerOutput* out);
   // Records `seq`'s chunk; the batch is assembled at the end of Schedule.
   void AddChunk(Sequence* seq, int32_t num_new, const kv::KvAllocation& alloc, SchedulerOutput* out);
   // Forks the remaining n-1 samples of `seq`'s request off sample 0.

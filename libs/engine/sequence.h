@@ -58,6 +58,10 @@ struct Sequence {
   // caching): while num_computed_tokens has not reached one of them, a waiting
   // request with the same block defers instead of computing it twice.
   std::vector<kv::BlockHash> admitted_block_hashes;
+  // Waiting for these blocks of its prefix to be read from the disk tier (empty: not
+  // waiting); a sequence starts one disk load per admission attempt cycle at most.
+  std::vector<kv::BlockHash> loading_block_hashes;
+  bool disk_load_started = false;
   // Not yet reported in a RequestOutput.
   std::vector<int32_t> pending_token_ids;
   std::vector<SampleResult> pending_logprobs;

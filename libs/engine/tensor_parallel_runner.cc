@@ -217,6 +217,8 @@ absl::StatusOr<ModelOutput> TensorParallelRunner::Execute(const ModelBatch& batc
   {
     std::lock_guard<std::mutex> lock(mu_);
     plan_.chunks = batch.chunks;
+    plan_.swap_out = batch.swap_out;
+    plan_.swap_in = batch.swap_in;
     plan_.block_copies = batch.block_copies;
     step = ++step_;
   }

@@ -87,6 +87,10 @@ class TensorParallelRunner : public ModelRunner {
   // NOTE: nullptr: KV is spread over the ranks' pools, so the engine cannot copy whole
   // blocks in or out (prefill/decode disaggregation under TP is not supported yet).
   kv::KvStorage* kv_storage() override { return nullptr; }
+  // Every rank copies its own heads into its share of the slot (ModelBatch swaps).
+  int64_t kv_swap_bytes_per_block() const override {
+    return rank_storage(0).SwapBytesPerBlock() * tensor_parallel_size();
+  }
 
   int32_t tensor_parallel_size() const { return static_cast<int32_t>(ranks_.size()); }
   // Rank `rank`'s KV pool (its accounting: layout().TotalBytes(), kv_head_replication()).

@@ -58,6 +58,7 @@ int32_t BlockPool::PopFront(List& list) {
 
 void BlockPool::DropHash(int32_t b) {
   BlockMeta& m = blocks_[b];
+  if (eviction_listener_) eviction_listener_(BlockId{b}, m.hash, m.parent_hash);
   hash_to_block_.erase(m.hash);
   m.has_hash = false;
   ++num_evictions_;

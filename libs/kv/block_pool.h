@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -86,6 +87,12 @@ class BlockPool {
   // max_blocks >= num_cached_blocks() this resets the prefix cache.
   int32_t EvictCached(int32_t max_blocks);
 
+  // Called for every cached block that Allocate() or EvictCached() evicts, before its
+  // hash is dropped and before anyone can write into it: the owner offloads it to a
+  // lower tier (kv/kv_tiers.h). Must not call back into the pool.
+  using EvictionListener = std::function<void(BlockId block, const BlockHash& hash, const BlockHash& parent_hash)>;
+  void set_eviction_listener(EvictionListener listener) { eviction_listener_ = std::move(listener); }
+
   // Returns the queued KV events, oldest first, and empties the queue. Always empty
   // when record_events is off.
   std::vector<KvEvent> DrainEvents();
@@ -149,6 +156,7 @@ class BlockPool {
   List cached_;
   absl::flat_hash_map<BlockHash, int32_t> hash_to_block_;
   std::vector<KvEvent> events_;
+  EvictionListener eviction_listener_;
   int64_t num_stored_ = 0;
   int64_t num_evictions_ = 0;
 };

@@ -40,12 +40,38 @@ ComputedPrefix KvCacheManager::FindCachedPrefix(std::span<const int32_t> prompt_
     if (!block.has_value()) break;
     prefix.blocks.push_back(*block);
   }
-  prefix.num_tokens = static_cast<int32_t>(prefix.blocks.size()) * bs;
+  if (tiers_ != nullptr && prefix.blocks.size() < limit) {
+    prefix.num_disk_blocks = tiers_->ExtendPrefix(prefix.block_hashes, prefix.blocks.size(), limit, &prefix.host_slots);
+  }
+  prefix.num_tokens = prefix.num_blocks() * bs;
   ++prefix_stats_.queries;
-  if (!prefix.blocks.empty()) ++prefix_stats_.hits;
+  if (prefix.num_blocks() > 0) ++prefix_stats_.hits;
   prefix_stats_.prefix_cache_queries_tokens += static_cast<int64_t>(prompt_tokens.size());
   prefix_stats_.prefix_cache_hit_tokens += prefix.num_tokens;
+  prefix_stats_.host_hit_tokens += static_cast<int64_t>(prefix.host_slots.size()) * bs;
   return prefix;
+}
+
+void KvCacheManager::ReleasePrefix(const ComputedPrefix& prefix) {
+  if (tiers_ != nullptr && !prefix.host_slots.empty()) tiers_->Release(prefix.host_slots);
+}
+
+absl::Status KvCacheManager::AttachTiers(std::unique_ptr<KvTiers> tiers) {
+  if (!options_.enable_prefix_caching) {
+    return absl::FailedPreconditionError("lower KV tiers need prefix caching: blocks are found by their hashes");
+  }
+  if (tiers_ != nullptr) return absl::FailedPreconditionError("KV tiers are attached already");
+  tiers_ = std::move(tiers);
+  pool_->set_eviction_listener([tiers = tiers_.get()](BlockId block, const BlockHash& hash, const BlockHash& parent) {
+    tiers->OnDeviceEvict(block, hash, parent);
+  });
+  return absl::OkStatus();
+}
+
+int32_t KvCacheManager::StartDiskLoads(const ComputedPrefix& prefix) {
+  if (tiers_ == nullptr || prefix.num_disk_blocks <= 0) return 0;
+  return tiers_->StartDiskLoads(prefix.block_hashes, static_cast<size_t>(prefix.num_blocks()),
+                                static_cast<size_t>(prefix.num_disk_blocks));
 }
 
 absl::StatusOr<KvAllocation> KvCacheManager::AllocateSlots(RequestId id, std::span<const int32_t> all_tokens,
@@ -56,7 +82,7 @@ absl::StatusOr<KvAllocation> KvCacheManager::AllocateSlots(RequestId id, std::sp
   }
   const auto it = requests_.find(id);
   const bool is_new = it == requests_.end();
-  const bool has_prefix = prefix != nullptr && !prefix->blocks.empty();
+  const bool has_prefix = prefix != nullptr && prefix->num_blocks() > 0;
 
   // 1. Validate everything before touching anything.
   if (has_prefix) {
@@ -64,8 +90,9 @@ absl::StatusOr<KvAllocation> KvCacheManager::AllocateSlots(RequestId id, std::sp
       return absl::InvalidArgumentError(absl::StrCat("AllocateSlots: request ", id.value,
                                                      " already has blocks; a cached prefix only seeds a new one"));
     }
-    if (prefix->num_tokens != static_cast<int64_t>(prefix->blocks.size()) * bs ||
-        prefix->block_hashes.size() < prefix->blocks.size()) {
+    if (prefix->num_tokens != static_cast<int64_t>(prefix->num_blocks()) * bs ||
+        prefix->block_hashes.size() < static_cast<size_t>(prefix->num_blocks()) ||
+        (!prefix->host_slots.empty() && tiers_ == nullptr)) {
       return absl::InvalidArgumentError("AllocateSlots: malformed ComputedPrefix");
     }
     for (size_t i = 0; i < prefix->blocks.size(); ++i) {
@@ -137,9 +164,16 @@ absl::StatusOr<KvAllocation> KvCacheManager::AllocateSlots(RequestId id, std::sp
     const BlockId released[] = {src};
     if (absl::Status s = pool_->Release(released); !s.ok()) return absl::InternalError(s.message());
   }
+  const size_t first_onboarded = next;
   for (; next < fresh->size(); ++next) {
     state.blocks.push_back((*fresh)[next]);
     allocation.new_blocks.push_back((*fresh)[next]);
+  }
+  if (has_prefix && !prefix->host_slots.empty()) {
+    // The host hits sit right after the tier-0 prefix: the first fresh tail blocks.
+    for (size_t h = 0; h < prefix->host_slots.size(); ++h) {
+      tiers_->QueueSwapIn((*fresh)[first_onboarded + h], prefix->host_slots[h]);
+    }
   }
   allocation.slot_mapping = MakeSlotMapping(state.blocks, static_cast<int32_t>(num_computed), num_new_tokens);
   return allocation;
@@ -245,6 +279,13 @@ absl::StatusOr<SlotMapping> KvCacheManager::GetSlotMapping(RequestId id, int32_t
   return MakeSlotMapping(it->second.blocks, first_position, num_tokens);
 }
 
+std::vector<RequestId> KvCacheManager::request_ids() const {
+  std::vector<RequestId> ids;
+  ids.reserve(requests_.size());
+  for (const auto& [id, state] : requests_) ids.push_back(id);
+  return ids;
+}
+
 std::span<const BlockId> KvCacheManager::block_table(RequestId id) const {
   const auto it = requests_.find(id);
   if (it == requests_.end()) return {};
@@ -281,6 +322,7 @@ KvUsage KvCacheManager::GetUsage() const {
 
 absl::Status KvCacheManager::CheckInvariants() const {
   KVMESH_RETURN_IF_ERROR(pool_->CheckInvariants());
+  if (tiers_ != nullptr) KVMESH_RETURN_IF_ERROR(tiers_->CheckInvariants());
   const int32_t bs = block_size_tokens();
   std::vector<int32_t> holders(num_blocks(), 0);
   for (const auto& [id, state] : requests_) {

@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kv/block_pool.h"
+#include "kv/kv_tiers.h"
 #include "kv/kv_types.h"
 
 namespace kvmesh::kv {
@@ -47,13 +48,20 @@ struct KvCacheManagerOptions {
   bool record_events = true;
 };
 
-// What FindCachedPrefix found: the leading full blocks of a prompt whose KV is cached.
-// Valid until the next call that allocates or frees blocks: pass it straight to
-// AllocateSlots.
+// What FindCachedPrefix found: the leading full blocks of a prompt whose KV is cached,
+// first in tier 0, then in the host tier. Valid until the next call that allocates or
+// frees blocks: pass it straight to AllocateSlots, or drop it with ReleasePrefix (its
+// host hits are pinned until one of the two).
 struct ComputedPrefix {
-  std::vector<BlockId> blocks;          // in position order
-  int32_t num_tokens = 0;               // blocks.size() * block_size_tokens
+  std::vector<BlockId> blocks;          // tier-0 hits, in position order
+  std::vector<HostSlot> host_slots;     // then host-tier hits (onboarded by AllocateSlots)
+  int32_t num_tokens = 0;               // (blocks + host_slots) * block_size_tokens
+  // Blocks after those that only the disk tier holds and that are worth loading
+  // (KvCacheManager::StartDiskLoads); not part of num_tokens.
+  int32_t num_disk_blocks = 0;
   std::vector<BlockHash> block_hashes;  // hashes of ALL full prompt blocks (>= blocks.size())
+
+  int32_t num_blocks() const { return static_cast<int32_t>(blocks.size() + host_slots.size()); }
 };
 
 // Copy block `src`'s KV data (every layer) to `dst` before writing into `dst`.
@@ -81,7 +89,8 @@ struct PrefixCacheStats {
   int64_t queries = 0;                      // FindCachedPrefix calls (with caching on)
   int64_t hits = 0;                         // ... that found at least one block
   int64_t prefix_cache_queries_tokens = 0;  // prompt tokens looked up
-  int64_t prefix_cache_hit_tokens = 0;      // ... of which the KV was cached
+  int64_t prefix_cache_hit_tokens = 0;      // ... of which the KV was cached (any tier)
+  int64_t host_hit_tokens = 0;              // ... of those, onboarded from the host tier
   double hit_rate() const {
     return prefix_cache_queries_tokens == 0
                ? 0.0
@@ -119,8 +128,10 @@ class KvCacheManager {
 
   // Makes room for `num_new_tokens` tokens after the request's computed ones and returns
   // their slots. On the request's first call, `prefix` (from FindCachedPrefix on a prefix
-  // of `all_tokens`, or null) seeds its table: those blocks gain a reference and count
-  // as computed. New blocks come from the pool; a shared block (ref_count > 1) that the
+  // of `all_tokens`, or null) seeds its table: its tier-0 blocks gain a reference, its
+  // host hits get fresh blocks with a queued swap-in (TakeSwaps), and all count as
+  // computed. On success the prefix is used up (its pins pass on); on error the caller
+  // still holds it and must ReleasePrefix it. New blocks come from the pool; a shared block (ref_count > 1) that the
   // new tokens would write into is first replaced by a copy (returned in `copies`).
   // `all_tokens` are all tokens known so far (prompt + sampled); computed + new must
   // not exceed their count.
@@ -137,6 +148,34 @@ class KvCacheManager {
   // FailedPrecondition for an unknown request; InvalidArgument if the count decreases,
   // exceeds the allocated slots or exceeds all_tokens.
   absl::Status MarkComputed(RequestId id, std::span<const int32_t> all_tokens, int32_t num_computed_tokens);
+
+  // Drops a prefix that will not be passed to AllocateSlots: unpins its host hits.
+  void ReleasePrefix(const ComputedPrefix& prefix);
+
+  // ---- Lower tiers (kv/kv_tiers.h); all no-ops without them ----
+
+  // Puts host (and disk) tiers under this pool: from now on evicted cached blocks are
+  // offloaded and lookups continue into them. FailedPrecondition when prefix caching is
+  // off or tiers are attached already.
+  absl::Status AttachTiers(std::unique_ptr<KvTiers> tiers);
+  bool has_tiers() const { return tiers_ != nullptr; }
+  KvTiers* tiers() { return tiers_.get(); }
+  const KvTiers* tiers() const { return tiers_.get(); }
+  // The copies the next model step must run (see KvTiers); empty without tiers.
+  KvSwaps TakeSwaps() { return tiers_ ? tiers_->TakeSwaps() : KvSwaps{}; }
+  void FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds) {
+    if (tiers_) tiers_->FinishSwaps(swaps, copied, out_seconds, in_seconds);
+  }
+  // Starts reading the disk blocks a lookup reported (prefix.num_disk_blocks) into the
+  // host tier; returns how many reads started.
+  int32_t StartDiskLoads(const ComputedPrefix& prefix);
+  // Whether a block among `block_hashes` is still being read from disk.
+  bool AnyLoading(std::span<const BlockHash> block_hashes) const {
+    return tiers_ != nullptr && tiers_->AnyLoading(block_hashes);
+  }
+  void PollTiers() {
+    if (tiers_) tiers_->Poll();
+  }
 
   // Releases the request's blocks, last block first, so that its tail is evicted before
   // its prefix. FailedPrecondition for an unknown request.
@@ -164,6 +203,8 @@ class KvCacheManager {
   std::vector<KvEvent> DrainEvents() { return pool_->DrainEvents(); }
 
   bool HasRequest(RequestId id) const { return requests_.contains(id); }
+  // Every request holding a table. O(requests).
+  std::vector<RequestId> request_ids() const;
   int32_t num_requests() const { return static_cast<int32_t>(requests_.size()); }
   // The request's block table; empty for an unknown request. Invalidated by any
   // mutating call.
@@ -203,6 +244,7 @@ class KvCacheManager {
 
   const KvCacheManagerOptions options_;
   std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<KvTiers> tiers_;  // null without lower tiers
   absl::flat_hash_map<RequestId, RequestState> requests_;
   PrefixCacheStats prefix_stats_;
 };

@@ -141,6 +141,30 @@ TensorView KvStorage::LayerView(int32_t layer) {
                                  layout_.head_dim()});
 }
 
+absl::Status KvStorage::SwapOut(BlockId block, std::byte* host) const {
+  if (block.value < 0 || block.value >= layout_.num_blocks()) {
+    return absl::InvalidArgumentError(absl::StrCat("SwapOut: block ", block.value, " outside [0, ",
+                                                   layout_.num_blocks(), ")"));
+  }
+  const size_t bytes = static_cast<size_t>(layout_.BlockBytes());
+  for (int32_t layer = 0; layer < layout_.num_layers(); ++layer) {
+    std::memcpy(host + static_cast<size_t>(layer) * bytes, data_.get() + layout_.BlockOffset(layer, block), bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvStorage::SwapIn(BlockId block, const std::byte* host) {
+  if (block.value < 0 || block.value >= layout_.num_blocks()) {
+    return absl::InvalidArgumentError(absl::StrCat("SwapIn: block ", block.value, " outside [0, ",
+                                                   layout_.num_blocks(), ")"));
+  }
+  const size_t bytes = static_cast<size_t>(layout_.BlockBytes());
+  for (int32_t layer = 0; layer < layout_.num_layers(); ++layer) {
+    std::memcpy(data_.get() + layout_.BlockOffset(layer, block), host + static_cast<size_t>(layer) * bytes, bytes);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvStorage::CopyBlock(BlockId src, BlockId dst) {
   const int32_t n = layout_.num_blocks();
   if (src.value < 0 || src.value >= n || dst.value < 0 || dst.value >= n) {

@@ -140,6 +140,14 @@ class KvStorage {
   // Layer `layer`'s pool as [num_blocks, 2, num_kv_heads, block_size_tokens, head_dim].
   TensorView LayerView(int32_t layer);
 
+  // Bytes of one block over every layer: what SwapOut / SwapIn move.
+  int64_t SwapBytesPerBlock() const { return static_cast<int64_t>(layout_.num_layers()) * layout_.BlockBytes(); }
+  // Copies `block`'s KV, every layer, to / from `host` (SwapBytesPerBlock() bytes,
+  // layer-major: layer l at l * BlockBytes()), for the lower KV tiers.
+  // InvalidArgument for a block out of range.
+  absl::Status SwapOut(BlockId block, std::byte* host) const;
+  absl::Status SwapIn(BlockId block, const std::byte* host);
+
   // Copies block `src` onto block `dst` in every layer (copy-on-write after a fork).
   // InvalidArgument for an id out of range; src == dst is a no-op.
   absl::Status CopyBlock(BlockId src, BlockId dst);

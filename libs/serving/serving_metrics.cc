@@ -4,6 +4,7 @@
 
 #include "core/status_macros.h"
 #include "metrics/buckets.h"
+#include "serving/kv_tier_metrics.h"
 
 namespace kvmesh::serving {
 
@@ -82,6 +83,7 @@ absl::StatusOr<std::unique_ptr<ServingMetrics>> ServingMetrics::Create(
     KVMESH_ASSIGN_OR_RETURN(metrics::CallbackGauge * g, blocks->WithLabels({std::string_view(state)}));
     g->SetCallback([engine_stats, read] { return read(engine_stats()); });
   }
+  KVMESH_RETURN_IF_ERROR(AddKvTierMetrics(registry, engine_stats));
   return m;
 }
 

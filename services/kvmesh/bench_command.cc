@@ -47,6 +47,7 @@ std::vector<int32_t> RandomTokens(int n, int32_t vocab, uint64_t seed) {
 
 int RunBench(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "throughput") return RunBenchThroughput(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "multi-turn") return RunBenchMultiTurn(argc - 1, argv + 1);
   ParseSubcommandFlags(argc, argv,
                        "kvmesh bench [--model DIR] [--prompt-tokens N] [--decode-tokens N] [--repeats N]: "
                        "prefill and decode tokens/s, and decode against the memory-bandwidth roofline.\n"

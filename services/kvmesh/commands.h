@@ -9,6 +9,7 @@ int RunGenerate(int argc, char** argv);
 int RunTokenize(int argc, char** argv);
 int RunBench(int argc, char** argv);
 int RunBenchThroughput(int argc, char** argv);
+int RunBenchMultiTurn(int argc, char** argv);
 int RunWorker(int argc, char** argv);
 int RunRouter(int argc, char** argv);
 

@@ -3,7 +3,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
@@ -14,6 +19,7 @@
 #include "cli_common.h"
 #include "engine/cuda_model_runner.h"
 #include "engine/tensor_parallel_runner.h"
+#include "xxhash.h"
 
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{1} << 30, "KV cache pool size in bytes (unless --kv-cache-memory-fraction).");
 ABSL_FLAG(double, kv_cache_memory_fraction, 0.0,
@@ -27,9 +33,48 @@ ABSL_FLAG(int, tensor_parallel_size, 1,
           "The KV budget is the group's total; --threads is shared among the ranks.");
 ABSL_DECLARE_FLAG(int, threads);  // cli_common.cc
 ABSL_FLAG(int, max_model_len, 0, "Context length (prompt + completion); 0: the model's max_position_embeddings.");
+ABSL_FLAG(int64_t, kv_host_cache_bytes, 0,
+          "Host-memory KV tier under the KV pool, in bytes (0: off). Evicted prefix blocks are offloaded here and "
+          "onboarded on a later prefix hit; needs prefix caching.");
+ABSL_FLAG(std::string, kv_host_memory, "auto",
+          "Memory of the host KV tier: auto (huge pages on a CPU worker, pinned on --device cuda) or uvm (CUDA managed "
+          "memory with advise/prefetch; --device cuda only).");
+ABSL_FLAG(std::string, kv_disk_cache_dir, "",
+          "Directory of the disk KV tier (io_uring, survives restarts); needs --kv-host-cache-bytes. Empty: off.");
+ABSL_FLAG(int64_t, kv_disk_cache_bytes, int64_t{16} << 30, "Capacity of the disk KV tier in bytes.");
 ABSL_FLAG(bool, enforce_eager, false, "--device cuda: run decode steps eagerly instead of replaying CUDA graphs.");
 
 namespace kvmesh::cli {
+namespace {
+
+// What the disk KV tier's records are salted with, so that a directory shared by two
+// models never serves one's KV to the other: XXH3 over config.json and the names and
+// sizes of the weight files (a content fingerprint that every worker of the same
+// model computes alike, wherever its files live).
+uint64_t ModelIdentity(const engine::LlamaModel& model) {
+  namespace fs = std::filesystem;
+  std::string fingerprint;
+  const fs::path root(model.model_dir());
+  std::error_code ec;
+  if (fs::is_regular_file(root, ec)) {
+    absl::StrAppend(&fingerprint, root.filename().string(), ":", fs::file_size(root, ec));
+  } else {
+    std::ifstream config(root / "config.json", std::ios::binary);
+    fingerprint.assign(std::istreambuf_iterator<char>(config), std::istreambuf_iterator<char>());
+    std::vector<std::string> weights;
+    for (const auto& entry : fs::directory_iterator(root, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.ends_with(".safetensors") || name.ends_with(".gguf") || name.ends_with(".bin")) {
+        weights.push_back(absl::StrCat(name, ":", entry.file_size(ec)));
+      }
+    }
+    std::sort(weights.begin(), weights.end());
+    for (const std::string& w : weights) absl::StrAppend(&fingerprint, "|", w);
+  }
+  return XXH3_64bits(fingerprint.data(), fingerprint.size());
+}
+
+}  // namespace
 
 absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model) {
   int64_t kv_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
@@ -94,7 +139,33 @@ absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model) 
   out.options.kv.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   out.options.kv.record_events = false;  // nothing consumes KV events in one process
   out.options.max_model_len = max_model_len;
+  KVMESH_ASSIGN_OR_RETURN(out.options.tiers, KvTierOptionsFromFlags(model, cuda_device >= 0));
   return out;
+}
+
+absl::StatusOr<engine::EngineKvTierOptions> KvTierOptionsFromFlags(const engine::LlamaModel& model, bool on_cuda) {
+  engine::EngineKvTierOptions tiers;
+  tiers.host_cache_bytes = absl::GetFlag(FLAGS_kv_host_cache_bytes);
+  if (tiers.host_cache_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-host-cache-bytes must be >= 0, got ", tiers.host_cache_bytes));
+  }
+  const std::string memory = absl::GetFlag(FLAGS_kv_host_memory);
+  if (memory != "auto" && memory != "uvm") {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-host-memory must be auto or uvm, got '", memory, "'"));
+  }
+  if (memory == "uvm" && !on_cuda) {
+    return absl::InvalidArgumentError(
+        "--kv-host-memory=uvm needs --device cuda: managed memory is a CUDA feature; a CPU worker's host tier is "
+        "plain huge-page memory");
+  }
+  tiers.disk_cache_dir = absl::GetFlag(FLAGS_kv_disk_cache_dir);
+  tiers.disk_cache_bytes = absl::GetFlag(FLAGS_kv_disk_cache_bytes);
+  if (!tiers.disk_cache_dir.empty() && tiers.disk_cache_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-disk-cache-bytes must be positive, got ", tiers.disk_cache_bytes));
+  }
+  tiers.model_identity = ModelIdentity(model);
+  return tiers;
 }
 
 }  // namespace kvmesh::cli

@@ -30,6 +30,10 @@ struct EngineFromFlags {
 // the error) instead of the worker hanging or serving from a broken group.
 absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model);
 
+// --kv-host-cache-bytes, --kv-host-memory, --kv-disk-cache-dir, --kv-disk-cache-bytes.
+// InvalidArgument naming the flag for a negative size or uvm without --device cuda.
+absl::StatusOr<engine::EngineKvTierOptions> KvTierOptionsFromFlags(const engine::LlamaModel& model, bool on_cuda);
+
 // --kv-cache-dtype: f32, bf16, or auto (bf16 for a model whose weights are bf16, as
 // vLLM's "auto" follows the model's dtype; else f32). InvalidArgument otherwise.
 absl::StatusOr<DType> KvCacheDTypeFromFlags(const engine::LlamaModel& model);

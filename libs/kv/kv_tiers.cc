@@ -1,0 +1,214 @@
+#include "kv/kv_tiers.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+
+namespace kvmesh::kv {
+
+KvTiers::KvTiers(std::unique_ptr<HostKvTier> host, std::unique_ptr<DiskKvTier> disk, int32_t block_size_tokens)
+    : host_(std::move(host)), disk_(std::move(disk)), block_size_tokens_(block_size_tokens) {}
+
+void KvTiers::OnDeviceEvict(BlockId block, const BlockHash& hash, const BlockHash& parent_hash) {
+  if (host_->Contains(hash)) return;  // already offloaded (or on its way)
+  absl::StatusOr<HostSlot> slot = host_->BeginStore(hash, parent_hash);
+  if (!slot.ok()) {
+    ++stats_.offload_skipped;
+    return;
+  }
+  pending_.out.push_back(KvSwap{.block = block, .slot = *slot, .host = host_->data(*slot).data()});
+}
+
+bool KvTiers::LoadBeatsRecompute(int64_t num_blocks, double bytes_per_second) const {
+  if (bytes_per_second <= 0 || prefill_tokens_per_second_ <= 0) return true;  // not measured yet
+  const double load_s = static_cast<double>(num_blocks * host_->slot_bytes()) / bytes_per_second;
+  const double recompute_s = static_cast<double>(num_blocks * block_size_tokens_) / prefill_tokens_per_second_;
+  return load_s < recompute_s;
+}
+
+int32_t KvTiers::ExtendPrefix(std::span<const BlockHash> hashes, size_t first, size_t limit,
+                              std::vector<HostSlot>* host_slots) {
+  size_t i = first;
+  std::vector<HostSlot> found;
+  for (; i < limit; ++i) {
+    const std::optional<HostSlot> slot = host_->Find(hashes[i]);
+    if (!slot.has_value()) break;
+    if (absl::Status s = host_->Verify(*slot); !s.ok()) {
+      KVMESH_LOG(kWarning) << s.message() << ": recomputing it";
+      break;
+    }
+    host_->Pin(*slot);
+    found.push_back(*slot);
+  }
+  if (!found.empty() && !LoadBeatsRecompute(static_cast<int64_t>(found.size()), host_->stats().read_bytes_per_second)) {
+    ++stats_.recompute_decisions;
+    for (const HostSlot s : found) host_->Unpin(s);
+    return 0;
+  }
+  if (!found.empty()) ++stats_.load_decisions;
+  lookup_pins_ += static_cast<int32_t>(found.size());
+  host_slots->insert(host_slots->end(), found.begin(), found.end());
+  if (disk_ == nullptr) return 0;
+  int32_t on_disk = 0;
+  for (; i < limit && (on_disk == 0 || disk_->Contains(hashes[i])); ++i) {
+    if (loading_.contains(hashes[i]) || !disk_->Lookup(hashes[i])) break;
+    ++on_disk;
+  }
+  if (on_disk > 0 && !LoadBeatsRecompute(on_disk, disk_->stats().read_bytes_per_second)) {
+    ++stats_.recompute_decisions;
+    return 0;
+  }
+  return on_disk;
+}
+
+void KvTiers::Release(std::span<const HostSlot> host_slots) {
+  for (const HostSlot s : host_slots) host_->Unpin(s);
+  lookup_pins_ -= static_cast<int32_t>(host_slots.size());
+}
+
+void KvTiers::QueueSwapIn(BlockId block, HostSlot slot) {
+  --lookup_pins_;  // the pin passes to the swap-in
+  pending_.in.push_back(KvSwap{.block = block, .slot = slot, .host = host_->data(slot).data()});
+}
+
+KvSwaps KvTiers::TakeSwaps() { return std::exchange(pending_, {}); }
+
+void KvTiers::FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds) {
+  const int64_t bytes = host_->slot_bytes();
+  for (const KvSwap& s : swaps.out) {
+    if (copied) {
+      host_->CommitStore(s.slot);
+      StartWriteThrough(s.slot);
+    } else {
+      host_->AbortStore(s.slot);
+    }
+  }
+  if (copied && !swaps.out.empty()) {
+    host_->RecordOffload(static_cast<int64_t>(swaps.out.size()), static_cast<int64_t>(swaps.out.size()) * bytes,
+                         out_seconds);
+  }
+  for (const KvSwap& s : swaps.in) host_->Unpin(s.slot);
+  if (copied && !swaps.in.empty()) {
+    host_->RecordOnboard(static_cast<int64_t>(swaps.in.size()), static_cast<int64_t>(swaps.in.size()) * bytes,
+                         in_seconds);
+  }
+}
+
+void KvTiers::StartWriteThrough(HostSlot slot) {
+  if (disk_ == nullptr || disk_->Contains(host_->hash(slot))) return;
+  absl::StatusOr<int64_t> ticket =
+      disk_->StartWrite(host_->hash(slot), host_->parent_hash(slot), host_->data(slot), host_->checksum(slot));
+  if (!ticket.ok()) return;  // queue full or already held: the host copy is enough
+  host_->Pin(slot);
+  writes_[*ticket] = slot;
+}
+
+int32_t KvTiers::StartDiskLoads(std::span<const BlockHash> hashes, size_t first, size_t n) {
+  if (disk_ == nullptr) return 0;
+  int32_t started = 0;
+  for (size_t i = first; i < first + n && i < hashes.size(); ++i) {
+    if (loading_.contains(hashes[i]) || host_->Contains(hashes[i])) continue;
+    const BlockHash& parent = i == 0 ? kRootBlockHash : hashes[i - 1];
+    absl::StatusOr<HostSlot> slot = host_->BeginStore(hashes[i], parent);
+    if (!slot.ok()) break;  // host full of pinned slots: recompute the rest
+    absl::StatusOr<int64_t> ticket = disk_->StartRead(hashes[i], host_->data(*slot));
+    if (!ticket.ok()) {
+      host_->AbortStore(*slot);
+      break;
+    }
+    reads_[*ticket] = Read{.slot = *slot, .hash = hashes[i]};
+    loading_.insert(hashes[i]);
+    ++started;
+  }
+  stats_.loads_started += started;
+  return started;
+}
+
+bool KvTiers::AnyLoading(std::span<const BlockHash> hashes) const {
+  if (loading_.empty()) return false;
+  for (const BlockHash& h : hashes) {
+    if (loading_.contains(h)) return true;
+  }
+  return false;
+}
+
+void KvTiers::Poll() {
+  if (disk_ == nullptr || (writes_.empty() && reads_.empty())) return;
+  for (const DiskIoCompletion& c : disk_->Poll()) {
+    if (c.kind == DiskIoCompletion::Kind::kWrite) {
+      if (const auto it = writes_.find(c.ticket); it != writes_.end()) {
+        host_->Unpin(it->second);
+        writes_.erase(it);
+      }
+      continue;
+    }
+    const auto it = reads_.find(c.ticket);
+    if (it == reads_.end()) continue;
+    if (c.status.ok()) {
+      host_->CommitStore(it->second.slot);
+    } else {
+      KVMESH_LOG(kWarning) << "disk KV tier: " << c.status.message() << ": recomputing the block";
+      host_->AbortStore(it->second.slot);
+    }
+    loading_.erase(it->second.hash);
+    reads_.erase(it);
+  }
+}
+
+void KvTiers::DrainDisk() {
+  if (disk_ == nullptr) return;
+  while (!writes_.empty() || !reads_.empty()) {
+    const size_t before = writes_.size() + reads_.size();
+    Poll();
+    if (writes_.size() + reads_.size() == before) {
+      // Nothing reaped without blocking: wait for the rest, then reap what Drain returned.
+      for (const DiskIoCompletion& c : disk_->Drain()) {
+        if (const auto w = writes_.find(c.ticket); w != writes_.end()) {
+          host_->Unpin(w->second);
+          writes_.erase(w);
+        } else if (const auto r = reads_.find(c.ticket); r != reads_.end()) {
+          if (c.status.ok()) host_->CommitStore(r->second.slot); else host_->AbortStore(r->second.slot);
+          loading_.erase(r->second.hash);
+          reads_.erase(r);
+        }
+      }
+    }
+  }
+}
+
+std::vector<KvEvent> KvTiers::DrainEvents() {
+  std::vector<KvEvent> events = host_->DrainEvents();
+  if (disk_ != nullptr) {
+    std::vector<KvEvent> disk_events = disk_->DrainEvents();
+    events.insert(events.end(), disk_events.begin(), disk_events.end());
+  }
+  return events;
+}
+
+absl::Status KvTiers::CheckInvariants() const {
+  if (absl::Status s = host_->CheckInvariants(); !s.ok()) return s;
+  if (disk_ != nullptr) {
+    if (absl::Status s = disk_->CheckInvariants(); !s.ok()) return s;
+  }
+  // Pins nest, so count pin holders per slot against the slots' pinned flags.
+  absl::flat_hash_map<int32_t, int32_t> holders;
+  for (const KvSwap& s : pending_.in) ++holders[s.slot.value];
+  for (const auto& [ticket, slot] : writes_) ++holders[slot.value];
+  int32_t pinned = host_->num_pinned();
+  if (lookup_pins_ == 0 && static_cast<int32_t>(holders.size()) != pinned) {
+    return absl::InternalError(absl::StrCat("KV tiers: ", pinned, " host slots are pinned but ", holders.size(),
+                                            " have a swap-in or disk write holding them"));
+  }
+  for (const auto& [slot, n] : holders) {
+    if (!host_->is_pinned(HostSlot{slot})) {
+      return absl::InternalError(absl::StrCat("KV tiers: host slot ", slot, " is held but not pinned"));
+    }
+  }
+  if (static_cast<int32_t>(loading_.size()) != static_cast<int32_t>(reads_.size())) {
+    return absl::InternalError("KV tiers: loading set and disk reads disagree");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvmesh::kv

@@ -1,0 +1,147 @@
+// KvTiers: the lower tiers under one device pool — the host tier (kv/host_kv_tier.h)
+// and, optionally, the disk tier (kv/disk_kv_tier.h) — and every copy between them and
+// tier 0. KvCacheManager owns it and calls it at four points:
+//
+//   1. Offload, by write-back on eviction: when tier 0 hands a cached block to someone
+//      else (BlockPool's eviction listener), OnDeviceEvict reserves a host slot for it
+//      and queues a swap-out. The next model step copies the block out BEFORE anything
+//      writes into it (ModelBatch's order). The host tier writes every block it
+//      receives through to the disk tier (asynchronously), so host evictions are drops.
+//   2. Lookup: ExtendPrefix continues a prefix past tier 0 into the host tier (each hit
+//      verified against its checksum and pinned) and counts the disk blocks after that.
+//   3. Onboard: a host hit becomes a fresh tier-0 block with a queued swap-in; a disk
+//      hit is first read into a host slot (StartDiskLoads, asynchronous), after which
+//      the request finds it as a host hit. While it loads the request holds no tier-0
+//      block, so a load can never deadlock the scheduler.
+//   4. Each step: TakeSwaps before the model runs, FinishSwaps after it (checksums,
+//      bandwidths, write-through), Poll for the disk's completions.
+//
+// Pins: a pinned host slot is never evicted. Every pin is held by exactly one of: a
+// lookup not yet used or released (ExtendPrefix -> AllocateSlots or Release), a queued
+// or running swap-in, a disk write in flight. CheckInvariants counts them.
+//
+// Load or recompute: a lower-tier hit is loaded only when its bytes at the tier's
+// measured read bandwidth arrive sooner than recomputing its tokens at the engine's
+// measured prefill speed (set_prefill_tokens_per_second); before both are measured it
+// is loaded.
+//
+// Thread-safety: not thread-safe; owned by the engine thread (through KvCacheManager).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "kv/disk_kv_tier.h"
+#include "kv/host_kv_tier.h"
+#include "kv/kv_types.h"
+
+namespace kvmesh::kv {
+
+// One queued copy between a tier-0 block and a host slot.
+struct KvSwap {
+  BlockId block;
+  HostSlot slot;
+  std::byte* host = nullptr;  // the slot's bytes
+};
+
+// The copies the next model step must run, in ModelBatch's order (out, then in).
+struct KvSwaps {
+  std::vector<KvSwap> out;
+  std::vector<KvSwap> in;
+  bool empty() const { return out.empty() && in.empty(); }
+};
+
+// Counters beyond each tier's own KvTierStats.
+struct KvTiersStats {
+  int64_t offload_skipped = 0;     // evictions not offloaded (host full of pinned / filling slots)
+  int64_t loads_started = 0;       // disk blocks read into the host tier
+  int64_t load_decisions = 0;      // lower-tier hits loaded ...
+  int64_t recompute_decisions = 0; // ... or recomputed because loading would be slower
+};
+
+class KvTiers {
+ public:
+  // `host` is required; `disk` may be null. block_size_tokens: tokens per block.
+  KvTiers(std::unique_ptr<HostKvTier> host, std::unique_ptr<DiskKvTier> disk, int32_t block_size_tokens);
+  KvTiers(const KvTiers&) = delete;
+  KvTiers& operator=(const KvTiers&) = delete;
+
+  // Tier 0 is about to reuse `block`, which held `hash`: queue its offload.
+  void OnDeviceEvict(BlockId block, const BlockHash& hash, const BlockHash& parent_hash);
+
+  // Continues a prefix whose first `first` blocks tier 0 holds: appends the host hits of
+  // hashes[first..limit) to `host_slots` (verified and pinned; stops at the first miss,
+  // checksum failure or a hit that recomputing beats) and returns how many blocks after
+  // those the disk tier holds (worth loading: see the file comment).
+  int32_t ExtendPrefix(std::span<const BlockHash> hashes, size_t first, size_t limit,
+                       std::vector<HostSlot>* host_slots);
+  // Drops a lookup's pins (the prefix was not used).
+  void Release(std::span<const HostSlot> host_slots);
+  // The lookup's host hit `slot` now fills tier-0 `block`: the pin passes to the swap-in.
+  void QueueSwapIn(BlockId block, HostSlot slot);
+
+  // The copies for the next step; the queue empties. Run them, then FinishSwaps.
+  KvSwaps TakeSwaps();
+  // The step that carried `swaps` ran (`copied`: the runner executed them) in the given
+  // seconds each way.
+  void FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds);
+  bool has_pending_swaps() const { return !pending_.empty(); }
+
+  // Reads hashes[first, first + n) from the disk tier into host slots (parents from the
+  // chain); returns how many reads started.
+  int32_t StartDiskLoads(std::span<const BlockHash> hashes, size_t first, size_t n);
+  // Whether any of `hashes` is still being read from disk.
+  bool AnyLoading(std::span<const BlockHash> hashes) const;
+  bool has_loads_in_flight() const { return !reads_.empty(); }
+  // Reaps the disk's completions (non-blocking).
+  void Poll();
+  // Waits for every disk I/O in flight (shutdown, tests).
+  void DrainDisk();
+
+  void set_prefill_tokens_per_second(double tps) { prefill_tokens_per_second_ = tps; }
+  double prefill_tokens_per_second() const { return prefill_tokens_per_second_; }
+
+  // Events of both lower tiers since the last drain.
+  std::vector<KvEvent> DrainEvents();
+
+  HostKvTier& host() { return *host_; }
+  const HostKvTier& host() const { return *host_; }
+  DiskKvTier* disk() { return disk_.get(); }
+  const DiskKvTier* disk() const { return disk_.get(); }
+  const KvTiersStats& stats() const { return stats_; }
+  // Host pins held by lookups not yet used or released (0 between steps).
+  int32_t num_lookup_pins() const { return lookup_pins_; }
+
+  // The tiers' own invariants, plus: the host pins are exactly those of outstanding
+  // lookups, queued swap-ins and disk writes in flight. Internal on the first violation.
+  absl::Status CheckInvariants() const;
+
+ private:
+  // Whether loading `num_blocks` at `bytes_per_second` beats recomputing them.
+  bool LoadBeatsRecompute(int64_t num_blocks, double bytes_per_second) const;
+  void StartWriteThrough(HostSlot slot);
+
+  std::unique_ptr<HostKvTier> host_;
+  std::unique_ptr<DiskKvTier> disk_;
+  const int32_t block_size_tokens_;
+  KvSwaps pending_;
+  // Disk I/O in flight by ticket: writes pin their host slot; reads fill one.
+  absl::flat_hash_map<int64_t, HostSlot> writes_;
+  struct Read {
+    HostSlot slot;
+    BlockHash hash;
+  };
+  absl::flat_hash_map<int64_t, Read> reads_;
+  absl::flat_hash_set<BlockHash> loading_;
+  double prefill_tokens_per_second_ = 0;
+  int32_t lookup_pins_ = 0;
+  KvTiersStats stats_;
+};
+
+}  // namespace kvmesh::kv

@@ -1,0 +1,262 @@
+// `kvmesh bench multi-turn`: a chat workload whose KV working set outgrows tier 0, run
+// on the same trace with the lower KV tiers off, with the host tier, and with host +
+// disk, side by side in one process — TTFT, output tokens/s, where prefixes came from,
+// and the tiers' measured bandwidths next to plain memcpy.
+//
+// Workload: --sessions chat sessions, each starting from a random history of
+// --min-history .. --max-history tokens; each of --turns turns appends --turn-tokens
+// user tokens, generates --output-len tokens (greedy, ignore_eos) and appends them to
+// the history. At most --concurrency turns run at once; a session's next turn queues
+// behind every other session's (round robin), so each session's prefix has gone cold
+// in tier 0 by the time it comes back when the working set is larger than the pool.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cli_common.h"
+#include "commands.h"
+#include "engine/engine.h"
+#include "core/status_macros.h"
+#include "engine_flags.h"
+
+ABSL_FLAG(int, sessions, 64, "multi-turn: chat sessions.");
+ABSL_FLAG(int, turns, 8, "multi-turn: turns per session.");
+ABSL_FLAG(int, turn_tokens, 256, "multi-turn: user tokens each turn adds.");
+ABSL_FLAG(int, min_history, 1024, "multi-turn: shortest initial history, tokens.");
+ABSL_FLAG(int, max_history, 4096, "multi-turn: longest initial history, tokens.");
+ABSL_FLAG(int, turn_output_len, 16, "multi-turn: generated tokens per turn.");
+ABSL_FLAG(int, turn_concurrency, 8, "multi-turn: turns in flight at once.");
+ABSL_FLAG(std::string, tier_modes, "off,host,host+disk",
+          "multi-turn: the configurations to run, comma-separated: off, host, host+disk.");
+ABSL_FLAG(int, multi_turn_seed, 1, "multi-turn: seed of the histories and turns.");
+
+namespace kvmesh::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * (v.size() - 1) + 0.5))];
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "kvmesh bench multi-turn: %s\n", message.c_str());
+  return 1;
+}
+
+struct Trace {
+  std::vector<std::vector<int32_t>> histories;            // [session]
+  std::vector<std::vector<std::vector<int32_t>>> turns;  // [session][turn] user tokens
+};
+
+struct ModeResult {
+  std::string mode;
+  double seconds = 0;
+  int64_t output_tokens = 0;
+  std::vector<double> ttft;
+  engine::EngineStats stats;
+};
+
+// Median GB/s of copying `blocks` slots of `slot_bytes` (the bound the host tier's
+// copies are compared with).
+double MemcpyGbps(int64_t slot_bytes, int blocks) {
+  std::vector<std::byte> src(static_cast<size_t>(slot_bytes) * blocks, std::byte{1});
+  std::vector<std::byte> dst(src.size());
+  std::vector<double> gbps;
+  for (int rep = 0; rep < 7; ++rep) {
+    const auto t0 = Clock::now();
+    for (int b = 0; b < blocks; ++b) {
+      std::memcpy(dst.data() + static_cast<size_t>(b) * slot_bytes, src.data() + static_cast<size_t>(b) * slot_bytes,
+                  static_cast<size_t>(slot_bytes));
+    }
+    gbps.push_back(static_cast<double>(src.size()) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+  }
+  return Percentile(gbps, 50);
+}
+
+absl::StatusOr<ModeResult> RunMode(engine::LlamaModel& model, const std::string& mode, const Trace& trace,
+                                   int64_t working_set_bytes, const std::string& disk_dir) {
+  KVMESH_ASSIGN_OR_RETURN(EngineFromFlags built, BuildEngineFromFlags(model));
+  engine::EngineOptions options = built.options;
+  const int64_t pool_bytes = static_cast<int64_t>(built.runner->num_blocks()) * built.runner->kv_swap_bytes_per_block();
+  if (mode == "off") {
+    options.tiers = {};
+  } else if (mode == "host") {
+    // Room for the whole working set: nothing needs recomputing.
+    if (options.tiers.host_cache_bytes == 0) options.tiers.host_cache_bytes = working_set_bytes * 5 / 4;
+    options.tiers.disk_cache_dir.clear();
+  } else if (mode == "host+disk") {
+    // A host tier no larger than the pool, so the disk tier must hold the rest.
+    if (options.tiers.host_cache_bytes == 0) options.tiers.host_cache_bytes = pool_bytes;
+    if (options.tiers.disk_cache_dir.empty()) options.tiers.disk_cache_dir = disk_dir;
+    options.tiers.disk_cache_bytes = std::max<int64_t>(options.tiers.disk_cache_bytes, working_set_bytes * 3 / 2);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--tier-modes: unknown mode '", mode, "'"));
+  }
+  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine, engine::Engine::Create(options, *built.runner));
+
+  const int sessions = static_cast<int>(trace.histories.size());
+  const int turns = static_cast<int>(trace.turns[0].size());
+  const int concurrency = std::max(1, absl::GetFlag(FLAGS_turn_concurrency));
+  const int output_len = absl::GetFlag(FLAGS_turn_output_len);
+  std::vector<std::vector<int32_t>> history = trace.histories;
+  std::vector<int> next_turn(sessions, 0);
+  std::vector<Clock::time_point> added(sessions);
+  std::vector<bool> got_first(sessions, false);
+  std::deque<int> ready;
+  for (int s = 0; s < sessions; ++s) ready.push_back(s);
+  ModeResult result;
+  result.mode = mode;
+  int in_flight = 0, done = 0;
+  const int total = sessions * turns;
+  const auto start = Clock::now();
+  while (done < total) {
+    while (in_flight < concurrency && !ready.empty()) {
+      const int s = ready.front();
+      ready.pop_front();
+      const std::vector<int32_t>& user = trace.turns[s][next_turn[s]];
+      history[s].insert(history[s].end(), user.begin(), user.end());
+      engine::EngineRequest request;
+      request.request_id = absl::StrCat(s);
+      request.prompt_token_ids = history[s];
+      request.sampling_params.temperature = 0.0f;
+      request.sampling_params.max_tokens = output_len;
+      request.sampling_params.ignore_eos = true;
+      KVMESH_RETURN_IF_ERROR(engine->AddRequest(std::move(request)));
+      added[s] = Clock::now();
+      got_first[s] = false;
+      ++in_flight;
+    }
+    KVMESH_ASSIGN_OR_RETURN(std::vector<engine::RequestOutput> outputs, engine->Step());
+    const auto now = Clock::now();
+    for (const engine::RequestOutput& out : outputs) {
+      const int s = std::stoi(out.request_id);
+      for (const engine::CompletionOutput& c : out.outputs) {
+        if (!got_first[s] && !c.new_token_ids.empty()) {
+          result.ttft.push_back(std::chrono::duration<double>(now - added[s]).count());
+          got_first[s] = true;
+        }
+        history[s].insert(history[s].end(), c.new_token_ids.begin(), c.new_token_ids.end());
+        result.output_tokens += static_cast<int64_t>(c.new_token_ids.size());
+      }
+      if (!out.finished) continue;
+      if (!out.status.ok()) return out.status;
+      --in_flight;
+      ++done;
+      if (++next_turn[s] < turns) ready.push_back(s);
+    }
+  }
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  result.stats = engine->stats();
+  return result;
+}
+
+}  // namespace
+
+int RunBenchMultiTurn(int argc, char** argv) {
+  ParseSubcommandFlags(argc, argv,
+                       "kvmesh bench multi-turn [--sessions N --turns T --turn-tokens K --min-history A "
+                       "--max-history B --tier-modes off,host,host+disk]: a chat workload larger than the KV pool, "
+                       "with and without the lower KV tiers",
+                       {"bench_multi_turn_command", kEngineFlagsFile});
+  auto loaded = LoadModelFromFlags(/*quiet=*/false);
+  if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
+  engine::LlamaModel& model = *loaded->model;
+  const int sessions = absl::GetFlag(FLAGS_sessions), turns = absl::GetFlag(FLAGS_turns);
+  const int turn_tokens = absl::GetFlag(FLAGS_turn_tokens);
+  const int min_history = absl::GetFlag(FLAGS_min_history), max_history = absl::GetFlag(FLAGS_max_history);
+  if (sessions < 1 || turns < 1 || turn_tokens < 1 || min_history < 1 || max_history < min_history) {
+    return Fail("need --sessions, --turns, --turn-tokens, --min-history >= 1 and --max-history >= --min-history");
+  }
+  std::mt19937_64 rng(absl::GetFlag(FLAGS_multi_turn_seed));
+  const int32_t vocab = loaded->tokenizer->vocab_size();
+  auto random_tokens = [&](int n) {
+    std::vector<int32_t> v(n);
+    for (int32_t& t : v) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+    return v;
+  };
+  Trace trace;
+  int64_t max_tokens_per_session = 0, working_set_tokens = 0;
+  for (int s = 0; s < sessions; ++s) {
+    const int len = min_history + static_cast<int>(rng() % static_cast<uint64_t>(max_history - min_history + 1));
+    trace.histories.push_back(random_tokens(len));
+    trace.turns.emplace_back();
+    for (int t = 0; t < turns; ++t) trace.turns.back().push_back(random_tokens(turn_tokens));
+    const int64_t final_len = len + static_cast<int64_t>(turns) * (turn_tokens + absl::GetFlag(FLAGS_turn_output_len));
+    max_tokens_per_session = std::max(max_tokens_per_session, final_len);
+    working_set_tokens += final_len;
+  }
+  auto probe = BuildEngineFromFlags(model);
+  if (!probe.ok()) return Fail(std::string(probe.status().message()));
+  if (max_tokens_per_session > probe->options.max_model_len) {
+    return Fail(absl::StrCat("a session reaches ", max_tokens_per_session, " tokens, past --max-model-len ",
+                             probe->options.max_model_len));
+  }
+  const int64_t slot_bytes = probe->runner->kv_swap_bytes_per_block();
+  const int32_t block = probe->runner->block_size_tokens();
+  const int64_t working_set_bytes = (working_set_tokens + block - 1) / block * slot_bytes;
+  const int64_t pool_bytes = static_cast<int64_t>(probe->runner->num_blocks()) * slot_bytes;
+  probe->runner.reset();
+  const std::string disk_dir = absl::StrCat(std::filesystem::temp_directory_path().string(), "/kvmesh-bench-disk-",
+                                            getpid());
+  std::printf("workload         %d sessions x %d turns (+%d user, %d generated tokens each), histories %d..%d tokens\n",
+              sessions, turns, turn_tokens, absl::GetFlag(FLAGS_turn_output_len), min_history, max_history);
+  std::printf("KV               pool %.1f MiB (%lld blocks), working set %.1f MiB = %.1fx the pool; %s\n",
+              pool_bytes / 1048576.0, static_cast<long long>(pool_bytes / slot_bytes), working_set_bytes / 1048576.0,
+              static_cast<double>(working_set_bytes) / pool_bytes, std::string(loaded->backend->name()).c_str());
+  std::vector<ModeResult> results;
+  for (const absl::string_view mode : absl::StrSplit(absl::GetFlag(FLAGS_tier_modes), ',')) {
+    std::filesystem::remove_all(disk_dir);
+    absl::StatusOr<ModeResult> r = RunMode(model, std::string(mode), trace, working_set_bytes, disk_dir);
+    std::filesystem::remove_all(disk_dir);
+    if (!r.ok()) return Fail(std::string(r.status().message()));
+    results.push_back(std::move(r).value());
+    const ModeResult& m = results.back();
+    const engine::EngineStats& s = m.stats;
+    const int64_t host_hits = s.prefix_cache_host_hit_tokens;
+    std::printf(
+        "%-10s TTFT p50 %8.1f ms  p90 %8.1f ms | %7.1f output tok/s | prefill %lld tokens computed | hits: "
+        "tier0 %lld, host %lld tokens | host tier %.2f GB/s out, %.2f GB/s in | disk %.2f GB/s write, %.2f GB/s "
+        "read, %lld records | load %lld / recompute %lld | stranded %lld\n",
+        m.mode.c_str(), 1e3 * Percentile(m.ttft, 50), 1e3 * Percentile(m.ttft, 90), m.output_tokens / m.seconds,
+        static_cast<long long>(s.num_prefill_tokens),
+        static_cast<long long>(s.prefix_cache_hit_tokens - host_hits), static_cast<long long>(host_hits),
+        s.host_tier.write_bytes_per_second / 1e9, s.host_tier.read_bytes_per_second / 1e9,
+        s.disk_tier.write_bytes_per_second / 1e9, s.disk_tier.read_bytes_per_second / 1e9,
+        static_cast<long long>(s.disk_tier_records), static_cast<long long>(s.tiers.load_decisions),
+        static_cast<long long>(s.tiers.recompute_decisions), static_cast<long long>(s.num_kv_blocks_stranded));
+  }
+  const double memcpy_gbps = MemcpyGbps(slot_bytes, 256);
+  std::printf("memcpy           %.2f GB/s for %lld-byte blocks (the host tier's bound)\n", memcpy_gbps,
+              static_cast<long long>(slot_bytes));
+  if (results.size() > 1 && results[0].mode == "off") {
+    const ModeResult& off = results[0];
+    for (size_t i = 1; i < results.size(); ++i) {
+      const ModeResult& m = results[i];
+      std::printf("%-10s vs off: TTFT p50 %.2fx better, p90 %.2fx better, throughput %.2fx; host copies at %.0f%% / "
+                  "%.0f%% of memcpy (out / in)\n",
+                  m.mode.c_str(), Percentile(off.ttft, 50) / std::max(1e-9, Percentile(m.ttft, 50)),
+                  Percentile(off.ttft, 90) / std::max(1e-9, Percentile(m.ttft, 90)),
+                  (m.output_tokens / m.seconds) / (off.output_tokens / off.seconds),
+                  100 * m.stats.host_tier.write_bytes_per_second / 1e9 / memcpy_gbps,
+                  100 * m.stats.host_tier.read_bytes_per_second / 1e9 / memcpy_gbps);
+    }
+  }
+  return 0;
+}
+
+}  // namespace kvmesh::cli

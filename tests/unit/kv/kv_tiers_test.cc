@@ -1,0 +1,140 @@
+// KvCacheManager with a host tier under its pool (kv/kv_tiers.h): offload on eviction,
+// onboard on a prefix hit, the pins a lookup takes and gives back. No model: the test
+// plays the runner, copying bytes between a KvStorage and the slots as a step would.
+#include "kv/kv_tiers.h"
+
+#include <cstring>
+#include <numeric>
+
+#include <gtest/gtest.h>
+
+#include "kv/block_hash.h"
+#include "kv/kv_cache_manager.h"
+#include "kv/kv_layout.h"
+
+namespace kvmesh::kv {
+namespace {
+
+constexpr int32_t kBlock = 4;
+
+class KvTiersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto storage = KvStorage::Create({.num_layers = 2, .num_kv_heads = 1, .head_dim = 4,
+                                      .block_size_tokens = kBlock, .dtype = DType::kF32, .num_blocks = 4});
+    ASSERT_TRUE(storage.ok());
+    storage_ = std::move(storage).value();
+    auto kv = KvCacheManager::Create({.num_blocks = 4, .block_size_tokens = kBlock, .enable_prefix_caching = true});
+    ASSERT_TRUE(kv.ok());
+    kv_ = std::move(kv).value();
+    auto host = HostKvTier::Create({.capacity_bytes = 8 * storage_->SwapBytesPerBlock(),
+                                    .slot_bytes = storage_->SwapBytesPerBlock()});
+    ASSERT_TRUE(host.ok());
+    ASSERT_TRUE(kv_->AttachTiers(std::make_unique<KvTiers>(std::move(host).value(), nullptr, kBlock)).ok());
+  }
+
+  // What a model step does with the queued copies.
+  void RunStep() {
+    KvSwaps swaps = kv_->TakeSwaps();
+    for (const KvSwap& s : swaps.out) ASSERT_TRUE(storage_->SwapOut(s.block, s.host).ok());
+    for (const KvSwap& s : swaps.in) ASSERT_TRUE(storage_->SwapIn(s.block, s.host).ok());
+    kv_->FinishSwaps(swaps, true, 1e-6, 1e-6);
+  }
+
+  // Runs a request over `tokens` to completion, writing a recognisable pattern per
+  // position, and frees it (its full blocks stay cached).
+  void Compute(int64_t id, const std::vector<int32_t>& tokens) {
+    ComputedPrefix prefix = kv_->FindCachedPrefix(tokens);
+    auto alloc = kv_->AllocateSlots(RequestId{id}, tokens, static_cast<int32_t>(tokens.size()) - prefix.num_tokens,
+                                    &prefix);
+    ASSERT_TRUE(alloc.ok()) << alloc.status();
+    RunStep();
+    for (int64_t slot : alloc->slot_mapping.slots) {
+      for (int32_t layer = 0; layer < 2; ++layer) {
+        auto bytes = storage_->BlockData(layer, BlockId{static_cast<int32_t>(slot / kBlock)});
+        bytes[slot % kBlock] = std::byte{static_cast<uint8_t>(tokens[0] + layer)};
+      }
+    }
+    ASSERT_TRUE(kv_->MarkComputed(RequestId{id}, tokens, static_cast<int32_t>(tokens.size())).ok());
+    ASSERT_TRUE(kv_->Free(RequestId{id}).ok());
+    ASSERT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
+  }
+
+  static std::vector<int32_t> Tokens(int32_t n, int32_t start) {
+    std::vector<int32_t> v(n);
+    std::iota(v.begin(), v.end(), start);
+    return v;
+  }
+
+  std::unique_ptr<KvStorage> storage_;
+  std::unique_ptr<KvCacheManager> kv_;
+};
+
+TEST_F(KvTiersTest, EvictedBlocksAreOffloadedAndOnboardedByteForByte) {
+  const std::vector<int32_t> a = Tokens(9, 100);  // 2 full blocks + 1 token
+  Compute(1, a);
+  // Remember A's first block's bytes as tier 0 held them.
+  const ComputedPrefix cached = kv_->FindCachedPrefix(a);
+  ASSERT_EQ(cached.blocks.size(), 2u);
+  std::vector<std::byte> expected(storage_->SwapBytesPerBlock());
+  ASSERT_TRUE(storage_->SwapOut(cached.blocks[0], expected.data()).ok());
+  kv_->ReleasePrefix(cached);
+
+  Compute(2, Tokens(16, 500));  // needs all 4 blocks: A's cached blocks are evicted
+  EXPECT_EQ(kv_->tiers()->host().num_resident(), 2);
+  EXPECT_EQ(kv_->tiers()->host().stats().blocks_offloaded, 2);
+
+  ComputedPrefix again = kv_->FindCachedPrefix(a);
+  EXPECT_TRUE(again.blocks.empty());
+  ASSERT_EQ(again.host_slots.size(), 2u);
+  EXPECT_EQ(again.num_tokens, 8);
+  EXPECT_EQ(kv_->prefix_cache_stats().host_hit_tokens, 8);
+  auto alloc = kv_->AllocateSlots(RequestId{3}, a, 1, &again);
+  ASSERT_TRUE(alloc.ok()) << alloc.status();
+  EXPECT_EQ(kv_->num_computed_tokens(RequestId{3}), 8);
+  RunStep();
+  std::vector<std::byte> onboarded(storage_->SwapBytesPerBlock());
+  ASSERT_TRUE(storage_->SwapOut(kv_->block_table(RequestId{3})[0], onboarded.data()).ok());
+  EXPECT_EQ(onboarded, expected);
+  EXPECT_EQ(kv_->tiers()->host().num_pinned(), 0);
+  EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
+}
+
+TEST_F(KvTiersTest, AnUnusedLookupGivesItsPinsBack) {
+  Compute(1, Tokens(9, 100));
+  Compute(2, Tokens(16, 500));
+  ComputedPrefix prefix = kv_->FindCachedPrefix(Tokens(9, 100));
+  ASSERT_EQ(prefix.host_slots.size(), 2u);
+  EXPECT_EQ(kv_->tiers()->host().num_pinned(), 2);
+  EXPECT_EQ(kv_->tiers()->num_lookup_pins(), 2);
+  kv_->ReleasePrefix(prefix);
+  EXPECT_EQ(kv_->tiers()->host().num_pinned(), 0);
+  EXPECT_EQ(kv_->tiers()->num_lookup_pins(), 0);
+  EXPECT_TRUE(kv_->CheckInvariants().ok());
+}
+
+TEST_F(KvTiersTest, ACorruptedHostBlockIsAMissNotWrongKv) {
+  Compute(1, Tokens(9, 100));
+  Compute(2, Tokens(16, 500));
+  const std::vector<BlockHash> hashes = HashFullBlocks(Tokens(9, 100), kBlock, /*salt=*/0);
+  const std::optional<HostSlot> slot = kv_->tiers()->host().Find(hashes[0]);
+  ASSERT_TRUE(slot.has_value());
+  kv_->tiers()->host().data(*slot)[3] ^= std::byte{0x40};
+  ComputedPrefix prefix = kv_->FindCachedPrefix(Tokens(9, 100));
+  EXPECT_EQ(prefix.num_tokens, 0) << "the first block failed its checksum: nothing after it is used";
+  EXPECT_EQ(kv_->tiers()->host().stats().checksum_failures, 1);
+  kv_->ReleasePrefix(prefix);
+  EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
+}
+
+TEST_F(KvTiersTest, AttachNeedsPrefixCaching) {
+  auto kv = KvCacheManager::Create({.num_blocks = 4, .block_size_tokens = kBlock, .enable_prefix_caching = false});
+  ASSERT_TRUE(kv.ok());
+  auto host = HostKvTier::Create({.capacity_bytes = 1024, .slot_bytes = 64});
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ((*kv)->AttachTiers(std::make_unique<KvTiers>(std::move(host).value(), nullptr, kBlock)).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace kvmesh::kv
