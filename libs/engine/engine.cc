@@ -184,18 +184,14 @@ void Engine::Deliver(const std::vector<RequestOutput>& outputs) {
   for (const RequestOutput& output : outputs) {
     if (output.prefill_result.has_value()) {
       if (streamed_prefills_.contains(output.request_id)) FinishStreamedPrefill(output.request_id, *output.prefill_result);
-      held_prefills_[output.request_id] =
-          HeldPrefill{.block_ids = output.prefill_result->block_ids,
-                      .deadline_ms = DeadlineAfter(prefill_release_timeout_ms_)};
+      handoffs_.Pin(output.request_id, output.prefill_result->block_ids, DeadlineAfter(prefill_release_timeout_ms_));
     }
     if (output.finished) {
-      held_prefills_.erase(output.request_id);
+      handoffs_.Unpin(output.request_id);
       streamed_prefills_.erase(output.request_id);
-      if (const auto lease = lease_of_request_.find(output.request_id); lease != lease_of_request_.end()) {
-        // Commit, fail and expiry close their lease themselves: what is left was aborted.
-        ++num_leases_aborted_;
-        leases_.erase(lease->second);
-        lease_of_request_.erase(lease);
+      // Commit, fail and expiry close their lease themselves: what is left was aborted.
+      if (const KvTransferId* lease = handoffs_.LeaseOf(output.request_id); lease != nullptr) {
+        handoffs_.Close(*lease, kv::KvHandoffLedger::LeaseEnd::kAborted);
       }
     }
     const auto it = callbacks_.find(output.request_id);
@@ -234,13 +230,7 @@ int64_t Engine::CountStrandedBlocks() const {
   for (const kv::RequestId id : kv_->request_ids()) {
     if (!scheduler_->HasSequence(id)) stranded += static_cast<int64_t>(kv_->block_table(id).size());
   }
-  const int64_t now = NowMs();
-  for (const auto& [id, lease] : leases_) {
-    if (now >= lease.deadline_ms) stranded += static_cast<int64_t>(lease.block_ids.size());
-  }
-  for (const auto& [id, held] : held_prefills_) {
-    if (now >= held.deadline_ms) stranded += static_cast<int64_t>(held.block_ids.size());
-  }
+  stranded += handoffs_.StrandedBlocks(NowMs());
   if (kv_->has_tiers()) stranded += kv_->tiers()->num_lookup_pins();
   return stranded;
 }
@@ -274,12 +264,13 @@ EngineStats Engine::stats() const {
   e.num_failed_requests = s.num_failed_requests;
   e.last_batch_num_seqs = s.last_batch_num_seqs;
   e.last_batch_num_tokens = s.last_batch_num_tokens;
-  e.num_leases_granted = num_leases_granted_;
-  e.num_leases_committed = num_leases_committed_;
-  e.num_leases_failed = num_leases_failed_;
-  e.num_leases_expired = num_leases_expired_;
-  e.num_leases_aborted = num_leases_aborted_;
-  e.num_prefill_releases_expired = num_prefill_releases_expired_;
+  const kv::KvHandoffStats& h = handoffs_.stats();
+  e.num_leases_granted = h.leases_granted;
+  e.num_leases_committed = h.leases_committed;
+  e.num_leases_failed = h.leases_failed;
+  e.num_leases_expired = h.leases_expired;
+  e.num_leases_aborted = h.leases_aborted;
+  e.num_prefill_releases_expired = h.pins_expired;
   e.num_kv_blocks_stranded = CountStrandedBlocks();
   e.prefix_cache_host_hit_tokens = p.host_hit_tokens;
   e.num_waiting_for_disk = s.num_waiting_for_disk;

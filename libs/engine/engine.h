@@ -263,21 +263,6 @@ class Engine {
   const Scheduler& scheduler() const { return *scheduler_; }
 
  private:
-  // An open remote-prefill lease (decode side).
-  struct OpenLease {
-    std::string request_id;
-    std::vector<kv::BlockId> block_ids;
-    int32_t num_cached_blocks = 0;
-    int64_t deadline_ms = 0;
-    std::vector<bool> imported;  // [layer * block_ids.size() + block index]
-    int64_t num_imported = 0;    // distinct (layer, block) pairs imported
-  };
-  // A computed prefill-only request (prefill side).
-  struct HeldPrefill {
-    std::vector<kv::BlockId> block_ids;
-    int64_t deadline_ms = 0;
-  };
-
   // A prefill-only request whose KV streams out through a sink (prefill side).
   struct StreamedPrefill {
     kv::RequestId kv_id;
@@ -307,8 +292,6 @@ class Engine {
   void Deliver(const std::vector<RequestOutput>& outputs);
   int64_t NowMs() const;
   int64_t DeadlineAfter(int64_t timeout_ms) const;
-  // The open lease `transfer_id`, not expired; FailedPrecondition otherwise.
-  absl::StatusOr<OpenLease*> FindOpenLease(KvTransferId transfer_id, const char* caller);
   // Ends expired leases and pinned prefills (DeadlineExceeded); returns their delivered
   // final outputs.
   std::vector<RequestOutput> ReclaimExpired();
@@ -329,22 +312,14 @@ class Engine {
   int64_t num_steps_ = 0;
   int64_t num_runner_failures_ = 0;
 
-  // Disaggregation state; the Scheduler holds the sequences, these the transfer side.
+  // Disaggregation state: the Scheduler holds the sequences, the ledger every lease
+  // and export pin (their one owner), streamed_prefills_ the layer sinks.
   const int64_t lease_timeout_ms_;
   const int64_t prefill_release_timeout_ms_;
   const std::function<int64_t()> now_ms_;
-  absl::flat_hash_map<KvTransferId, OpenLease> leases_;
-  absl::flat_hash_map<std::string, KvTransferId> lease_of_request_;
-  absl::flat_hash_map<std::string, HeldPrefill> held_prefills_;
+  kv::KvHandoffLedger handoffs_;
   // By request id; node map: LayerExport points at the sinks during a step.
   absl::node_hash_map<std::string, StreamedPrefill> streamed_prefills_;
-  int64_t next_transfer_id_ = 1;
-  int64_t num_leases_granted_ = 0;
-  int64_t num_leases_committed_ = 0;
-  int64_t num_leases_failed_ = 0;
-  int64_t num_leases_expired_ = 0;
-  int64_t num_leases_aborted_ = 0;
-  int64_t num_prefill_releases_expired_ = 0;
 };
 
 }  // namespace kvmesh::engine

@@ -1,7 +1,7 @@
 // Engine: the prefill/decode disaggregation half (kv_handoff.h) — remote-prefill
 // leases on the decode side, pinned prefills on the prefill side, and their timeouts.
 // The sequences themselves live in the Scheduler (kReceiving / kPrefilled); this file
-// keeps the transfer-side tables (leases_, held_prefills_) and moves the bytes.
+// records every lease and export pin in the KvHandoffLedger (their one owner) and moves the bytes.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -36,19 +36,6 @@ absl::StatusOr<kv::KvBlockSpec> Engine::kv_block_spec() const {
   return kv::KvBlockSpecOf(storage->layout());
 }
 
-absl::StatusOr<Engine::OpenLease*> Engine::FindOpenLease(KvTransferId transfer_id, const char* caller) {
-  const auto it = leases_.find(transfer_id);
-  if (it == leases_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(caller, ": no open KV transfer lease ", transfer_id.value,
-                                                      " (unknown, committed, failed, aborted or expired)"));
-  }
-  if (NowMs() >= it->second.deadline_ms) {
-    return absl::FailedPreconditionError(absl::StrCat(caller, ": KV transfer lease ", transfer_id.value,
-                                                      " of request '", it->second.request_id, "' has expired"));
-  }
-  return &it->second;
-}
-
 absl::StatusOr<RemotePrefillLease> Engine::ReserveForRemotePrefill(EngineRequest request) {
   KVMESH_ASSIGN_OR_RETURN(const kv::KvBlockSpec spec, kv_block_spec());
   KVMESH_RETURN_IF_ERROR(ValidateEngineRequest(request, limits_));
@@ -60,70 +47,42 @@ absl::StatusOr<RemotePrefillLease> Engine::ReserveForRemotePrefill(EngineRequest
     (void)scheduler_->FailRequest(request.request_id, copied);
     return absl::UnavailableError(absl::StrCat("KV tier copy failed: ", copied.message()));
   }
-  const KvTransferId id{next_transfer_id_++};
-  ++num_leases_granted_;
   const int32_t num_cached_blocks = reservation.num_cached_tokens / spec.block_size_tokens;
-  OpenLease lease{.request_id = request.request_id,
-                  .block_ids = reservation.block_ids,
-                  .num_cached_blocks = num_cached_blocks,
-                  .deadline_ms = DeadlineAfter(lease_timeout_ms_),
-                  .imported = std::vector<bool>(
-                      static_cast<size_t>(spec.num_layers) * reservation.block_ids.size(), false),
-                  .num_imported = 0};
+  const int64_t deadline_ms = DeadlineAfter(lease_timeout_ms_);
+  const KvTransferId id =
+      handoffs_.Grant(request.request_id, reservation.block_ids, num_cached_blocks, spec.num_layers, deadline_ms);
   RemotePrefillLease granted{.transfer_id = id,
                              .request_id = request.request_id,
                              .block_ids = std::move(reservation.block_ids),
                              .num_cached_tokens = reservation.num_cached_tokens,
                              .kv_spec = spec,
-                             .deadline_ms = lease.deadline_ms};
-  leases_.emplace(id, std::move(lease));
-  lease_of_request_[request.request_id] = id;
+                             .deadline_ms = deadline_ms};
   if (request.on_output) callbacks_[request.request_id] = std::move(request.on_output);
   return granted;
 }
 
 absl::Status Engine::ImportKvBlock(KvTransferId transfer_id, int32_t layer, int32_t block_index,
                                    std::span<const std::byte> data) {
-  KVMESH_ASSIGN_OR_RETURN(OpenLease * lease, FindOpenLease(transfer_id, "ImportKvBlock"));
+  KVMESH_ASSIGN_OR_RETURN(kv::KvLease * lease, handoffs_.Find(transfer_id, NowMs(), "ImportKvBlock"));
   kv::KvStorage* storage = runner_.kv_storage();
   if (storage == nullptr) return absl::FailedPreconditionError("the model runner exposes no KV storage");
   const kv::KvLayout& layout = storage->layout();
-  const int32_t num_blocks = static_cast<int32_t>(lease->block_ids.size());
-  if (layer < 0 || layer >= layout.num_layers()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ImportKvBlock: layer ", layer, " is outside [0, ", layout.num_layers(), ")"));
-  }
-  if (block_index < 0 || block_index >= num_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat("ImportKvBlock: block ", block_index, " is outside the lease's ",
-                                                   num_blocks, " blocks"));
-  }
-  if (block_index < lease->num_cached_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat("ImportKvBlock: block ", block_index,
-                                                   " comes from the local prefix cache (the first ",
-                                                   lease->num_cached_blocks, "); it is not to be sent"));
-  }
+  KVMESH_ASSIGN_OR_RETURN(const kv::BlockId target, handoffs_.ImportTarget(*lease, layer, block_index));
   if (static_cast<int64_t>(data.size()) != layout.BlockBytes()) {
     return absl::DataLossError(absl::StrCat("ImportKvBlock: got ", data.size(), " bytes for block ", block_index,
                                             " of layer ", layer, ", the layout's blocks have ",
                                             layout.BlockBytes()));
   }
-  const std::span<std::byte> dst = storage->BlockData(layer, lease->block_ids[static_cast<size_t>(block_index)]);
+  const std::span<std::byte> dst = storage->BlockData(layer, target);
   std::memcpy(dst.data(), data.data(), data.size());
-  const size_t bit = static_cast<size_t>(layer) * static_cast<size_t>(num_blocks) + static_cast<size_t>(block_index);
-  if (!lease->imported[bit]) {
-    lease->imported[bit] = true;
-    ++lease->num_imported;
-  }
+  handoffs_.RecordImport(*lease, layer, block_index);
   return absl::OkStatus();
 }
 
 absl::StatusOr<RequestOutput> Engine::CommitRemotePrefill(KvTransferId transfer_id, int32_t first_token_id,
                                                           std::optional<SampleResult> first_token_logprobs) {
-  KVMESH_ASSIGN_OR_RETURN(OpenLease * lease, FindOpenLease(transfer_id, "CommitRemotePrefill"));
-  const int64_t num_layers =
-      lease->block_ids.empty() ? 0 : static_cast<int64_t>(lease->imported.size() / lease->block_ids.size());
-  const int64_t expected =
-      num_layers * (static_cast<int64_t>(lease->block_ids.size()) - lease->num_cached_blocks);
+  KVMESH_ASSIGN_OR_RETURN(kv::KvLease * lease, handoffs_.Find(transfer_id, NowMs(), "CommitRemotePrefill"));
+  const int64_t expected = lease->num_expected();
   // NOTE: a transport that writes the storage directly imports nothing; one that uses
   // ImportKvBlock must have sent every block, or the sequence would attend to garbage.
   if (lease->num_imported > 0 && lease->num_imported < expected) {
@@ -133,25 +92,21 @@ absl::StatusOr<RequestOutput> Engine::CommitRemotePrefill(KvTransferId transfer_
   const std::string request_id = lease->request_id;
   KVMESH_ASSIGN_OR_RETURN(RequestOutput output,
                           scheduler_->CommitRemotePrefill(request_id, first_token_id, first_token_logprobs));
-  leases_.erase(transfer_id);
-  lease_of_request_.erase(request_id);
-  ++num_leases_committed_;
+  handoffs_.Close(transfer_id, kv::KvHandoffLedger::LeaseEnd::kCommitted);
   if (!output.outputs.empty() || output.finished) Deliver({output});
   return output;
 }
 
 absl::StatusOr<RequestOutput> Engine::FailRemotePrefill(KvTransferId transfer_id, absl::Status status) {
   if (status.ok()) return absl::InvalidArgumentError("FailRemotePrefill needs the error that failed the transfer");
-  const auto it = leases_.find(transfer_id);
-  if (it == leases_.end()) {
+  const kv::KvLease* lease = handoffs_.lease(transfer_id);
+  if (lease == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("FailRemotePrefill: no open KV transfer lease ",
                                                       transfer_id.value));
   }
-  const std::string request_id = it->second.request_id;
+  const std::string request_id = lease->request_id;
   KVMESH_ASSIGN_OR_RETURN(RequestOutput output, scheduler_->FailRequest(request_id, status));
-  leases_.erase(it);
-  lease_of_request_.erase(request_id);
-  ++num_leases_failed_;
+  handoffs_.Close(transfer_id, kv::KvHandoffLedger::LeaseEnd::kFailed);
   Deliver({output});
   return output;
 }
@@ -232,15 +187,15 @@ void Engine::FinishStreamedPrefill(const std::string& request_id, const PrefillR
 
 absl::StatusOr<std::span<const std::byte>> Engine::ExportKvBlock(const std::string& request_id, int32_t layer,
                                                                  int32_t block_index) const {
-  const auto it = held_prefills_.find(request_id);
-  if (it == held_prefills_.end()) {
+  const kv::KvExportPin* pin = handoffs_.pin(request_id);
+  if (pin == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ExportKvBlock: request '", request_id, "' is not a computed prefill-only request (unknown, not yet "
         "computed, or ended)"));
   }
   const kv::KvStorage* storage = runner_.kv_storage();
   if (storage == nullptr) return absl::FailedPreconditionError("the model runner exposes no KV storage");
-  const int32_t num_blocks = static_cast<int32_t>(it->second.block_ids.size());
+  const int32_t num_blocks = static_cast<int32_t>(pin->block_ids.size());
   if (layer < 0 || layer >= storage->layout().num_layers()) {
     return absl::InvalidArgumentError(
         absl::StrCat("ExportKvBlock: layer ", layer, " is outside [0, ", storage->layout().num_layers(), ")"));
@@ -249,7 +204,7 @@ absl::StatusOr<std::span<const std::byte>> Engine::ExportKvBlock(const std::stri
     return absl::InvalidArgumentError(
         absl::StrCat("ExportKvBlock: block ", block_index, " is outside the prefill's ", num_blocks, " blocks"));
   }
-  return storage->BlockData(layer, it->second.block_ids[static_cast<size_t>(block_index)]);
+  return storage->BlockData(layer, pin->block_ids[static_cast<size_t>(block_index)]);
 }
 
 absl::StatusOr<RequestOutput> Engine::ReleasePrefill(const std::string& request_id) {
@@ -260,33 +215,19 @@ absl::StatusOr<RequestOutput> Engine::ReleasePrefill(const std::string& request_
 
 std::vector<RequestOutput> Engine::ReclaimExpired() {
   std::vector<RequestOutput> outputs;
-  if (leases_.empty() && held_prefills_.empty()) return outputs;
+  if (handoffs_.empty()) return outputs;
   const int64_t now = NowMs();
-  // Collected first (ending a request edits the tables), in a deterministic order.
-  std::vector<KvTransferId> expired_leases;
-  for (const auto& [id, lease] : leases_) {
-    if (now >= lease.deadline_ms) expired_leases.push_back(id);
-  }
-  std::sort(expired_leases.begin(), expired_leases.end());
-  std::vector<std::string> expired_prefills;
-  for (const auto& [id, held] : held_prefills_) {
-    if (now >= held.deadline_ms) expired_prefills.push_back(id);
-  }
-  std::sort(expired_prefills.begin(), expired_prefills.end());
-
-  for (const KvTransferId id : expired_leases) {
-    const std::string request_id = leases_.at(id).request_id;
-    leases_.erase(id);
-    lease_of_request_.erase(request_id);
-    ++num_leases_expired_;
+  // Collected first (ending a request edits the ledger), in a deterministic order.
+  for (const KvTransferId id : handoffs_.ExpiredLeases(now)) {
+    const std::string request_id = handoffs_.lease(id)->request_id;
+    handoffs_.Close(id, kv::KvHandoffLedger::LeaseEnd::kExpired);
     absl::StatusOr<RequestOutput> out = scheduler_->FailRequest(
         request_id, absl::DeadlineExceededError(absl::StrCat("KV transfer lease ", id.value, " expired after ",
                                                              lease_timeout_ms_, " ms without a commit")));
     if (out.ok()) outputs.push_back(*std::move(out));  // else already ended: nothing to free
   }
-  for (const std::string& request_id : expired_prefills) {
-    held_prefills_.erase(request_id);
-    ++num_prefill_releases_expired_;
+  for (const std::string& request_id : handoffs_.ExpiredPins(now)) {
+    handoffs_.Unpin(request_id, /*expired=*/true);
     absl::StatusOr<RequestOutput> out = scheduler_->FailRequest(
         request_id, absl::DeadlineExceededError(absl::StrCat("prefill of '", request_id, "' was not released within ",
                                                              prefill_release_timeout_ms_, " ms")));

@@ -44,22 +44,13 @@
 #include <vector>
 
 #include "kv/kv_block_spec.h"
+#include "kv/kv_handoff_ledger.h"
 #include "kv/kv_types.h"
 
 namespace kvmesh::engine {
 
-// Names one lease of the decode engine that granted it (unique per Engine instance,
-// never reused by it). A worker that talks to several decode engines pairs it with
-// the engine's identity.
-struct KvTransferId {
-  int64_t value = -1;
-
-  auto operator<=>(const KvTransferId&) const = default;
-  template <typename H>
-  friend H AbslHashValue(H h, const KvTransferId& id) {
-    return H::combine(std::move(h), id.value);
-  }
-};
+// Names one lease of the decode engine that granted it (kv/kv_handoff_ledger.h).
+using KvTransferId = kv::KvTransferId;
 
 // What the decode side grants a remote prefill: where to write the prompt's KV.
 struct RemotePrefillLease {
