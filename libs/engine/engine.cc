@@ -284,6 +284,9 @@ EngineStats Engine::stats() const {
     if (const kv::DiskKvTier* disk = tiers->disk(); disk != nullptr) {
       e.has_disk_tier = true;
       e.disk_tier = disk->stats();
+      // NOTE: reads run in parallel; what onboarding from disk achieves is a whole
+      // batch's bytes over its wall time (KvTiers measures it), not one read's.
+      if (tiers->disk_load_bytes_per_second() > 0) e.disk_tier.read_bytes_per_second = tiers->disk_load_bytes_per_second();
       e.disk_tier_records = disk->num_records();
     }
   }

@@ -55,9 +55,18 @@ int32_t KvTiers::ExtendPrefix(std::span<const BlockHash> hashes, size_t first, s
     if (loading_.contains(hashes[i]) || !disk_->Lookup(hashes[i])) break;
     ++on_disk;
   }
-  if (on_disk > 0 && !LoadBeatsRecompute(on_disk, disk_->stats().read_bytes_per_second)) {
-    ++stats_.recompute_decisions;
-    return 0;
+  if (on_disk > 0 && !LoadBeatsRecompute(on_disk, disk_load_bytes_per_second_)) {
+    // NOTE: a measurement only changes by loading; every kReprobeEvery-th hit that
+    // recomputing would win is loaded anyway, so one slow sample cannot rule the
+    // disk out for good.
+    if (++disk_recompute_streak_ < kReprobeEvery) {
+      ++stats_.recompute_decisions;
+      return 0;
+    }
+  }
+  if (on_disk > 0) {
+    disk_recompute_streak_ = 0;
+    ++stats_.load_decisions;
   }
   return on_disk;
 }
@@ -106,6 +115,7 @@ void KvTiers::StartWriteThrough(HostSlot slot) {
 
 int32_t KvTiers::StartDiskLoads(std::span<const BlockHash> hashes, size_t first, size_t n) {
   if (disk_ == nullptr) return 0;
+  const int64_t batch = next_load_batch_++;
   int32_t started = 0;
   for (size_t i = first; i < first + n && i < hashes.size(); ++i) {
     if (loading_.contains(hashes[i]) || host_->Contains(hashes[i])) continue;
@@ -117,11 +127,16 @@ int32_t KvTiers::StartDiskLoads(std::span<const BlockHash> hashes, size_t first,
       host_->AbortStore(*slot);
       break;
     }
-    reads_[*ticket] = Read{.slot = *slot, .hash = hashes[i]};
+    reads_[*ticket] = Read{.slot = *slot, .hash = hashes[i], .batch = batch};
     loading_.insert(hashes[i]);
     ++started;
   }
   stats_.loads_started += started;
+  if (started > 0) {
+    load_batches_[batch] = LoadBatch{.started = std::chrono::steady_clock::now(),
+                                     .bytes = started * host_->slot_bytes(),
+                                     .outstanding = started};
+  }
   return started;
 }
 
@@ -143,17 +158,26 @@ void KvTiers::Poll() {
       }
       continue;
     }
-    const auto it = reads_.find(c.ticket);
-    if (it == reads_.end()) continue;
-    if (c.status.ok()) {
-      host_->CommitStore(it->second.slot);
-    } else {
-      KVMESH_LOG(kWarning) << "disk KV tier: " << c.status.message() << ": recomputing the block";
-      host_->AbortStore(it->second.slot);
-    }
-    loading_.erase(it->second.hash);
-    reads_.erase(it);
+    FinishRead(c.ticket, c.status);
   }
+}
+
+void KvTiers::FinishRead(int64_t ticket, const absl::Status& status) {
+  const auto it = reads_.find(ticket);
+  if (it == reads_.end()) return;
+  if (status.ok()) {
+    host_->CommitStore(it->second.slot);
+  } else {
+    KVMESH_LOG(kWarning) << "disk KV tier: " << status.message() << ": recomputing the block";
+    host_->AbortStore(it->second.slot);
+  }
+  if (const auto b = load_batches_.find(it->second.batch); b != load_batches_.end() && --b->second.outstanding == 0) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - b->second.started).count();
+    RecordBandwidth(disk_load_bytes_per_second_, b->second.bytes, seconds);
+    load_batches_.erase(b);
+  }
+  loading_.erase(it->second.hash);
+  reads_.erase(it);
 }
 
 void KvTiers::DrainDisk() {
@@ -167,10 +191,8 @@ void KvTiers::DrainDisk() {
         if (const auto w = writes_.find(c.ticket); w != writes_.end()) {
           host_->Unpin(w->second);
           writes_.erase(w);
-        } else if (const auto r = reads_.find(c.ticket); r != reads_.end()) {
-          if (c.status.ok()) host_->CommitStore(r->second.slot); else host_->AbortStore(r->second.slot);
-          loading_.erase(r->second.hash);
-          reads_.erase(r);
+        } else {
+          FinishRead(c.ticket, c.status);
         }
       }
     }

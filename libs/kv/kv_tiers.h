@@ -23,11 +23,12 @@
 // Load or recompute: a lower-tier hit is loaded only when its bytes at the tier's
 // measured read bandwidth arrive sooner than recomputing its tokens at the engine's
 // measured prefill speed (set_prefill_tokens_per_second); before both are measured it
-// is loaded.
+// is loaded, and a disk hit is loaded every 16th time recomputing wins, to measure again.
 //
 // Thread-safety: not thread-safe; owned by the engine thread (through KvCacheManager).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -103,6 +104,8 @@ class KvTiers {
   void Poll();
   // Waits for every disk I/O in flight (shutdown, tests).
   void DrainDisk();
+  // Bytes per second disk loads have achieved, batch by batch (0: not measured yet).
+  double disk_load_bytes_per_second() const { return disk_load_bytes_per_second_; }
 
   void set_prefill_tokens_per_second(double tps) { prefill_tokens_per_second_ = tps; }
   double prefill_tokens_per_second() const { return prefill_tokens_per_second_; }
@@ -126,6 +129,8 @@ class KvTiers {
   // Whether loading `num_blocks` at `bytes_per_second` beats recomputing them.
   bool LoadBeatsRecompute(int64_t num_blocks, double bytes_per_second) const;
   void StartWriteThrough(HostSlot slot);
+  // A disk read finished (any status): commits or aborts its slot and times its batch.
+  void FinishRead(int64_t ticket, const absl::Status& status);
 
   std::unique_ptr<HostKvTier> host_;
   std::unique_ptr<DiskKvTier> disk_;
@@ -136,8 +141,21 @@ class KvTiers {
   struct Read {
     HostSlot slot;
     BlockHash hash;
+    int64_t batch = 0;
   };
   absl::flat_hash_map<int64_t, Read> reads_;
+  // One StartDiskLoads call's reads, timed together: the disk serves them in parallel,
+  // so what a load costs is the batch's bytes over its wall time, not one read's.
+  struct LoadBatch {
+    std::chrono::steady_clock::time_point started;
+    int64_t bytes = 0;
+    int32_t outstanding = 0;
+  };
+  absl::flat_hash_map<int64_t, LoadBatch> load_batches_;
+  int64_t next_load_batch_ = 1;
+  double disk_load_bytes_per_second_ = 0;  // measured over whole batches
+  static constexpr int32_t kReprobeEvery = 16;
+  int32_t disk_recompute_streak_ = 0;  // disk hits recomputed since the last load
   absl::flat_hash_set<BlockHash> loading_;
   double prefill_tokens_per_second_ = 0;
   int32_t lookup_pins_ = 0;
