@@ -111,3 +111,11 @@ imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* The series labels the dashboard and rules select on (deploy/grafana/generate-dashboard). */}}
+{{- define "kvmesh.monitorRelabelings" -}}
+- sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component]
+  targetLabel: kvmesh_component
+- sourceLabels: [__meta_kubernetes_pod_name]
+  targetLabel: pod
+{{- end -}}
