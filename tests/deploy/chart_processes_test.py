@@ -78,6 +78,11 @@ def _kubelet_startup(pod):
     _wait(ok, _startup_budget_s(pod), f"{pod.name}'s startupProbe (last: {last[0]})", [pod])
 
 
+def _args(pod):
+    c = pod.container
+    return dict(a[2:].split("=", 1) for a in c.get("args", []) if a.startswith("--") and "=" in a)
+
+
 def _post(url, body, timeout=120):
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -154,13 +159,22 @@ def test_rendered_cpu_chart_serves_and_probes_like_the_kubelet(image_root):
             # Drain: a long stream runs; the kubelet deletes the router and the decode pod
             # (preStop, then SIGTERM). Readiness fails at once, liveness holds, the stream
             # finishes in full, both exit 0 within terminationGracePeriodSeconds.
+            # Sized from the measured speed so that the stream outlives the preStop sleep and
+            # the probes by a few seconds, yet ends well within the drain timeout.
+            sleep_s = router.container["lifecycle"]["preStop"]["sleep"]["seconds"]
+            drain_s = int(_args(router)["drain-timeout-ms"]) / 1000
+            t0 = time.time()
+            _post(url + "/v1/completions", {"model": model, "prompt": "Warm up", "max_tokens": 64, "temperature": 0,
+                                            "ignore_eos": True})
+            tokens_per_s = 64 / max(time.time() - t0, 1e-3)
+            max_tokens = int(min(max(tokens_per_s * (sleep_s + 4), 64), tokens_per_s * drain_s / 2, 4000))
             stream = {"tokens": 0, "finish": None, "error": None}
             started = threading.Event()
 
             def run_stream():
                 try:
                     req = urllib.request.Request(url + "/v1/completions", data=json.dumps(
-                        {"model": model, "prompt": "A long story", "max_tokens": 400, "temperature": 0,
+                        {"model": model, "prompt": "A long story", "max_tokens": max_tokens, "temperature": 0,
                          "ignore_eos": True, "stream": True}).encode(), headers={"Content-Type": "application/json"})
                     with urllib.request.urlopen(req, timeout=300) as r:
                         for line in r:
@@ -181,15 +195,26 @@ def test_rendered_cpu_chart_serves_and_probes_like_the_kubelet(image_root):
             t = threading.Thread(target=run_stream, daemon=True)
             t.start()
             assert started.wait(120) and stream["error"] is None, stream
-            sleep_s = router.container["lifecycle"]["preStop"]["sleep"]["seconds"]
             time.sleep(sleep_s)  # the preStop hook
             for pod in (router, decode):
                 cluster.terminate(pod.name)
             for pod in (router, decode):
-                ok, detail = probe(pod, "readinessProbe")
-                assert not ok and detail.startswith("503") and "draining" in detail, (pod.name, detail)
+                # The signal is handled asynchronously: the kubelet sees the failure by its next
+                # probe (one periodSeconds x failureThreshold later at most).
+                spec = pod.container["readinessProbe"]
+                budget_s = spec.get("periodSeconds", 10) * spec.get("failureThreshold", 3)
+                answer = {}
+
+                def not_ready(pod=pod, answer=answer):
+                    answer["ok"], answer["detail"] = probe(pod, "readinessProbe")
+                    return not answer["ok"]
+                _wait(not_ready, budget_s, f"{pod.name}'s readiness to fail while draining", [pod])
+                detail = answer["detail"]
+                assert detail.startswith("503") and "draining" in detail, (pod.name, detail)
                 ok, detail = probe(pod, "livenessProbe")
                 assert ok, (pod.name, detail)
+            # All of that while the request was still running (else nothing was drained).
+            assert stream["finish"] is None, f"the stream ended before the probes ({max_tokens} tokens)"
             grace_s = router.spec["terminationGracePeriodSeconds"] - sleep_s
             t.join(grace_s + 60)
             assert stream["error"] is None and stream["finish"] == "length", stream

@@ -201,7 +201,7 @@ def test_every_panel_and_rule_expression_returns_data(cluster, prometheus):
     deadline = time.time() + 90
     while not (query(prometheus, 'up{kvmesh_component="worker-decode"} == 0')
                and query(prometheus, "kvmesh:ttft_slo_burn_rate:5m")
-               and query(prometheus, "kvmesh:request_error_ratio:rate5m > 0")):
+               and query(prometheus, "kvmesh:request_error_ratio:rate5m")):
         assert time.time() < deadline, "rules never evaluated / decode never seen down"
         time.sleep(1)
 
