@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +29,7 @@ import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMETHEUS = os.environ.get("KVMESH_PROMETHEUS", "prometheus")
+SCRAPE_INTERVAL_S = 1
 RATE_WINDOW = "5m"  # $__rate_interval: the whole test fits in it
 MODEL = "tiny-llama"
 
@@ -99,6 +101,7 @@ def cluster():
     state = json.loads(result.stdout)
     yield state
     subprocess.run(dev + ["stop", "--run-dir", run_dir], capture_output=True, text=True, timeout=120)
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +115,7 @@ def prometheus(cluster):
     ]
     work = tempfile.mkdtemp(prefix="kvmesh-prometheus-")
     config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "evaluation_interval": "1s"},
         "rule_files": [os.path.join(ROOT, "deploy/prometheus/kvmesh-rules.yaml")],
         # The labels the chart's PodMonitor sets (kvmesh_component, pod).
         "scrape_configs": [{"job_name": "kvmesh", "metrics_path": "/metrics", "static_configs": [
@@ -138,6 +141,8 @@ def prometheus(cluster):
     yield base
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
+    log.close()
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def query(base, expr):
@@ -164,11 +169,16 @@ def _bounded_load(router_url):
             with lock:
                 results.append((body, status, text))
 
-    threads = [threading.Thread(target=worker, args=(requests[i::4],)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
+    # In batches of four with a pause of two scrape intervals between them: a counter's
+    # rate needs an increase between two scrapes, and a labelled series first seen at its
+    # final value has none.
+    for batch in range(0, len(requests), 4):
+        threads = [threading.Thread(target=worker, args=([r],)) for r in requests[batch:batch + 4]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+        time.sleep(2 * SCRAPE_INTERVAL_S)
     for body in bad:
         status, text = _post(router_url + "/v1/completions", body)
         assert 400 <= status < 500, (body, status, text)
@@ -186,6 +196,11 @@ def test_every_panel_and_rule_expression_returns_data(cluster, prometheus):
         assert time.time() < deadline, active
         time.sleep(0.5)
 
+    # One request first, then two scrapes: the labelled series (finish reasons, placement
+    # modes, transfer directions) exist before the load that moves them.
+    assert _post(p["router"]["url"] + "/v1/completions", {"model": MODEL, "prompt": "warm up", "max_tokens": 4,
+                                                          "ignore_eos": True})[0] == 200
+    time.sleep(2 * SCRAPE_INTERVAL_S)
     results = _bounded_load(p["router"]["url"])
     failed = [(s, t) for _, s, t in results if s != 200]
     assert not failed, failed[:3]
