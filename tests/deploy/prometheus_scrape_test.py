@@ -32,6 +32,7 @@ PROMETHEUS = os.environ.get("KVMESH_PROMETHEUS", "prometheus")
 SCRAPE_INTERVAL_S = 1
 RATE_WINDOW = "5m"  # $__rate_interval: the whole test fits in it
 MODEL = "tiny-llama"
+BAD_REQUESTS = [{"model": MODEL, "prompt": "x", "max_tokens": -1}, {"model": "no-such-model", "prompt": "x"}]
 
 
 def _free_port():
@@ -159,7 +160,6 @@ def _bounded_load(router_url):
         prompt = shared + f"Question {i}: what next?" if i % 2 else f"Tell me story number {i}."
         requests.append({"model": MODEL, "prompt": prompt, "max_tokens": 16 + i % 8, "temperature": 0,
                          "ignore_eos": i % 3 != 0, "stream": i % 4 == 0})
-    bad = [{"model": MODEL, "prompt": "x", "max_tokens": -1}, {"model": "no-such-model", "prompt": "x"}]
     results = []
     lock = threading.Lock()
 
@@ -179,7 +179,7 @@ def _bounded_load(router_url):
         for t in threads:
             t.join(600)
         time.sleep(2 * SCRAPE_INTERVAL_S)
-    for body in bad:
+    for body in BAD_REQUESTS:
         status, text = _post(router_url + "/v1/completions", body)
         assert 400 <= status < 500, (body, status, text)
     return results
@@ -200,6 +200,8 @@ def test_every_panel_and_rule_expression_returns_data(cluster, prometheus):
     # modes, transfer directions) exist before the load that moves them.
     assert _post(p["router"]["url"] + "/v1/completions", {"model": MODEL, "prompt": "warm up", "max_tokens": 4,
                                                           "ignore_eos": True})[0] == 200
+    for body in BAD_REQUESTS:
+        assert 400 <= _post(p["router"]["url"] + "/v1/completions", body)[0] < 500, body
     time.sleep(2 * SCRAPE_INTERVAL_S)
     results = _bounded_load(p["router"]["url"])
     failed = [(s, t) for _, s, t in results if s != 200]
@@ -207,10 +209,13 @@ def test_every_panel_and_rule_expression_returns_data(cluster, prometheus):
 
     # The decode worker dies: its scrape fails (up == 0) and the next request cannot be
     # served (router retries / upstream errors, a 5xx).
+    # Two failed requests two scrapes apart: the error series appear, then move.
     os.kill(p["decode"]["pid"], signal.SIGKILL)
-    status, text = _post(p["router"]["url"] + "/v1/completions", {"model": MODEL, "prompt": "after the crash",
-                                                                  "max_tokens": 4})
-    assert status >= 500, (status, text)
+    for attempt in range(2):
+        status, text = _post(p["router"]["url"] + "/v1/completions", {"model": MODEL, "prompt": "after the crash",
+                                                                      "max_tokens": 4})
+        assert status >= 500, (status, text)
+        time.sleep(2 * SCRAPE_INTERVAL_S)
 
     # Prometheus has scraped the dead target and evaluated the recording rules since.
     deadline = time.time() + 90
