@@ -11,8 +11,10 @@
 
 namespace kvmesh::worker {
 
-Heartbeater::Heartbeater(WorkerState& state, std::string scheduler, v1::RegisterRequest registration)
+Heartbeater::Heartbeater(WorkerState& state, std::string scheduler, v1::RegisterRequest registration,
+                         WorkerHealth* health)
     : state_(state),
+      health_(health),
       stub_(v1::Scheduler::NewStub(rpc::CreateChannel(scheduler))),
       registration_(std::move(registration)) {
   thread_ = std::thread([this] { Loop(); });
@@ -55,6 +57,7 @@ bool Heartbeater::Register() {
   if (response.heartbeat_interval_ms() > 0) interval_ms_ = response.heartbeat_interval_ms();
   KVMESH_LOG(kInfo) << "registered with the scheduler" << LogKv("worker_id", registration_.worker_id())
                     << LogKv("heartbeat_ms", interval_ms_);
+  if (health_ != nullptr) health_->SetRegistered();
   snapshot_ = true;
   return true;
 }

@@ -18,14 +18,17 @@
 #include "absl/container/flat_hash_map.h"
 #include "kv/kv_types.h"
 #include "kvmesh/v1/scheduler.grpc.pb.h"
+#include "worker/worker_health.h"
 #include "worker/worker_state.h"
 
 namespace kvmesh::worker {
 
 class Heartbeater {
  public:
-  // Starts the thread. `state` must outlive this.
-  Heartbeater(WorkerState& state, std::string scheduler, v1::RegisterRequest registration);
+  // Starts the thread. `state` (and `health`, when given: told of each registration, so
+  // the worker's probes pass) must outlive this.
+  Heartbeater(WorkerState& state, std::string scheduler, v1::RegisterRequest registration,
+              WorkerHealth* health = nullptr);
   ~Heartbeater();  // Stop()
 
   // Heartbeats say "draining" from now on (the scheduler stops placing here).
@@ -40,6 +43,7 @@ class Heartbeater {
   bool Beat();
 
   WorkerState& state_;
+  WorkerHealth* const health_;
   std::unique_ptr<v1::Scheduler::Stub> stub_;
   const v1::RegisterRequest registration_;
   uint32_t interval_ms_ = 1000;

@@ -31,6 +31,7 @@
 #include "serving/serving_metrics.h"
 #include "worker/heartbeater.h"
 #include "worker/kv_transfer_metrics.h"
+#include "worker/worker_health.h"
 #include "worker/worker_service.h"
 #include "worker/worker_state.h"
 
@@ -46,7 +47,8 @@ ABSL_FLAG(std::string, role, "both", "prefill, decode or both.");
 ABSL_FLAG(std::string, scheduler, "", "The scheduler's address (host:port); empty: run unregistered.");
 ABSL_FLAG(std::string, worker_id, "", "Stable worker id (default: worker-<advertised address>).");
 ABSL_FLAG(int32_t, metrics_port, -1,
-          "HTTP port serving /metrics (Prometheus text) and /health; 0 picks a free one (logged as "
+          "HTTP port serving /metrics (Prometheus text), /health (503 until registered and while draining) and "
+          "/live; 0 picks a free one (logged as "
           "'worker metrics on http://...'); -1: off.");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "Address the /metrics port binds.");
 ABSL_FLAG(bool, kv_stream_layers, true,
@@ -158,6 +160,8 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
   if (!transfer_metrics.ok()) return Fail(process, std::string(transfer_metrics.status().message()));
   state.SetMetrics(serving_metrics->get(), transfer_metrics->get());
   state.SetStreamKvLayers(absl::GetFlag(FLAGS_kv_stream_layers));
+  // The probes' view (worker_health.h); with --scheduler, ready once registered.
+  WorkerHealth health(/*needs_registration=*/!absl::GetFlag(FLAGS_scheduler).empty());
   std::unique_ptr<http::HttpServer> metrics_server;
   if (const int32_t port = absl::GetFlag(FLAGS_metrics_port); port >= 0) {
     if (port > 65535) return Fail(process, "--metrics_port must be in [0, 65535] (or -1: off)");
@@ -168,8 +172,13 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
     metrics_server->Handle("GET", "/metrics", [&registry](http::HttpRequest, std::shared_ptr<http::ResponseWriter> w) {
       (void)w->Send(http::HttpResponse::Text(200, registry.Exposition(), std::string(metrics::kExpositionContentType)));
     });
-    metrics_server->Handle("GET", "/health", [](http::HttpRequest, std::shared_ptr<http::ResponseWriter> w) {
-      (void)w->Send(http::HttpResponse::Json(200, R"({"status":"ok"})"));
+    metrics_server->Handle("GET", "/health", [&health](http::HttpRequest, std::shared_ptr<http::ResponseWriter> w) {
+      const ProbeAnswer answer = health.Health();
+      (void)w->Send(http::HttpResponse::Json(answer.status_code, answer.body));
+    });
+    metrics_server->Handle("GET", "/live", [&health](http::HttpRequest, std::shared_ptr<http::ResponseWriter> w) {
+      const ProbeAnswer answer = health.Live();
+      (void)w->Send(http::HttpResponse::Json(answer.status_code, answer.body));
     });
     if (const absl::Status s = metrics_server->Start(); !s.ok()) return Fail(process, std::string(s.message()));
     KVMESH_LOG(kInfo) << "worker metrics on http://" << absl::GetFlag(FLAGS_metrics_host) << ":"
@@ -200,11 +209,12 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
     registration.mutable_capacity()->set_max_num_seqs(options.scheduler.max_num_seqs);
     registration.mutable_capacity()->set_max_num_batched_tokens(options.scheduler.max_num_batched_tokens);
     registration.mutable_capacity()->set_max_model_len(max_model_len);
-    heartbeater = std::make_unique<Heartbeater>(state, scheduler, std::move(registration));
+    heartbeater = std::make_unique<Heartbeater>(state, scheduler, std::move(registration), &health);
   }
 
   const int signal = cli::WaitForStopSignal();
   KVMESH_LOG(kInfo) << "draining" << LogKv("signal", signal);
+  health.SetDraining();
   if (heartbeater) heartbeater->SetDraining();
   (*server)->SetServing(false);
   async_engine.Drain(absl::GetFlag(FLAGS_drain_timeout_ms));
