@@ -68,7 +68,8 @@ absl::Status AttachKvTiers(const EngineOptions& options, ModelRunner& runner, kv
                                                           .dtype = static_cast<int32_t>(layout.dtype()),
                                                           .block_size_tokens = layout.block_size_tokens()}));
   }
-  return kv.AttachTiers(std::make_unique<kv::KvTiers>(std::move(host), std::move(disk), kv.block_size_tokens()));
+  return kv.AttachTiers(std::make_unique<kv::KvTiers>(std::move(host), std::move(disk), kv.block_size_tokens(),
+                                                      options.kv.record_events));
 }
 
 }  // namespace

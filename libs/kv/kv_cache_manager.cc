@@ -52,6 +52,15 @@ ComputedPrefix KvCacheManager::FindCachedPrefix(std::span<const int32_t> prompt_
   return prefix;
 }
 
+std::vector<KvEvent> KvCacheManager::DrainEvents() {
+  std::vector<KvEvent> events = pool_->DrainEvents();
+  if (tiers_ != nullptr) {
+    std::vector<KvEvent> lower = tiers_->DrainEvents();
+    events.insert(events.end(), lower.begin(), lower.end());
+  }
+  return events;
+}
+
 void KvCacheManager::ReleasePrefix(const ComputedPrefix& prefix) {
   if (tiers_ != nullptr && !prefix.host_slots.empty()) tiers_->Release(prefix.host_slots);
 }

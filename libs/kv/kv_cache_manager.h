@@ -199,8 +199,9 @@ class KvCacheManager {
 
   // Evicts up to `max_blocks` cached (unused) blocks, LRU first; returns how many.
   int32_t EvictCachedBlocks(int32_t max_blocks) { return pool_->EvictCached(max_blocks); }
-  // KV events since the last drain (see BlockPool).
-  std::vector<KvEvent> DrainEvents() { return pool_->DrainEvents(); }
+  // KV events since the last drain: the pool's (see BlockPool), then the lower tiers'
+  // (tier kHost / kDisk).
+  std::vector<KvEvent> DrainEvents();
 
   bool HasRequest(RequestId id) const { return requests_.contains(id); }
   // Every request holding a table. O(requests).

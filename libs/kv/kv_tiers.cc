@@ -7,8 +7,10 @@
 
 namespace kvmesh::kv {
 
-KvTiers::KvTiers(std::unique_ptr<HostKvTier> host, std::unique_ptr<DiskKvTier> disk, int32_t block_size_tokens)
-    : host_(std::move(host)), disk_(std::move(disk)), block_size_tokens_(block_size_tokens) {}
+KvTiers::KvTiers(std::unique_ptr<HostKvTier> host, std::unique_ptr<DiskKvTier> disk, int32_t block_size_tokens,
+                 bool record_events)
+    : host_(std::move(host)), disk_(std::move(disk)), block_size_tokens_(block_size_tokens),
+      record_events_(record_events) {}
 
 void KvTiers::OnDeviceEvict(BlockId block, const BlockHash& hash, const BlockHash& parent_hash) {
   if (host_->Contains(hash)) return;  // already offloaded (or on its way)
@@ -149,7 +151,9 @@ bool KvTiers::AnyLoading(std::span<const BlockHash> hashes) const {
 }
 
 void KvTiers::Poll() {
-  if (disk_ == nullptr || (writes_.empty() && reads_.empty())) return;
+  if (disk_ == nullptr) return;
+  if (!record_events_) (void)disk_->DrainEvents();  // nobody consumes them: keep the queue empty
+  if (writes_.empty() && reads_.empty()) return;
   for (const DiskIoCompletion& c : disk_->Poll()) {
     if (c.kind == DiskIoCompletion::Kind::kWrite) {
       if (const auto it = writes_.find(c.ticket); it != writes_.end()) {

@@ -69,7 +69,9 @@ struct KvTiersStats {
 class KvTiers {
  public:
   // `host` is required; `disk` may be null. block_size_tokens: tokens per block.
-  KvTiers(std::unique_ptr<HostKvTier> host, std::unique_ptr<DiskKvTier> disk, int32_t block_size_tokens);
+  // Without `record_events` the tiers' events are dropped as they come (nobody drains).
+  KvTiers(std::unique_ptr<HostKvTier> host, std::unique_ptr<DiskKvTier> disk, int32_t block_size_tokens,
+          bool record_events = true);
   KvTiers(const KvTiers&) = delete;
   KvTiers& operator=(const KvTiers&) = delete;
 
@@ -135,6 +137,7 @@ class KvTiers {
   std::unique_ptr<HostKvTier> host_;
   std::unique_ptr<DiskKvTier> disk_;
   const int32_t block_size_tokens_;
+  const bool record_events_;
   KvSwaps pending_;
   // Disk I/O in flight by ticket: writes pin their host slot; reads fill one.
   absl::flat_hash_map<int64_t, HostSlot> writes_;

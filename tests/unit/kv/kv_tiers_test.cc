@@ -83,6 +83,14 @@ TEST_F(KvTiersTest, EvictedBlocksAreOffloadedAndOnboardedByteForByte) {
   Compute(2, Tokens(16, 500));  // needs all 4 blocks: A's cached blocks are evicted
   EXPECT_EQ(kv_->tiers()->host().num_resident(), 2);
   EXPECT_EQ(kv_->tiers()->host().stats().blocks_offloaded, 2);
+  // The events say where each block went: removed from tier 0, stored in the host tier.
+  int removed_device = 0, stored_host = 0;
+  for (const KvEvent& e : kv_->DrainEvents()) {
+    removed_device += e.kind == KvEvent::Kind::kRemoved && e.tier == Tier::kDevice ? 1 : 0;
+    stored_host += e.kind == KvEvent::Kind::kStored && e.tier == Tier::kHost ? 1 : 0;
+  }
+  EXPECT_EQ(removed_device, 2);
+  EXPECT_EQ(stored_host, 2);
 
   ComputedPrefix again = kv_->FindCachedPrefix(a);
   EXPECT_TRUE(again.blocks.empty());
