@@ -11,10 +11,16 @@
 // A record is a 4 KiB header (magic, format version, model salt, block hash, parent
 // hash, dtype, layer count, block bytes, payload checksum XXH3-64, a header checksum)
 // followed by the payload padded to 4 KiB. Create() rebuilds the index from the
-// headers: a record whose header or payload does not verify, a truncated file or a
-// file of another model (salt, layout) is skipped, logged and counted — never served.
-// A record is written payload first, header last, so a process killed mid-write
-// leaves a record whose header does not verify.
+// headers: a record whose header does not verify, a record cut short by a truncated
+// file or a record of another model (salt, layout) is skipped, logged and counted —
+// never served. Payloads are verified when read (below), not at start-up, so a
+// restart reads only the headers. A record is written as one linked io_uring chain:
+// (1) when its slot held a record before, that header is zeroed; (2) the payload;
+// (3) the header — each only after the previous one completed, so a process killed
+// mid-write leaves either the old record intact or a slot whose header does not
+// verify. Headers carry a write sequence number: a restart restores the LRU order of
+// the writes (reads since are not persisted) and keeps the newest of two records of
+// one hash.
 //
 // Asynchronous: StartWrite / StartRead queue I/O and return at once; Poll() reaps what
 // has completed without blocking. The engine thread calls Poll() every step: it never
@@ -28,6 +34,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -50,6 +57,20 @@ struct DiskKvTierOptions {
   int32_t dtype = 0;        // DType as an integer, recorded in headers
   int32_t queue_depth = 64;  // I/O in flight at most; StartWrite beyond it is refused
   bool use_direct_io = true;  // O_DIRECT when the filesystem allows; else buffered + fdatasync-free
+  // Tokens per block, only for KvEvent::num_tokens (the disk never sees tokens).
+  int32_t block_size_tokens = kDefaultBlockSizeTokens;
+};
+
+// The on-disk format, public for tests and tools that inspect a cache directory.
+inline constexpr int64_t kDiskRecordAlignment = 4096;   // header size, payload padding, O_DIRECT unit
+inline constexpr uint32_t kDiskRecordFormatVersion = 1;
+// Bytes of one record on disk: a header plus the payload rounded up to 4 KiB.
+int64_t DiskRecordBytes(int64_t record_payload_bytes);
+// Where a held record sits: its slab file and the record's byte offset in it (the
+// header; the payload follows at offset + kDiskRecordAlignment).
+struct DiskRecordLocation {
+  std::string path;
+  int64_t offset = 0;
 };
 
 // One finished I/O, as Poll returns it.
@@ -62,6 +83,7 @@ struct DiskIoCompletion {
   // disk full, the tier evicted to make room for later writes); kInternal / kUnavailable
   // for other I/O errors.
   absl::Status status;
+  int64_t bytes = 0;  // payload bytes moved (0 on failure)
 };
 
 class DiskKvTier {
@@ -97,7 +119,9 @@ class DiskKvTier {
   // Waits until nothing is in flight and returns every completion (shutdown, tests).
   std::vector<DiskIoCompletion> Drain();
 
-  // kStored when a write completes, kRemoved when a record is evicted or dropped; tier kDisk.
+  // kStored when a write completes (and, after Create, one per record recovered from
+  // disk, so a restarted worker re-announces what it holds); kRemoved when a record is
+  // evicted or dropped; tier kDisk.
   std::vector<KvEvent> DrainEvents();
 
   int64_t num_records() const;
@@ -106,6 +130,11 @@ class DiskKvTier {
   const KvTierStats& stats() const;
   // Index, LRU and slot accounting agree. Internal on the first violation; for tests.
   absl::Status CheckInvariants() const;
+  // Where `hash`'s record sits, if held (tests corrupt records through it).
+  std::optional<DiskRecordLocation> LocationOf(const BlockHash& hash) const;
+  // Whether the slab files were opened with O_DIRECT (false: the filesystem refused it
+  // or use_direct_io was off).
+  bool direct_io() const;
 
  private:
   class Impl;
