@@ -19,6 +19,7 @@
 #include <xxhash.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/logging.h"
@@ -148,6 +149,10 @@ class DiskKvTier::Impl {
   std::string SlabPath(int64_t slab) const {
     return (std::filesystem::path(options_.directory) / absl::StrFormat("kv-slab-%05d.dat", slab)).string();
   }
+  // O_DIRECT needs 4 KiB-aligned memory and lengths; buffered I/O takes the caller's bytes.
+  bool NeedsStaging(const std::byte* p) const {
+    return direct_io_ && (!IsAligned(p) || options_.record_payload_bytes != padded_payload_bytes_);
+  }
   int64_t SlotOffset(int32_t slot) const { return (slot % records_per_slab_) * record_bytes_; }
   int SlotFd(int32_t slot) const { return fds_[static_cast<size_t>(slot / records_per_slab_)]; }
   absl::Status OpenSlabs();
@@ -183,7 +188,7 @@ class DiskKvTier::Impl {
   std::vector<int32_t> free_fresh_;                 // free slots never written (pop_back: lowest first)
   bool disk_full_ = false;                          // after ENOSPC: reuse allocated slots only
 
-  absl::flat_hash_map<uint64_t, Op> ops_;
+  absl::node_hash_map<uint64_t, Op> ops_;  // node map: an Op& survives inserting another op
   uint64_t next_op_id_ = 1;
   int32_t user_ops_in_flight_ = 0;
   int32_t sqes_in_flight_ = 0;
@@ -295,7 +300,7 @@ void DiskKvTier::Impl::Recover() {
       const int64_t offset = SlotOffset(slot);
       if (offset >= size) break;
       Slot& s = slots_[static_cast<size_t>(slot)];
-      s.allocated = offset + record_bytes_ <= size;
+      s.allocated = offset + kDiskRecordAlignment + options_.record_payload_bytes <= size;
       const ssize_t n = ::pread(fds_[f], buf.get(), kDiskRecordAlignment, offset);
       if (n <= 0) break;
       RecordHeader h;
@@ -445,14 +450,14 @@ absl::StatusOr<int64_t> DiskKvTier::Impl::StartWrite(const BlockHash& hash, cons
                                                    options_.record_payload_bytes));
   }
   if (index_.contains(hash)) return absl::AlreadyExistsError(absl::StrCat("disk KV tier: ", hash.ToHex(), " held"));
-  if (user_ops_in_flight_ >= options_.queue_depth) {
+  if (user_ops_in_flight_ >= options_.queue_depth || io_uring_sq_space_left(&ring_) < 3) {
     ++stats_.write_failures;
     return absl::ResourceExhaustedError("disk KV tier: I/O queue full");
   }
   // Stage before taking a slot so a failure here has no side effects.
   AlignedBuffer staging;
   const std::byte* src = payload.data();
-  if (!direct_io_ || !IsAligned(src) || options_.record_payload_bytes != padded_payload_bytes_) {
+  if (NeedsStaging(src)) {
     if (!spare_staging_.empty()) {
       staging = std::move(spare_staging_.back());
       spare_staging_.pop_back();
@@ -531,11 +536,13 @@ absl::StatusOr<int64_t> DiskKvTier::Impl::StartRead(const BlockHash& hash, std::
   if (it == index_.end() || slots_[it->second].state != SlotState::kHeld) {
     return absl::NotFoundError(absl::StrCat("disk KV tier: ", hash.ToHex(), " not held"));
   }
-  if (user_ops_in_flight_ >= options_.queue_depth) return absl::ResourceExhaustedError("disk KV tier: I/O queue full");
+  if (user_ops_in_flight_ >= options_.queue_depth || io_uring_sq_space_left(&ring_) < 1) {
+    return absl::ResourceExhaustedError("disk KV tier: I/O queue full");
+  }
   const int32_t slot = it->second;
   AlignedBuffer staging;
   std::byte* into = dst.data();
-  if (!direct_io_ || !IsAligned(into) || options_.record_payload_bytes != padded_payload_bytes_) {
+  if (NeedsStaging(into)) {
     if (!spare_staging_.empty()) {
       staging = std::move(spare_staging_.back());
       spare_staging_.pop_back();
@@ -557,7 +564,8 @@ absl::StatusOr<int64_t> DiskKvTier::Impl::StartRead(const BlockHash& hash, std::
   op.start = Clock::now();
   const auto len = static_cast<uint32_t>(staging ? padded_payload_bytes_ : dst.size());
   op.staging = std::move(staging);
-  io_uring_sqe* sqe = GetSqe(id, 0, op, len);
+  // A read needs the payload's bytes; the padding after the file's last record may be absent.
+  io_uring_sqe* sqe = GetSqe(id, 0, op, static_cast<uint32_t>(options_.record_payload_bytes));
   io_uring_prep_read(sqe, SlotFd(slot), into, len, static_cast<uint64_t>(SlotOffset(slot) + kDiskRecordAlignment));
   if (reads_in_flight_++ == 0) read_busy_since_ = op.start;
   ++user_ops_in_flight_;
@@ -666,6 +674,7 @@ void DiskKvTier::Impl::FinishOp(uint64_t op_id, Op& op, std::vector<DiskIoComple
                                  << LogKv("error", std::strerror(err != 0 ? err : ENOSPC));
           }
           disk_full_ = true;
+          s.allocated = false;  // its space may not exist: never reused while the disk is full
           FreeSlot(op.slot);
           for (int32_t victim : lru_) {
             if (slots_[static_cast<size_t>(victim)].pins == 0) {

@@ -255,7 +255,7 @@ TEST(DiskKvTierTest, CorruptHeaderAndTruncatedFileAreSkippedAndCounted) {
     header_of_1 = tier->LocationOf(HashOf(1)).value();
     last = tier->LocationOf(HashOf(3)).value();
   }
-  CorruptByte(header_of_1.path, header_of_1.offset + 40);  // inside the block hash
+  CorruptByte(header_of_1.path, header_of_1.offset + 40);  // inside the parent hash
   // Cut the last record's payload short.
   ASSERT_EQ(::truncate(last.path.c_str(), last.offset + kDiskRecordAlignment + 100), 0);
   auto tier = DiskKvTier::Create(options).value();
@@ -477,7 +477,8 @@ TEST(DiskKvTierTest, FileSizeLimitEvictsAndNeverFailsAnIntactRead) {
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
   auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
   struct rlimit limit = old_limit;
-  limit.rlim_cur = static_cast<rlim_t>(20 * record + record / 2);  // 20 records and a half
+  // 20 records and the 21st's header: its payload write is the first to cross the limit.
+  limit.rlim_cur = static_cast<rlim_t>(20 * record + kDiskRecordAlignment);
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
   ExpectFullDiskEvictsAndKeepsServing(dir, 1000);
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old_limit), 0);
