@@ -351,11 +351,14 @@ void DiskKvTier::Impl::Recover() {
     (s.allocated ? free_allocated_ : free_fresh_).push_back(slot);
   }
   stats_.skipped_records = corrupt + foreign + truncated;
-  if (!lru_.empty() || stats_.skipped_records > 0) {
-    KVMESH_LOG(stats_.skipped_records > 0 ? LogLevel::kWarning : LogLevel::kInfo)
-        << "disk KV tier: recovered records from " << options_.directory << LogKv("records", lru_.size())
-        << LogKv("skipped_corrupt", corrupt) << LogKv("skipped_foreign", foreign)
-        << LogKv("skipped_truncated", truncated) << LogKv("duplicates", duplicate);
+  if (stats_.skipped_records > 0) {
+    KVMESH_LOG(kWarning) << "disk KV tier: skipped records that do not verify or belong to another model"
+                         << LogKv("dir", options_.directory) << LogKv("records", lru_.size())
+                         << LogKv("skipped_corrupt", corrupt) << LogKv("skipped_foreign", foreign)
+                         << LogKv("skipped_truncated", truncated) << LogKv("duplicates", duplicate);
+  } else if (!lru_.empty()) {
+    KVMESH_LOG(kInfo) << "disk KV tier: recovered records" << LogKv("dir", options_.directory)
+                      << LogKv("records", lru_.size()) << LogKv("duplicates", duplicate);
   }
 }
 
