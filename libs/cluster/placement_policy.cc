@@ -39,14 +39,47 @@ std::optional<Scored> Best(const std::vector<Scored>& pool) {
 }
 
 std::string Describe(const Scored& s) {
-  return absl::StrFormat("%s(score=%.3f cached=%d pending=%.2f kv=%.2f%s)",
+  const PrefixMatch& m = s.candidate->prefix;
+  return absl::StrFormat("%s(score=%.3f cached=%d tiers=%d/%d/%d saved=%.2f%s pending=%.2f kv=%.2f%s)",
                          s.candidate->worker.registration.worker_id, s.score.score, s.score.cached_tokens,
+                         m.num_blocks_by_tier[0], m.num_blocks_by_tier[1], m.num_blocks_by_tier[2],
+                         s.score.cached_fraction, s.score.measured_tier_weights ? "" : " (tier weights unmeasured)",
                          s.score.pending_ratio, s.score.kv_usage, s.score.overloaded ? " overloaded" : "");
+}
+
+// Bytes of one full block of every layer, K and V, all TP ranks together.
+int64_t KvBlockBytes(const KvCacheSpec& spec) {
+  return int64_t{2} * spec.num_layers * spec.num_kv_heads * spec.block_size_tokens * spec.head_dim *
+         DTypeSize(spec.dtype);
 }
 
 }  // namespace
 
 PlacementPolicy::PlacementPolicy(const PlacementOptions& options) : options_(options) {}
+
+double PlacementPolicy::TierBlockWeight(kv::Tier tier, const WorkerLoad& load, int64_t block_bytes,
+                                        int32_t block_size_tokens, bool* measured) const {
+  *measured = false;
+  double bandwidth = 0.0, fallback = 1.0;
+  switch (tier) {
+    case kv::Tier::kDevice: *measured = true; return 1.0;
+    case kv::Tier::kHost:
+      bandwidth = load.kv_host_read_bytes_per_second;
+      fallback = options_.host_tier_weight;
+      break;
+    case kv::Tier::kDisk:
+      bandwidth = load.kv_disk_read_bytes_per_second;
+      fallback = options_.disk_tier_weight;
+      break;
+  }
+  if (bandwidth <= 0 || load.prefill_tokens_per_second <= 0 || block_bytes <= 0 || block_size_tokens <= 0) {
+    return std::clamp(fallback, 0.0, 1.0);
+  }
+  *measured = true;
+  const double load_seconds = static_cast<double>(block_bytes) / bandwidth;
+  const double recompute_seconds = static_cast<double>(block_size_tokens) / load.prefill_tokens_per_second;
+  return std::clamp(1.0 - load_seconds / recompute_seconds, 0.0, 1.0);
+}
 
 WorkerScore PlacementPolicy::Score(const WorkerCandidate& candidate, int32_t prompt_length_tokens,
                                    int32_t block_size_tokens) const {
@@ -55,13 +88,24 @@ WorkerScore PlacementPolicy::Score(const WorkerCandidate& candidate, int32_t pro
   const int64_t bs = std::max(block_size_tokens, 1);
   const int64_t prompt = std::max(prompt_length_tokens, 0);
   s.cached_tokens = static_cast<int32_t>(std::min<int64_t>(m.num_blocks * bs, prompt));
-  if (prompt > 0) {
-    const double weighted_blocks = m.num_blocks_by_tier[static_cast<int>(kv::Tier::kDevice)] +
-                                   options_.host_tier_weight * m.num_blocks_by_tier[static_cast<int>(kv::Tier::kHost)] +
-                                   options_.disk_tier_weight * m.num_blocks_by_tier[static_cast<int>(kv::Tier::kDisk)];
-    s.cached_fraction = std::clamp(weighted_blocks * static_cast<double>(bs) / static_cast<double>(prompt), 0.0, 1.0);
-  }
   const WorkerSnapshot& w = candidate.worker;
+  const int64_t block_bytes = KvBlockBytes(w.registration.kv_cache_spec);
+  bool host_measured = false, disk_measured = false;
+  s.host_block_weight = TierBlockWeight(kv::Tier::kHost, w.load, block_bytes, static_cast<int32_t>(bs), &host_measured);
+  s.disk_block_weight = TierBlockWeight(kv::Tier::kDisk, w.load, block_bytes, static_cast<int32_t>(bs), &disk_measured);
+  s.measured_tier_weights = host_measured && disk_measured;
+  const int32_t device_blocks = m.num_blocks_by_tier[static_cast<int>(kv::Tier::kDevice)];
+  const int32_t host_blocks = m.num_blocks_by_tier[static_cast<int>(kv::Tier::kHost)];
+  const int32_t disk_blocks = m.num_blocks_by_tier[static_cast<int>(kv::Tier::kDisk)];
+  if (prompt > 0) {
+    const double weighted_blocks = device_blocks + s.host_block_weight * host_blocks + s.disk_block_weight * disk_blocks;
+    s.cached_fraction = std::clamp(weighted_blocks * static_cast<double>(bs) / static_cast<double>(prompt), 0.0, 1.0);
+    if (w.load.prefill_tokens_per_second > 0) {
+      // Saved share of the recompute time -> what is left of it.
+      s.expected_prefill_seconds =
+          (1.0 - s.cached_fraction) * static_cast<double>(prompt) / w.load.prefill_tokens_per_second;
+    }
+  }
   const int32_t max_seqs =
       w.registration.capacity.max_num_seqs > 0 ? w.registration.capacity.max_num_seqs : options_.default_max_num_seqs;
   s.pending_ratio = static_cast<double>(w.load.num_pending() + w.num_recent_placements) / std::max(max_seqs, 1);

@@ -2,7 +2,8 @@
 //
 // Each live, non-draining worker of the model gets a score:
 //
-//   score = overlap_weight  * cached_fraction      (prompt tokens it holds, tier-weighted)
+//   score = overlap_weight  * cached_fraction      (share of the prompt's prefill time its
+//                                                   cached blocks save, see below)
 //         - queue_weight    * pending_ratio        ((waiting + queued + placed since its
 //                                                   last heartbeat) / max_num_seqs)
 //         - kv_usage_weight * kv_usage             (used / total KV blocks)
@@ -17,6 +18,16 @@
 //   3. Else the prefill worker is the best-scoring prefill-capable worker, chosen the
 //      same way. None, or the decode worker itself: local prefill.
 // Ties go to the worker with less pending work, then the lower worker id.
+//
+// A cached block's worth is its expected time to first token: a device-tier block is
+// free; a host- or disk-tier block costs block_bytes / that tier's read bandwidth,
+// which saves only (1 - load time / recompute time) of recomputing its tokens at the
+// worker's prefill speed, and nothing when loading is slower (the worker recomputes
+// then). So device > host > disk > recompute follows from the bandwidths each worker
+// reports in its heartbeat (WorkerLoad), and cached_fraction is the share of the
+// prompt's recompute time the worker's cached prefix saves. Before a worker has
+// measured both its tier's bandwidth and its prefill speed, the constant
+// host_tier_weight / disk_tier_weight stand in (NOTE: fallback only).
 //
 // Thread-safety: immutable after construction; Place() is safe from any thread.
 #pragma once
@@ -36,8 +47,7 @@ struct PlacementOptions {
   double overlap_weight = 1.0;
   double queue_weight = 0.5;
   double kv_usage_weight = 0.5;
-  // A cached block on a lower tier must be onboarded first: it counts this much of a
-  // device-tier hit.
+  // Fallback before measurements: a lower-tier block counts this much of a device hit.
   double host_tier_weight = 0.8;
   double disk_tier_weight = 0.5;
   double overload_kv_usage = 0.95;
@@ -75,7 +85,14 @@ struct Placement {
 struct WorkerScore {
   double score = 0.0;
   int32_t cached_tokens = 0;  // leading prompt tokens it holds on any tier
-  double cached_fraction = 0.0;  // tier-weighted, in [0, 1]
+  double cached_fraction = 0.0;  // share of the prefill time the cached prefix saves, in [0, 1]
+  // Weight of one host / disk block relative to a device block: measured, or the fallback.
+  double host_block_weight = 0.0;
+  double disk_block_weight = 0.0;
+  bool measured_tier_weights = false;  // both weights came from the worker's measurements
+  // Expected prefill seconds for the prompt given the cached prefix (onboarding
+  // included); 0 when the worker has not measured its prefill speed.
+  double expected_prefill_seconds = 0.0;
   double pending_ratio = 0.0;
   double kv_usage = 0.0;
   bool overloaded = false;
@@ -99,6 +116,13 @@ class PlacementPolicy {
 
   WorkerScore Score(const WorkerCandidate& candidate, int32_t prompt_length_tokens,
                     int32_t block_size_tokens) const;
+
+  // The worth of one block on `tier` relative to a device-tier block, in [0, 1], from
+  // the worker's measured bandwidth and prefill speed (`block_bytes` per block of
+  // `block_size_tokens`); the fallback weight when unmeasured (bandwidth, prefill
+  // speed or block_bytes <= 0). `*measured` says which.
+  double TierBlockWeight(kv::Tier tier, const WorkerLoad& load, int64_t block_bytes, int32_t block_size_tokens,
+                         bool* measured) const;
 
   const PlacementOptions& options() const { return options_; }
 

@@ -61,6 +61,11 @@ struct WorkerLoad {
   int64_t kv_blocks_free = 0;
   int64_t kv_blocks_cached = 0;
   int32_t queue_depth = 0;  // received, not yet handed to the engine
+  // Measured speeds, for weighing a lower-tier prefix hit against recomputing it
+  // (placement_policy.h). 0: not measured yet (no onboard / prefill since start).
+  double kv_host_read_bytes_per_second = 0;  // host tier -> device, whole blocks
+  double kv_disk_read_bytes_per_second = 0;  // disk tier -> host
+  double prefill_tokens_per_second = 0;      // prompt tokens computed per second of prefill
 
   // kv_blocks_used / kv_blocks_total in [0, 1]; 0 when the total is unknown.
   double kv_usage() const;

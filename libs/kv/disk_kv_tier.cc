@@ -157,6 +157,7 @@ class DiskKvTier::Impl {
   int SlotFd(int32_t slot) const { return fds_[static_cast<size_t>(slot / records_per_slab_)]; }
   absl::Status OpenSlabs();
   void Recover();
+  void Preallocate();
   std::optional<int32_t> TakeFreeSlot();
   void Evict(int32_t slot);
   void FreeSlot(int32_t slot);
@@ -198,8 +199,19 @@ class DiskKvTier::Impl {
   AlignedBuffer zero_header_;
 
   // Bandwidth: bytes reaped over the busy time of each kind (see Reap).
+  struct BandwidthWindow {
+    Clock::time_point start{};
+    int64_t bytes = 0;
+  };
+  static constexpr std::chrono::milliseconds kBandwidthWindow{5};
+  static void FoldBandwidth(BandwidthWindow& w, int64_t bytes, bool idle, Clock::time_point now, double& estimate) {
+    w.bytes += bytes;
+    if (w.bytes == 0 || (!idle && now - w.start < kBandwidthWindow)) return;
+    RecordBandwidth(estimate, w.bytes, std::chrono::duration<double>(now - w.start).count());
+    w = BandwidthWindow{.start = now, .bytes = 0};
+  }
   int32_t reads_in_flight_ = 0, writes_in_flight_ = 0;
-  Clock::time_point read_busy_since_{}, write_busy_since_{};
+  BandwidthWindow read_window_, write_window_;
 
   KvTierStats stats_;
   std::vector<KvEvent> events_;
@@ -241,7 +253,31 @@ absl::Status DiskKvTier::Impl::Init() {
   }
   ring_ready_ = true;
   Recover();
+  Preallocate();
   return absl::OkStatus();
+}
+
+// Reserves the slab files' space up front (after Recover, which reads the real file
+// sizes): O_DIRECT writes into allocated space neither extend the file nor allocate,
+// so filesystems such as ext4 run them in parallel instead of one at a time. Where the
+// space is not there (a full disk, a file-size limit, a filesystem without fallocate)
+// the files stay sparse and grow as written; ENOSPC is then met per write.
+void DiskKvTier::Impl::Preallocate() {
+  for (size_t f = 0; f < fds_.size(); ++f) {
+    const int64_t first = static_cast<int64_t>(f) * records_per_slab_;
+    const int64_t slots = std::min<int64_t>(records_per_slab_, capacity_records() - first);
+    if (::fallocate(fds_[f], 0, 0, slots * record_bytes_) != 0) {
+      KVMESH_LOG(kInfo) << "disk KV tier: cannot preallocate; slab files grow as written"
+                        << LogKv("dir", options_.directory) << LogKv("error", std::strerror(errno));
+      return;
+    }
+    for (int64_t i = first; i < first + slots; ++i) slots_[static_cast<size_t>(i)].allocated = true;
+  }
+  free_fresh_.clear();
+  free_allocated_.clear();
+  for (auto slot = static_cast<int32_t>(capacity_records() - 1); slot >= 0; --slot) {
+    if (slots_[static_cast<size_t>(slot)].state == SlotState::kFree) free_allocated_.push_back(slot);
+  }
 }
 
 absl::Status DiskKvTier::Impl::OpenSlabs() {
@@ -523,7 +559,7 @@ absl::StatusOr<int64_t> DiskKvTier::Impl::StartWrite(const BlockHash& hash, cons
   sqe = GetSqe(id, 2, op, kDiskRecordAlignment);
   io_uring_prep_write(sqe, fd, op.header.get(), kDiskRecordAlignment, offset);
   s.header_maybe_valid = true;  // from now on, whatever happens
-  if (writes_in_flight_++ == 0) write_busy_since_ = op.start;
+  if (writes_in_flight_++ == 0) write_window_ = BandwidthWindow{.start = op.start, .bytes = 0};
   ++user_ops_in_flight_;
   stats_.in_flight = user_ops_in_flight_;
   io_uring_submit(&ring_);
@@ -570,7 +606,7 @@ absl::StatusOr<int64_t> DiskKvTier::Impl::StartRead(const BlockHash& hash, std::
   // A read needs the payload's bytes; the padding after the file's last record may be absent.
   io_uring_sqe* sqe = GetSqe(id, 0, op, static_cast<uint32_t>(options_.record_payload_bytes));
   io_uring_prep_read(sqe, SlotFd(slot), into, len, static_cast<uint64_t>(SlotOffset(slot) + kDiskRecordAlignment));
-  if (reads_in_flight_++ == 0) read_busy_since_ = op.start;
+  if (reads_in_flight_++ == 0) read_window_ = BandwidthWindow{.start = op.start, .bytes = 0};
   ++user_ops_in_flight_;
   stats_.in_flight = user_ops_in_flight_;
   io_uring_submit(&ring_);
@@ -581,8 +617,6 @@ std::vector<DiskIoCompletion> DiskKvTier::Impl::Reap(bool wait) {
   std::vector<DiskIoCompletion> out;
   if (!ring_ready_) return out;
   const int64_t read_bytes_before = stats_.bytes_onboarded, write_bytes_before = stats_.bytes_offloaded;
-  const auto read_since = read_busy_since_, write_since = write_busy_since_;
-  bool reaped_read = false, reaped_write = false;
   while (true) {
     io_uring_cqe* cqe = nullptr;
     int err = io_uring_peek_cqe(&ring_, &cqe);
@@ -595,30 +629,20 @@ std::vector<DiskIoCompletion> DiskKvTier::Impl::Reap(bool wait) {
         break;
       }
     }
-    const auto now = Clock::now();
-    const uint64_t id = io_uring_cqe_get_data64(cqe) >> 2;
-    if (auto it = ops_.find(id); it != ops_.end()) {
-      reaped_read |= it->second.kind == OpKind::kRead;
-      reaped_write |= it->second.kind == OpKind::kWrite;
-    }
-    HandleCqe(cqe, &out, now);
+    HandleCqe(cqe, &out, Clock::now());
     io_uring_cqe_seen(&ring_, cqe);
   }
-  // Bandwidth: the payload bytes this call reaped over the time the kind has been busy
-  // since the previous reap (or since it went busy): with many I/Os overlapping this is
-  // the disk's throughput, not one I/O's latency. Reap time bounds the resolution, so
-  // the engine's step-rate Poll measures what it can actually get.
+  // Bandwidth: payload bytes reaped over the time the kind has been busy, folded in
+  // once a window spans kBandwidthWindow or the kind goes idle. With many I/Os
+  // overlapping this is the disk's throughput, not one I/O's latency; a window (not
+  // each completion) keeps bursts of completions reaped microseconds apart from
+  // reading as absurd rates. Reap time bounds the resolution: the engine's step-rate
+  // Poll measures what it can actually get.
   const auto now = Clock::now();
-  if (reaped_read) {
-    RecordBandwidth(stats_.read_bytes_per_second, stats_.bytes_onboarded - read_bytes_before,
-                    std::chrono::duration<double>(now - read_since).count());
-    read_busy_since_ = now;
-  }
-  if (reaped_write) {
-    RecordBandwidth(stats_.write_bytes_per_second, stats_.bytes_offloaded - write_bytes_before,
-                    std::chrono::duration<double>(now - write_since).count());
-    write_busy_since_ = now;
-  }
+  FoldBandwidth(read_window_, stats_.bytes_onboarded - read_bytes_before, reads_in_flight_ == 0, now,
+                stats_.read_bytes_per_second);
+  FoldBandwidth(write_window_, stats_.bytes_offloaded - write_bytes_before, writes_in_flight_ == 0, now,
+                stats_.write_bytes_per_second);
   stats_.in_flight = user_ops_in_flight_;
   return out;
 }

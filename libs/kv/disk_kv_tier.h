@@ -7,7 +7,8 @@
 // num_layers * block_bytes, the same unit the host tier holds (kv/host_kv_tier.h).
 // Blocks are keyed by their BlockHash, the canonical identity every tier shares.
 //
-// On disk: a few slab files under `directory`, each an array of fixed-size records.
+// On disk: a few slab files under `directory` (at most 1 GiB each, preallocated with
+// fallocate when the disk has the room), each an array of fixed-size records.
 // A record is a 4 KiB header (magic, format version, model salt, block hash, parent
 // hash, dtype, layer count, block bytes, payload checksum XXH3-64, a header checksum)
 // followed by the payload padded to 4 KiB. Create() rebuilds the index from the

@@ -38,7 +38,10 @@ cluster::WorkerLoad WorkerLoadFromProto(const v1::WorkerLoad& proto) {
                              .kv_blocks_used = proto.kv_blocks_used(),
                              .kv_blocks_free = proto.kv_blocks_free(),
                              .kv_blocks_cached = proto.kv_blocks_cached(),
-                             .queue_depth = proto.queue_depth()};
+                             .queue_depth = proto.queue_depth(),
+                             .kv_host_read_bytes_per_second = proto.kv_host_read_bytes_per_second(),
+                             .kv_disk_read_bytes_per_second = proto.kv_disk_read_bytes_per_second(),
+                             .prefill_tokens_per_second = proto.prefill_tokens_per_second()};
 }
 
 void WorkerLoadToProto(const cluster::WorkerLoad& load, v1::WorkerLoad* proto) {
@@ -49,6 +52,9 @@ void WorkerLoadToProto(const cluster::WorkerLoad& load, v1::WorkerLoad* proto) {
   proto->set_kv_blocks_free(load.kv_blocks_free);
   proto->set_kv_blocks_cached(load.kv_blocks_cached);
   proto->set_queue_depth(load.queue_depth);
+  proto->set_kv_host_read_bytes_per_second(load.kv_host_read_bytes_per_second);
+  proto->set_kv_disk_read_bytes_per_second(load.kv_disk_read_bytes_per_second);
+  proto->set_prefill_tokens_per_second(load.prefill_tokens_per_second);
 }
 
 absl::StatusOr<cluster::WorkerRole> WorkerRoleFromProto(v1::WorkerRole role) {

@@ -242,6 +242,85 @@ TEST_F(PlacementPolicyTest, HostTierHitsCountLessThanDeviceHits) {
   EXPECT_EQ(placement->prefill_worker_id, "p1");
 }
 
+// The spec AddWorker registers: 2 layers x 2 kv heads x 16 tokens x 8 dims x bf16 x (K,V).
+constexpr int64_t kBlockBytes = 2 * 2 * 16 * 8 * 2 * 2;
+
+// A load whose measured host-tier bandwidth makes loading a block take `host_fraction`
+// of recomputing it (prefill at 1000 tokens/s: 16 ms per block).
+WorkerLoad MeasuredLoad(double host_fraction, double disk_fraction) {
+  const double recompute_seconds = 16.0 / 1000.0;
+  return WorkerLoad{.kv_host_read_bytes_per_second = kBlockBytes / (host_fraction * recompute_seconds),
+                    .kv_disk_read_bytes_per_second = kBlockBytes / (disk_fraction * recompute_seconds),
+                    .prefill_tokens_per_second = 1000.0};
+}
+
+TEST_F(PlacementPolicyTest, MeasuredHostBandwidthDecidesBetweenHostAndDeviceHits) {
+  AddWorker("d", WorkerRole::kDecode);
+  AddWorker("p1", WorkerRole::kPrefill);
+  AddWorker("p2", WorkerRole::kPrefill);
+  const auto prompt = Prompt(1024);
+  const PlacementPolicy policy({.disaggregation_threshold_tokens = 0});
+  // Fast host tier: a host block is worth 0.95 of a device block: 40 * 0.95 = 38 > 36.
+  Report("p1", prompt, 40, MeasuredLoad(0.05, 0.5), kv::Tier::kHost);
+  Report("p2", prompt, 36, MeasuredLoad(0.05, 0.5), kv::Tier::kDevice);
+  auto placement = policy.Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->prefill_worker_id, "p1") << placement->reason;
+  // The same hits once p1 measures a slow host tier (worth 0.5): 20 < 36.
+  Report("p1", prompt, 0, MeasuredLoad(0.5, 0.9));
+  placement = policy.Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->prefill_worker_id, "p2") << placement->reason;
+}
+
+TEST(PlacementPolicyScoreTest, TierWeightsComeFromMeasurementsWithConstantsAsFallback) {
+  const PlacementPolicy policy({.host_tier_weight = 0.8, .disk_tier_weight = 0.5});
+  bool measured = true;
+  // Unmeasured: the constants.
+  EXPECT_DOUBLE_EQ(policy.TierBlockWeight(kv::Tier::kHost, WorkerLoad{}, kBlockBytes, 16, &measured), 0.8);
+  EXPECT_FALSE(measured);
+  EXPECT_DOUBLE_EQ(policy.TierBlockWeight(kv::Tier::kDisk, WorkerLoad{.kv_disk_read_bytes_per_second = 1e9},
+                                          kBlockBytes, 16, &measured),
+                   0.5);  // bandwidth without a prefill speed is not enough
+  EXPECT_FALSE(measured);
+  // Measured: 1 - load time / recompute time.
+  const WorkerLoad load = MeasuredLoad(0.25, 0.75);
+  EXPECT_NEAR(policy.TierBlockWeight(kv::Tier::kHost, load, kBlockBytes, 16, &measured), 0.75, 1e-9);
+  EXPECT_TRUE(measured);
+  EXPECT_NEAR(policy.TierBlockWeight(kv::Tier::kDisk, load, kBlockBytes, 16, &measured), 0.25, 1e-9);
+  EXPECT_DOUBLE_EQ(policy.TierBlockWeight(kv::Tier::kDevice, load, kBlockBytes, 16, &measured), 1.0);
+  // A tier slower than recomputing is worth nothing (the worker recomputes).
+  EXPECT_DOUBLE_EQ(policy.TierBlockWeight(kv::Tier::kDisk, MeasuredLoad(0.25, 3.0), kBlockBytes, 16, &measured), 0.0);
+  EXPECT_TRUE(measured);
+}
+
+TEST(PlacementPolicyScoreTest, DeviceBeatsHostBeatsDiskBeatsRecompute) {
+  const PlacementPolicy policy;
+  auto score = [&](kv::Tier tier, int32_t blocks) {
+    WorkerCandidate c;
+    c.worker.registration.kv_cache_spec =
+        KvCacheSpec{.block_size_tokens = 16, .num_layers = 2, .num_kv_heads = 2, .head_dim = 8};
+    c.worker.registration.capacity.max_num_seqs = 10;
+    c.worker.load = MeasuredLoad(0.1, 0.6);
+    c.prefix.num_blocks = blocks;
+    c.prefix.num_blocks_by_tier[static_cast<int>(tier)] = blocks;
+    return policy.Score(c, /*prompt_length_tokens=*/256, /*block_size_tokens=*/16);
+  };
+  const WorkerScore device = score(kv::Tier::kDevice, 16), host = score(kv::Tier::kHost, 16),
+                    disk = score(kv::Tier::kDisk, 16), none = score(kv::Tier::kDevice, 0);
+  EXPECT_TRUE(host.measured_tier_weights);
+  EXPECT_GT(device.score, host.score);
+  EXPECT_GT(host.score, disk.score);
+  EXPECT_GT(disk.score, none.score);
+  EXPECT_NEAR(host.cached_fraction, 0.9, 1e-9);
+  EXPECT_NEAR(disk.cached_fraction, 0.4, 1e-9);
+  // Expected prefill time: 0 for a full device hit, the whole recompute (256 ms) for none.
+  EXPECT_NEAR(device.expected_prefill_seconds, 0.0, 1e-12);
+  EXPECT_NEAR(host.expected_prefill_seconds, 0.1 * 0.256, 1e-9);
+  EXPECT_NEAR(disk.expected_prefill_seconds, 0.6 * 0.256, 1e-9);
+  EXPECT_NEAR(none.expected_prefill_seconds, 0.256, 1e-9);
+}
+
 TEST_F(PlacementPolicyTest, ExpiredWorkersAreNotPlaced) {
   AddWorker("d1", WorkerRole::kDecode);
   AddWorker("d2", WorkerRole::kDecode);

@@ -1,0 +1,231 @@
+// kv_tier_bench: the lower KV tiers' bandwidth against the hardware they sit on, in one run.
+//
+//   disk: DiskKvTier write and read of a working set of SmolLM2-135M-shaped blocks
+//         (30 layers x 3 kv heads x 16 tokens x 64 dims x bf16 x K,V = 368,640 bytes)
+//         vs the same disk's sequential O_DIRECT write and read of a file of the same
+//         size (4 MiB synchronous I/Os, as `dd bs=4M oflag=direct`). Target >= 70%.
+//   host: per-block copies of the same blocks into a host arena, alone and with the
+//         XXH3-64 checksum the tiers keep, vs one memcpy of the same bytes. Target >= 80%.
+//
+//   kv_tier_bench [--dir DIR] [--working-set-mib N] [--host-working-set-mib N] [--queue-depth N]
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <xxhash.h>
+
+#include "bench_timer.h"
+#include "kv/disk_kv_tier.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using kvmesh::kv::BlockHash;
+using kvmesh::kv::DiskKvTier;
+
+constexpr int32_t kLayers = 30;
+constexpr int64_t kBlockBytesPerLayer = 3 * 16 * 64 * 2 * 2;  // kv heads x tokens x dims x bf16 x (K,V)
+constexpr int64_t kRecordPayloadBytes = kLayers * kBlockBytesPerLayer;  // 368,640
+constexpr int64_t kSeqChunkBytes = 4 << 20;
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double Gbps(int64_t bytes, double s) { return static_cast<double>(bytes) / s / 1e9; }
+
+struct Aligned {
+  explicit Aligned(int64_t bytes) : p(static_cast<std::byte*>(std::aligned_alloc(4096, static_cast<size_t>(bytes)))) {}
+  ~Aligned() { std::free(p); }
+  Aligned(const Aligned&) = delete;
+  Aligned& operator=(const Aligned&) = delete;
+  std::byte* p;
+};
+
+void Fill(std::byte* p, int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (int64_t i = 0; i + 8 <= n; i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(p + i, &v, 8);
+  }
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+// Sequential O_DIRECT write then read of `bytes` in 4 MiB synchronous I/Os: GB/s each.
+bool SequentialBaseline(const std::string& path, int64_t bytes, double* write_gbps, double* read_gbps) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+  if (fd < 0) {
+    std::perror("open O_DIRECT baseline file");
+    return false;
+  }
+  Aligned buf(kSeqChunkBytes);
+  Fill(buf.p, kSeqChunkBytes, 7);
+  auto t0 = Clock::now();
+  for (int64_t off = 0; off < bytes; off += kSeqChunkBytes) {
+    if (::pwrite(fd, buf.p, kSeqChunkBytes, off) != kSeqChunkBytes) {
+      std::perror("pwrite");
+      return false;
+    }
+  }
+  auto t1 = Clock::now();
+  for (int64_t off = 0; off < bytes; off += kSeqChunkBytes) {
+    if (::pread(fd, buf.p, kSeqChunkBytes, off) != kSeqChunkBytes) {
+      std::perror("pread");
+      return false;
+    }
+  }
+  auto t2 = Clock::now();
+  ::close(fd);
+  ::unlink(path.c_str());
+  *write_gbps = Gbps(bytes, Seconds(t0, t1));
+  *read_gbps = Gbps(bytes, Seconds(t1, t2));
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir = "/tmp/kvmesh-kv-tier-bench";
+  int64_t working_set_mib = 1024, host_working_set_mib = 1024;
+  int32_t queue_depth = 32;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--dir") dir = argv[i + 1];
+    else if (a == "--working-set-mib") working_set_mib = std::atoll(argv[i + 1]);
+    else if (a == "--host-working-set-mib") host_working_set_mib = std::atoll(argv[i + 1]);
+    else if (a == "--queue-depth") queue_depth = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  std::printf("cpu: %s  isa: %s\n", CpuModel().c_str(),
+              __builtin_cpu_supports("avx512f") ? "AVX-512" : __builtin_cpu_supports("avx2") ? "AVX2" : "baseline");
+  std::printf("block: %d layers x %lld bytes = %lld bytes (SmolLM2-135M shape, bf16)\n", kLayers,
+              static_cast<long long>(kBlockBytesPerLayer), static_cast<long long>(kRecordPayloadBytes));
+
+  // ---- disk ----
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const int64_t num_blocks = working_set_mib * (1 << 20) / kRecordPayloadBytes;
+  const int64_t disk_bytes = num_blocks * kRecordPayloadBytes;
+  double seq_write = 0, seq_read = 0;
+  if (!SequentialBaseline(dir + "/sequential.dat", disk_bytes / kSeqChunkBytes * kSeqChunkBytes, &seq_write,
+                          &seq_read)) {
+    return 1;
+  }
+  kvmesh::kv::DiskKvTierOptions options;
+  options.directory = dir + "/tier";
+  options.num_layers = kLayers;
+  options.block_bytes = kBlockBytesPerLayer;
+  options.record_payload_bytes = kRecordPayloadBytes;
+  options.capacity_bytes = (num_blocks + 1) * kvmesh::kv::DiskRecordBytes(kRecordPayloadBytes);
+  options.queue_depth = queue_depth;
+  options.salt = 1;
+  auto tier_or = DiskKvTier::Create(options);
+  if (!tier_or.ok()) {
+    std::fprintf(stderr, "%s\n", tier_or.status().ToString().c_str());
+    return 1;
+  }
+  auto& tier = **tier_or;
+  // A pool of buffers, each reused once its I/O completed.
+  const int32_t pool = 2 * queue_depth;
+  Aligned arena(pool * kRecordPayloadBytes);
+  Fill(arena.p, pool * kRecordPayloadBytes, 11);
+  std::vector<uint64_t> checksums(static_cast<size_t>(pool));
+  for (int32_t b = 0; b < pool; ++b) checksums[b] = XXH3_64bits(arena.p + b * kRecordPayloadBytes, kRecordPayloadBytes);
+  auto buffer = [&](int32_t b) { return std::span<std::byte>(arena.p + b * kRecordPayloadBytes, kRecordPayloadBytes); };
+
+  std::vector<int32_t> free_buffers;
+  std::vector<int32_t> buffer_of_ticket_lo;  // ticket -> buffer, tickets are small and dense
+  auto run = [&](bool write) -> double {
+    free_buffers.clear();
+    for (int32_t b = pool - 1; b >= 0; --b) free_buffers.push_back(b);
+    buffer_of_ticket_lo.assign(static_cast<size_t>(8 * num_blocks + 64), -1);
+    int64_t next = 0, done = 0, failures = 0;
+    const auto t0 = Clock::now();
+    while (done < num_blocks) {
+      while (next < num_blocks && !free_buffers.empty() && tier.num_in_flight() < queue_depth) {
+        const int32_t b = free_buffers.back();
+        const BlockHash h{.low = static_cast<uint64_t>(next) + 1, .high = 42};
+        auto t = write ? tier.StartWrite(h, {}, buffer(b), checksums[b]) : tier.StartRead(h, buffer(b));
+        if (!t.ok()) break;
+        free_buffers.pop_back();
+        buffer_of_ticket_lo[static_cast<size_t>(*t)] = b;
+        ++next;
+      }
+      for (const auto& c : tier.Poll()) {
+        ++done;
+        if (!c.status.ok()) ++failures;
+        free_buffers.push_back(buffer_of_ticket_lo[static_cast<size_t>(c.ticket)]);
+      }
+    }
+    const double s = Seconds(t0, Clock::now());
+    if (failures > 0) std::printf("  %lld of %lld I/Os failed\n", static_cast<long long>(failures),
+                                  static_cast<long long>(num_blocks));
+    return s;
+  };
+  // Every read verifies its record's checksum inside the tier (that cost is measured).
+  const double write_s = run(true);
+  const double read_s = run(false);
+  const double tier_write = Gbps(disk_bytes, write_s), tier_read = Gbps(disk_bytes, read_s);
+  std::printf("disk (%s, %s, %lld blocks = %.2f GiB, queue depth %d):\n", dir.c_str(),
+              tier.direct_io() ? "O_DIRECT" : "buffered", static_cast<long long>(num_blocks),
+              static_cast<double>(disk_bytes) / (1 << 30), queue_depth);
+  std::printf("  sequential O_DIRECT 4 MiB: write %.3f GB/s  read %.3f GB/s\n", seq_write, seq_read);
+  std::printf("  disk tier:                 write %.3f GB/s  read %.3f GB/s  (tier's own estimate: write %.3f read %.3f)\n",
+              tier_write, tier_read, tier.stats().write_bytes_per_second / 1e9,
+              tier.stats().read_bytes_per_second / 1e9);
+  std::printf("  ratio to sequential:       write %.0f%%  read %.0f%%  (target >= 70%%)\n", 100 * tier_write / seq_write,
+              100 * tier_read / seq_read);
+  std::printf("  checksum failures %lld  write failures %lld\n", static_cast<long long>(tier.stats().checksum_failures),
+              static_cast<long long>(tier.stats().write_failures));
+  tier_or->reset();
+  std::filesystem::remove_all(dir);
+
+  // ---- host ----
+  const int64_t host_blocks = host_working_set_mib * (1 << 20) / kRecordPayloadBytes;
+  const int64_t host_bytes = host_blocks * kRecordPayloadBytes;
+  Aligned src(host_bytes), dst(host_bytes);
+  Fill(src.p, host_bytes, 3);
+  std::memset(dst.p, 0, static_cast<size_t>(host_bytes));
+  std::vector<uint64_t> sums(static_cast<size_t>(host_blocks));
+  const double memcpy_s = kvmesh::bench::MedianSeconds([&] { std::memcpy(dst.p, src.p, host_bytes); }, 3, 1.0, 20);
+  const double blocks_s = kvmesh::bench::MedianSeconds(
+      [&] {
+        // Reverse order: blocks are scattered, not one contiguous run.
+        for (int64_t i = host_blocks - 1; i >= 0; --i) {
+          std::memcpy(dst.p + i * kRecordPayloadBytes, src.p + i * kRecordPayloadBytes, kRecordPayloadBytes);
+        }
+      },
+      3, 1.0, 20);
+  const double checked_s = kvmesh::bench::MedianSeconds(
+      [&] {
+        for (int64_t i = host_blocks - 1; i >= 0; --i) {
+          std::memcpy(dst.p + i * kRecordPayloadBytes, src.p + i * kRecordPayloadBytes, kRecordPayloadBytes);
+          sums[static_cast<size_t>(i)] = XXH3_64bits(dst.p + i * kRecordPayloadBytes, kRecordPayloadBytes);
+        }
+      },
+      3, 1.0, 20);
+  const double m = Gbps(host_bytes, memcpy_s), b = Gbps(host_bytes, blocks_s), c = Gbps(host_bytes, checked_s);
+  std::printf("host (%lld blocks = %.2f GiB):\n", static_cast<long long>(host_blocks),
+              static_cast<double>(host_bytes) / (1 << 30));
+  std::printf("  memcpy of the whole set:   %.2f GB/s\n", m);
+  std::printf("  per-block copies:          %.2f GB/s  %.0f%% of memcpy (target >= 80%%)\n", b, 100 * b / m);
+  std::printf("  per-block copy + XXH3-64:  %.2f GB/s  %.0f%% of memcpy (checksum %016llx)\n", c, 100 * c / m,
+              static_cast<unsigned long long>(sums[0]));
+  return 0;
+}
