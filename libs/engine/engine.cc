@@ -215,15 +215,13 @@ absl::Status Engine::RunPendingTierCopies() {
 }
 
 void Engine::RecordStepSpeed(const SchedulerOutput& scheduled, const ModelOutput& output, double seconds) {
-  if (!kv_->has_tiers()) return;
   int64_t prefill_tokens = 0;
   for (const ScheduledChunk& c : scheduled.chunks) prefill_tokens += c.num_tokens > 1 ? c.num_tokens : 0;
   // Only prefill-heavy steps say how fast recomputing is.
   const double compute_seconds = seconds - output.swap_out_seconds - output.swap_in_seconds;
   if (prefill_tokens < 32 || prefill_tokens * 2 < scheduled.num_batched_tokens || compute_seconds <= 0) return;
-  double tps = kv_->tiers()->prefill_tokens_per_second();
-  kv::RecordBandwidth(tps, prefill_tokens, compute_seconds);
-  kv_->tiers()->set_prefill_tokens_per_second(tps);
+  kv::RecordBandwidth(prefill_tokens_per_second_, prefill_tokens, compute_seconds);
+  if (kv_->has_tiers()) kv_->tiers()->set_prefill_tokens_per_second(prefill_tokens_per_second_);
 }
 
 int64_t Engine::CountStrandedBlocks() const {
@@ -275,13 +273,13 @@ EngineStats Engine::stats() const {
   e.num_kv_blocks_stranded = CountStrandedBlocks();
   e.prefix_cache_host_hit_tokens = p.host_hit_tokens;
   e.num_waiting_for_disk = s.num_waiting_for_disk;
+  e.prefill_tokens_per_second = prefill_tokens_per_second_;
   if (const kv::KvTiers* tiers = kv_->tiers(); tiers != nullptr) {
     e.has_host_tier = true;
     e.host_tier = tiers->host().stats();
     e.host_tier_slots = tiers->host().num_slots();
     e.host_tier_resident = tiers->host().num_resident();
     e.tiers = tiers->stats();
-    e.prefill_tokens_per_second = tiers->prefill_tokens_per_second();
     if (const kv::DiskKvTier* disk = tiers->disk(); disk != nullptr) {
       e.has_disk_tier = true;
       e.disk_tier = disk->stats();

@@ -139,7 +139,7 @@ struct EngineStats {
   int64_t disk_tier_records = 0;
   int64_t prefix_cache_host_hit_tokens = 0;
   int64_t num_waiting_for_disk = 0;
-  double prefill_tokens_per_second = 0;  // measured, for load-versus-recompute
+  double prefill_tokens_per_second = 0;  // measured on prefill-heavy steps (0: not yet)
 };
 
 class Engine {
@@ -318,6 +318,9 @@ class Engine {
   const int64_t prefill_release_timeout_ms_;
   const std::function<int64_t()> now_ms_;
   kv::KvHandoffLedger handoffs_;
+  // Prefill tokens per second of prefill-heavy steps (EWMA): what recomputing costs, for
+  // the tiers' load-versus-recompute and the scheduler's placement.
+  double prefill_tokens_per_second_ = 0;
   // By request id; node map: LayerExport points at the sinks during a step.
   absl::node_hash_map<std::string, StreamedPrefill> streamed_prefills_;
 };

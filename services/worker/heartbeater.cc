@@ -98,6 +98,10 @@ bool Heartbeater::Beat() {
   load->set_kv_blocks_used(stats.num_kv_blocks_used);
   load->set_kv_blocks_free(stats.num_kv_blocks_free);
   load->set_kv_blocks_cached(stats.num_kv_blocks_cached);
+  // What the scheduler weighs a lower-tier hit by against recomputing it.
+  load->set_kv_host_read_bytes_per_second(stats.host_tier.read_bytes_per_second);
+  load->set_kv_disk_read_bytes_per_second(stats.disk_tier.read_bytes_per_second);
+  load->set_prefill_tokens_per_second(stats.prefill_tokens_per_second);
   if (snapshot_) {
     request.set_kv_events_snapshot(true);
     for (const auto& [key, event] : stored_) rpc::ToProto(event, request.add_kv_events());
