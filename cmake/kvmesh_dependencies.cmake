@@ -9,6 +9,7 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 find_package(dnnl CONFIG REQUIRED)
 find_package(Gloo CONFIG REQUIRED)  # target is plain `gloo` (libs/comm)
+find_package(prometheus-cpp CONFIG REQUIRED)  # core only (libs/metrics); /metrics is served by libs/http
 find_package(OpenMP REQUIRED)
 find_package(Python3 COMPONENTS Interpreter REQUIRED)
 if(KVMESH_BUILD_TESTS)
