@@ -1,5 +1,5 @@
 # Third-party libraries, all from Debian 12 packages (tools/setup installs them).
-# See ../shared/DEPENDENCIES.md for why each line looks the way it does.
+# docs/development.md, "Dependencies", says why some lines look the way they do.
 find_package(Threads REQUIRED)
 find_package(absl CONFIG REQUIRED)
 find_package(Protobuf REQUIRED)  # CMake's module: Debian ships no protobuf config
