@@ -67,8 +67,9 @@ TEST(ServingMetricsTest, UnknownMilestonesLeaveTheirPhasesOut) {
   times.finished = times.first_token + std::chrono::seconds(1);
   m->ObserveFinishedRequest(times, 4, 2);
   const std::string text = registry.Exposition();
-  EXPECT_FALSE(absl::StrContains(text, "kvmesh_request_queue_time_seconds_count")) << text;
-  EXPECT_FALSE(absl::StrContains(text, "kvmesh_request_prefill_time_seconds_count")) << text;
+  // Histograms without labels always expose their one child: unobserved, it counts 0.
+  EXPECT_TRUE(absl::StrContains(text, "kvmesh_request_queue_time_seconds_count 0\n")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "kvmesh_request_prefill_time_seconds_count 0\n")) << text;
   EXPECT_TRUE(absl::StrContains(text, "kvmesh_request_decode_time_seconds_count 1\n")) << text;
   EXPECT_TRUE(absl::StrContains(text, "kvmesh_request_prompt_tokens_count 1\n")) << text;
 }
