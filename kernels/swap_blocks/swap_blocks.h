@@ -1,5 +1,5 @@
 // Moves whole KV blocks between a device pool and a pinned host pool (the offload tier of
-// ARCHITECTURE.md §3: a block evicted from device memory is written to pinned host
+// docs/architecture.md §3: a block evicted from device memory is written to pinned host
 // memory, and onboarded again later). Both pools are layer-major as kv::KvLayout lays
 // them out ([num_layers][num_blocks][block bytes]) and may hold different numbers of
 // blocks: block `src` of every layer of the source pool is copied byte for byte onto

@@ -101,7 +101,7 @@ class Backend {
   virtual void DenseAttention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                               std::span<const int32_t> positions, float scale, const TensorView& out) = 0;
 
-  // --- Paged KV (ARCHITECTURE.md §3). One layer's cache is kv_cache:
+  // --- Paged KV (docs/architecture.md §2). One layer's cache is kv_cache:
   // [num_blocks, 2 (K, V), Hkv, B, D] f32, each block contiguous (kv/kv_layout.h).
 
   // Writes token t's key and value into cache slot slots[t] (= block * B + offset).

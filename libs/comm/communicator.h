@@ -1,5 +1,5 @@
 // Communicator: the collectives a tensor-parallel group runs between its ranks
-// (ARCHITECTURE.md §3 "Sharding (TP)"). One object per rank; every rank of the group
+// (docs/architecture.md §4, "Tensor parallelism"). One object per rank; every rank of the group
 // must issue the same collectives in the same order with the same sizes.
 //
 // Buffers are raw pointers into the backend's memory: host memory for the Gloo

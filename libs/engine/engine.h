@@ -1,4 +1,4 @@
-// Engine: one worker's continuous-batching loop (ARCHITECTURE.md §4): schedule → execute
+// Engine: one worker's continuous-batching loop (docs/architecture.md §4): schedule → execute
 // → sample → emit. It owns the KV cache manager and the Scheduler and borrows a
 // ModelRunner. A service drives it from one thread: AddRequest / Abort as requests come
 // and go, Step() in a loop while HasUnfinishedRequests().

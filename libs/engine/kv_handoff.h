@@ -1,5 +1,5 @@
 // The vocabulary of a prefill -> decode KV handoff between two Engines
-// (ARCHITECTURE.md §3 "Transfer"): the lease a decode engine grants for a remote
+// (docs/architecture.md §3, "Transfer between workers"): the lease a decode engine grants for a remote
 // prefill. The types carry no transport; the decode and prefill workers move the bytes
 // (in-process: Engine::ExportKvBlock -> Engine::ImportKvBlock).
 //

@@ -11,6 +11,7 @@
 // EngineRequest::on_output).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -88,6 +89,17 @@ struct PrefillResult {
   int32_t num_skipped_blocks = 0;
 };
 
+// When the engine reached each milestone of a request (steady_clock, this process).
+// A default time_point (zero since the epoch) means not reached yet, or not known
+// (an output that crossed a process boundary). Serving turns these into the queue,
+// prefill and decode time histograms (docs/operating.md, "Metrics").
+struct RequestTimes {
+  std::chrono::steady_clock::time_point arrival;          // added to the engine
+  std::chrono::steady_clock::time_point first_scheduled;  // first admitted to a step (or its remote KV slots)
+  std::chrono::steady_clock::time_point first_token;      // its first output token was reported
+  std::chrono::steady_clock::time_point finished;         // its final output was reported
+};
+
 struct RequestOutput {
   std::string request_id;
   // The samples that changed in this step, by increasing index.
@@ -101,6 +113,8 @@ struct RequestOutput {
   bool finished = false;
   // Why the request failed (finish_reason kError); OK otherwise.
   absl::Status status;
+  // The request's milestones so far (all four on the final output).
+  RequestTimes times;
   // Set on the one output of a prefill-only request that reports its computed prompt
   // (not final: the request ends with ReleasePrefill / Abort / the release timeout).
   std::optional<PrefillResult> prefill_result;

@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <tuple>
 #include <utility>
 
@@ -110,6 +111,7 @@ absl::StatusOr<RemotePrefillReservation> Scheduler::ReserveRemotePrefill(const E
   seq->num_computed_tokens = prefix.num_tokens;
   seq->admitted_block_hashes = std::move(prefix.block_hashes);
   seq->request->num_cached_prompt_tokens = prefix.num_tokens;
+  seq->request->times.first_scheduled = std::chrono::steady_clock::now();
   parked_.push_back(seq);
   RemotePrefillReservation reservation;
   reservation.kv_id = seq->kv_id;
@@ -448,6 +450,7 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
       RequestState* request = seq->request;
       if (request->num_cached_prompt_tokens < 0) {
         request->num_cached_prompt_tokens = std::min(prefix.num_tokens, request->num_prompt_tokens());
+        request->times.first_scheduled = std::chrono::steady_clock::now();
       }
       running_.push_back(seq);
       AddChunk(seq, num_new, *alloc, &out);
@@ -610,6 +613,13 @@ RequestOutput Scheduler::TakeOutput(RequestState* request, const absl::Status& s
     out.outputs.push_back(std::move(c));
   }
   out.finished = request->AllFinished();
+  const auto now = std::chrono::steady_clock::now();
+  if (request->times.first_token == std::chrono::steady_clock::time_point{} &&
+      std::any_of(out.outputs.begin(), out.outputs.end(), [](const CompletionOutput& c) { return !c.new_token_ids.empty(); })) {
+    request->times.first_token = now;
+  }
+  if (out.finished) request->times.finished = now;
+  out.times = request->times;
   if (out.finished && !request->forked && request->n > 1) {
     // Ended (abort / error) before the fork: the samples that never existed end too, so
     // the caller sees all n indices finish.

@@ -1,5 +1,7 @@
 #include "engine/sequence.h"
 
+#include <chrono>
+
 namespace kvmesh::engine {
 
 int32_t Sequence::num_output_tokens() const { return num_tokens() - request->num_prompt_tokens(); }
@@ -12,7 +14,9 @@ RequestState::RequestState(const EngineRequest& request, int64_t arrival)
       priority(request.priority),
       arrival_order(arrival),
       eos_token_ids(request.eos_token_ids),
-      stop_checker(request.sampling_params, request.eos_token_ids) {}
+      stop_checker(request.sampling_params, request.eos_token_ids) {
+  times.arrival = std::chrono::steady_clock::now();
+}
 
 bool RequestState::AllFinished() const {
   if (!forked && n > 1) return !seqs.empty() && seqs[0]->finished();

@@ -89,6 +89,8 @@ struct RequestState {
   bool forked = false;
   // Prefix-cache tokens at the first scheduling; -1 before it.
   int32_t num_cached_prompt_tokens = -1;
+  // Milestones reported in every RequestOutput; arrival is set at construction.
+  RequestTimes times;
   // Prefill-only (disaggregated prefill side): stop after the first token and pin the
   // prompt's blocks (sequence kPrefilled) instead of decoding. n is forced to 1.
   bool prefill_only = false;

@@ -1,5 +1,5 @@
 // TensorParallelRunner: a ModelRunner that runs one model split over N rank threads
-// (ARCHITECTURE.md §3 "Sharding (TP)"). Rank 0 is the driver: the engine calls
+// (docs/architecture.md §4, "Tensor parallelism"). Rank 0 is the driver: the engine calls
 // Execute on its thread, which runs rank 0's shard there; ranks 1..N-1 each own a
 // thread that follows the driver's step plan (a copy of the batch: the same tokens,
 // positions and block ids on every rank). The block tables and prefix cache stay with

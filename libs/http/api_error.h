@@ -1,5 +1,5 @@
 // ApiError: an OpenAI-style error, and the ONE place where an absl::Status becomes
-// an HTTP status (STYLE.md: Status becomes gRPC or HTTP in exactly one place).
+// an HTTP status (docs/development.md, "Conventions": a Status becomes gRPC or HTTP in exactly one place).
 //
 //   {"error":{"message":"...","type":"invalid_request_error","param":"top_p","code":null}}
 //

@@ -1,5 +1,5 @@
 // KvBlockSpec: the shape of one KV block of one layer, as two pools must agree on it
-// before blocks move between them (prefill -> decode transfer, ARCHITECTURE.md §3).
+// before blocks move between them (prefill -> decode transfer, docs/architecture.md §3).
 //
 // A transfer moves whole blocks, layer by layer, byte for byte (kv/kv_layout.h: one
 // block of one layer is ONE contiguous range of block_bytes). That is only meaningful

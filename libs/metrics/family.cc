@@ -5,60 +5,20 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
 #include "metrics/text_format.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/labels.h"
 
 namespace kvmesh::metrics {
-namespace {
-
-template <typename Metric>
-constexpr std::string_view TypeName() {
-  if constexpr (std::is_same_v<Metric, Counter>) {
-    return "counter";
-  } else if constexpr (std::is_same_v<Metric, Histogram>) {
-    return "histogram";
-  } else {
-    return "gauge";  // Gauge and CallbackGauge.
-  }
-}
-
-std::vector<std::string> LeTexts(const std::vector<double>& bounds) {
-  std::vector<std::string> texts;
-  texts.reserve(bounds.size() + 1);
-  for (double bound : bounds) {
-    std::string text;
-    AppendDouble(bound, &text);
-    texts.push_back(std::move(text));
-  }
-  texts.push_back("+Inf");
-  return texts;
-}
-
-// Appends `name{labels} value\n`; `labels` is pre-escaped and may be empty.
-void AppendSample(std::string_view name, std::string_view suffix, std::string_view labels, double value,
-                  std::string* out) {
-  out->append(name);
-  out->append(suffix);
-  if (!labels.empty()) {
-    out->push_back('{');
-    out->append(labels);
-    out->push_back('}');
-  }
-  out->push_back(' ');
-  AppendDouble(value, out);
-  out->push_back('\n');
-}
-
-}  // namespace
 
 template <typename Metric>
 Family<Metric>::Family(std::string name, std::string help, std::vector<std::string> label_names,
-                       std::vector<double> bucket_bounds)
+                       std::vector<double> bucket_bounds, internal::PrometheusFamily<Metric>* impl)
     : name_(std::move(name)),
       help_(std::move(help)),
       label_names_(std::move(label_names)),
       bucket_bounds_(std::move(bucket_bounds)),
-      le_texts_(std::is_same_v<Metric, Histogram> ? LeTexts(bucket_bounds_) : std::vector<std::string>{}) {}
+      impl_(impl) {}
 
 template <typename Metric>
 absl::StatusOr<Metric*> Family<Metric>::WithLabels(std::span<const std::string_view> label_values) {
@@ -67,29 +27,28 @@ absl::StatusOr<Metric*> Family<Metric>::WithLabels(std::span<const std::string_v
                                                    label_values.size(), " value(s) were given"));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = children_.find(label_values); it != children_.end()) return it->second.metric.get();
+  if (auto it = children_.find(label_values); it != children_.end()) return it->second.get();
 
-  // A new child: validate and render its labels once, here, not on every scrape.
-  Child child;
+  // A new child: validate here, once, so prometheus-cpp never sees a bad value.
+  prometheus::Labels labels;
   for (size_t i = 0; i < label_values.size(); ++i) {
     if (!IsValidUtf8(label_values[i])) {
       return absl::InvalidArgumentError(
           absl::StrCat("metric ", name_, ": value of label ", label_names_[i], " is not valid UTF-8"));
     }
-    if (i > 0) child.labels_text.push_back(',');
-    child.labels_text.append(label_names_[i]);
-    child.labels_text.append("=\"");
-    AppendEscapedLabelValue(label_values[i], &child.labels_text);
-    child.labels_text.push_back('"');
+    labels.emplace(label_names_[i], std::string(label_values[i]));
   }
-  if constexpr (std::is_same_v<Metric, Histogram>) {
-    child.metric.reset(new Metric(bucket_bounds_));  // Private constructor; this family is its friend.
+  std::unique_ptr<Metric> metric;
+  if constexpr (std::is_same_v<Metric, CallbackGauge>) {
+    metric = std::make_unique<Metric>();
+  } else if constexpr (std::is_same_v<Metric, Histogram>) {
+    metric.reset(new Metric(impl_->Add(labels, bucket_bounds_), bucket_bounds_));  // Private constructor; friend.
   } else {
-    child.metric = std::make_unique<Metric>();
+    metric.reset(new Metric(impl_->Add(labels)));
   }
-  Metric* metric = child.metric.get();
-  children_.emplace(std::vector<std::string>(label_values.begin(), label_values.end()), std::move(child));
-  return metric;
+  Metric* result = metric.get();
+  children_.emplace(std::vector<std::string>(label_values.begin(), label_values.end()), std::move(metric));
+  return result;
 }
 
 template <typename Metric>
@@ -99,45 +58,51 @@ size_t Family<Metric>::num_children() const {
 }
 
 template <typename Metric>
-void Family<Metric>::AppendExposition(std::string* out) const {
-  // Children are never removed and map nodes never move, so the pointers stay valid
-  // after the lock is dropped. NOTE: no lock is held while samples are read, so a
-  // callback may call into the registry without deadlock.
-  std::vector<const Child*> children;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    children.reserve(children_.size());
-    for (const auto& [values, child] : children_) children.push_back(&child);
-  }
-  if (children.empty()) return;
-
-  const size_t start = out->size();
-  out->append("# HELP ").append(name_).push_back(' ');
-  AppendEscapedHelp(help_, out);
-  out->append("\n# TYPE ").append(name_).push_back(' ');
-  out->append(TypeName<Metric>()).push_back('\n');
-  const size_t header_end = out->size();
-
-  for (const Child* child : children) {
-    const std::string& labels = child->labels_text;
-    if constexpr (std::is_same_v<Metric, Counter> || std::is_same_v<Metric, Gauge>) {
-      AppendSample(name_, "", labels, child->metric->Value(), out);
-    } else if constexpr (std::is_same_v<Metric, CallbackGauge>) {
-      if (std::optional<double> value = child->metric->Evaluate()) AppendSample(name_, "", labels, *value, out);
-    } else {
-      const Histogram::Snapshot snapshot = child->metric->TakeSnapshot();
-      for (size_t i = 0; i < snapshot.cumulative_counts.size(); ++i) {
-        out->append(name_).append("_bucket{");
-        if (!labels.empty()) out->append(labels).push_back(',');
-        out->append("le=\"").append(le_texts_[i]).append("\"} ");
-        AppendDouble(static_cast<double>(snapshot.cumulative_counts[i]), out);
-        out->push_back('\n');
-      }
-      AppendSample(name_, "_sum", labels, snapshot.sum, out);
-      AppendSample(name_, "_count", labels, static_cast<double>(snapshot.count), out);
+void Family<Metric>::CollectOwn(std::vector<prometheus::MetricFamily>* out) const {
+  if constexpr (std::is_same_v<Metric, CallbackGauge>) {
+    // Children are never removed and map nodes never move, so the pointers stay valid
+    // after the lock is dropped. NOTE: no lock is held while callbacks run, so a
+    // callback may call into the registry without deadlock.
+    std::vector<std::pair<const std::vector<std::string>*, const CallbackGauge*>> children;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      children.reserve(children_.size());
+      for (const auto& [values, child] : children_) children.emplace_back(&values, child.get());
     }
+    prometheus::MetricFamily family{name_, help_, prometheus::MetricType::Gauge, {}};
+    for (const auto& [values, gauge] : children) {
+      const std::optional<double> value = gauge->Evaluate();
+      if (!value) continue;
+      prometheus::ClientMetric& metric = family.metric.emplace_back();
+      metric.label.reserve(values->size());
+      for (size_t i = 0; i < values->size(); ++i) metric.label.push_back({label_names_[i], (*values)[i]});
+      metric.gauge.value = *value;
+    }
+    if (!family.metric.empty()) out->push_back(std::move(family));  // No sample: no HELP/TYPE either.
   }
-  if (out->size() == header_end) out->resize(start);  // No sample: no HELP/TYPE either.
+}
+
+template <typename Metric>
+void Family<Metric>::Normalize(prometheus::MetricFamily* family) const {
+  if (label_names_.empty()) return;  // One sample at most.
+  // prometheus-cpp keeps children in a hash map and labels in a std::map.
+  for (prometheus::ClientMetric& metric : family->metric) {
+    if (label_names_.size() < 2) break;
+    std::vector<prometheus::ClientMetric::Label> ordered;
+    ordered.reserve(metric.label.size());
+    for (const std::string& name : label_names_) {
+      for (prometheus::ClientMetric::Label& label : metric.label) {
+        if (label.name == name) ordered.push_back(std::move(label));
+      }
+    }
+    metric.label = std::move(ordered);
+  }
+  std::sort(family->metric.begin(), family->metric.end(),
+            [](const prometheus::ClientMetric& a, const prometheus::ClientMetric& b) {
+              return std::lexicographical_compare(
+                  a.label.begin(), a.label.end(), b.label.begin(), b.label.end(),
+                  [](const auto& x, const auto& y) { return x.value < y.value; });
+            });
 }
 
 template class Family<Counter>;

@@ -1,6 +1,9 @@
 // Family<Metric>: one metric name with its help text, type and label names, and
 // its children, one per distinct tuple of label values. Families are created by a
 // Registry (which owns them) and live as long as it; so do their children.
+// Counter, Gauge and Histogram families are prometheus-cpp families registered in
+// the Registry's prometheus::Registry; a CallbackGauge family is kvmesh's own
+// (prometheus-cpp has none) and collects itself at scrape time.
 //
 //   auto* requests = registry.AddCounterFamily("kvmesh_requests", "Requests finished.",
 //                                              {"model", "status"}).value();
@@ -24,6 +27,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,6 +35,8 @@
 #include "metrics/counter.h"
 #include "metrics/gauge.h"
 #include "metrics/histogram.h"
+#include "prometheus/family.h"
+#include "prometheus/metric_family.h"
 
 namespace kvmesh::metrics {
 
@@ -38,13 +44,16 @@ class Registry;
 
 namespace internal {
 
-// What the Registry needs of every family.
+// What the Registry needs of every family at scrape time.
 class FamilyBase {
  public:
   virtual ~FamilyBase() = default;
-  // Appends "# HELP", "# TYPE" and one line per sample; nothing at all when the
-  // family has no sample (no children, or only callback gauges without a callback).
-  virtual void AppendExposition(std::string* out) const = 0;
+  // CallbackGauge families: appends this family's samples (nothing when it has none).
+  // The others are collected through the prometheus::Registry and do nothing here.
+  virtual void CollectOwn(std::vector<prometheus::MetricFamily>* out) const = 0;
+  // Puts each sample's labels in label_names() order (prometheus-cpp sorts them by
+  // name) and the samples in label-value order, so a scrape reads as it is declared.
+  virtual void Normalize(prometheus::MetricFamily* family) const = 0;
 };
 
 // Orders label-value tuples lexicographically; transparent, so a lookup by
@@ -56,6 +65,28 @@ struct LabelValuesLess {
     return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end());
   }
 };
+
+// The prometheus-cpp metric behind each of ours; CallbackGauge has none.
+template <typename Metric>
+struct PrometheusMetric {
+  using type = void;
+};
+template <>
+struct PrometheusMetric<Counter> {
+  using type = prometheus::Counter;
+};
+template <>
+struct PrometheusMetric<Gauge> {
+  using type = prometheus::Gauge;
+};
+template <>
+struct PrometheusMetric<Histogram> {
+  using type = prometheus::Histogram;
+};
+
+template <typename Metric>
+using PrometheusFamily = std::conditional_t<std::is_same_v<Metric, CallbackGauge>, void,
+                                            prometheus::Family<typename PrometheusMetric<Metric>::type>>;
 
 }  // namespace internal
 
@@ -81,26 +112,26 @@ class Family final : public internal::FamilyBase {
   const std::vector<std::string>& label_names() const { return label_names_; }
   size_t num_children() const;
 
-  void AppendExposition(std::string* out) const override;
+  void CollectOwn(std::vector<prometheus::MetricFamily>* out) const override;
+  void Normalize(prometheus::MetricFamily* family) const override;
 
  private:
   friend class Registry;
-  struct Child {
-    std::string labels_text;  // `a="x",b="y"`, escaped; empty without labels
-    std::unique_ptr<Metric> metric;
-  };
 
-  // Arguments are validated by the Registry. `bucket_bounds` only for histograms.
-  Family(std::string name, std::string help, std::vector<std::string> label_names, std::vector<double> bucket_bounds);
+  // Arguments are validated by the Registry. `impl` is the prometheus-cpp family
+  // (owned by the Registry's prometheus::Registry); null for CallbackGauge.
+  // `bucket_bounds` only for histograms.
+  Family(std::string name, std::string help, std::vector<std::string> label_names, std::vector<double> bucket_bounds,
+         internal::PrometheusFamily<Metric>* impl);
 
   const std::string name_;
   const std::string help_;
   const std::vector<std::string> label_names_;
   const std::vector<double> bucket_bounds_;
-  const std::vector<std::string> le_texts_;  // histograms: AppendDouble of each bound, then "+Inf"
+  internal::PrometheusFamily<Metric>* const impl_;
   // NOTE: std::mutex, not absl::Mutex: Debian's Abseil is not TSan-instrumented.
   mutable std::mutex mu_;
-  std::map<std::vector<std::string>, Child, internal::LabelValuesLess> children_;  // guarded by mu_
+  std::map<std::vector<std::string>, std::unique_ptr<Metric>, internal::LabelValuesLess> children_;  // guarded by mu_
 };
 
 using CounterFamily = Family<Counter>;

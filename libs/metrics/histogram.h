@@ -1,34 +1,33 @@
 // Histogram: counts observations (latencies, sizes) in buckets with fixed upper
-// bounds chosen when its family is created (see buckets.h), plus their sum. An
-// observation v lands in the first bucket whose bound b satisfies v <= b, or in the
-// implicit +Inf bucket. Exposition writes the buckets cumulatively.
+// bounds chosen when its family is created (see buckets.h), plus their sum; a thin
+// handle on a prometheus::Histogram (prometheus-cpp core). An observation v lands
+// in the first bucket whose bound b satisfies v <= b, or in the implicit +Inf
+// bucket. Exposition writes the buckets cumulatively.
 //
-// Hot path: Observe() is a search of the bounds (linear for few buckets, binary
-// otherwise) plus two lock-free atomic updates (a bucket fetch_add and a
-// compare-exchange loop on the sum). No lock, no allocation, no lookup: cache the
-// Histogram* that HistogramFamily::WithLabels() returns.
+// Hot path: Observe() is prometheus-cpp's: a linear search of the bounds and two
+// updates under the histogram's own mutex (uncontended unless two threads observe
+// the same child at once). No allocation, no lookup: cache the Histogram* that
+// HistogramFamily::WithLabels() returns.
 //
-// Thread-safety: thread-safe. A Snapshot() taken while Observe() runs elsewhere may
-// hold an observation's bucket without its sum or the reverse; its count is always
-// the sum of its buckets (the count is derived, not stored), so _count equals the
-// +Inf bucket in every scrape.
+// Thread-safety: thread-safe. A Snapshot is consistent (prometheus-cpp collects
+// under the same mutex): its count is the +Inf bucket.
 #pragma once
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <vector>
+
+#include "prometheus/histogram.h"
 
 namespace kvmesh::metrics {
 
 template <typename Metric>
 class Family;
 
-class alignas(64) Histogram {
+class Histogram {
  public:
-  // A consistent-enough copy for exposition and tests.
+  // A copy for tests and tools.
   struct Snapshot {
     std::vector<double> bucket_bounds;        // as given at creation, without +Inf
     std::vector<uint64_t> cumulative_counts;  // bucket_bounds.size() + 1 entries; the last is +Inf
@@ -42,8 +41,7 @@ class alignas(64) Histogram {
   // Records `v`. NaN is ignored (it would poison the sum for good).
   void Observe(double v) {
     if (std::isnan(v)) return;
-    buckets_[BucketIndex(v)].fetch_add(1, std::memory_order_relaxed);
-    sum_.fetch_add(v, std::memory_order_relaxed);
+    impl_.Observe(v);
   }
 
   Snapshot TakeSnapshot() const;
@@ -51,15 +49,10 @@ class alignas(64) Histogram {
 
  private:
   friend class Family<Histogram>;
-  // `bounds` must pass ValidateBucketBounds() without a trailing +Inf (the family checks).
-  explicit Histogram(std::vector<double> bounds);
+  Histogram(prometheus::Histogram& impl, const std::vector<double>& bounds) : impl_(impl), bounds_(bounds) {}
 
-  size_t BucketIndex(double v) const;
-
-  std::atomic<double> sum_{0.0};
-  const std::vector<double> bounds_;
-  // bounds_.size() + 1 per-bucket (not cumulative) counts; the last is +Inf.
-  const std::unique_ptr<std::atomic<uint64_t>[]> buckets_;
+  prometheus::Histogram& impl_;        // owned by the prometheus::Family, which the Registry owns
+  const std::vector<double>& bounds_;  // the family's
 };
 
 }  // namespace kvmesh::metrics

@@ -1,5 +1,6 @@
 #include "metrics/registry.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -8,6 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "metrics/buckets.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/text_serializer.h"
 
 namespace kvmesh::metrics {
 namespace {
@@ -16,7 +22,7 @@ constexpr std::string_view kCounterSuffix = "_total";
 
 }  // namespace
 
-Registry::Registry() = default;
+Registry::Registry() : prometheus_(std::make_unique<prometheus::Registry>()) {}
 Registry::~Registry() = default;
 
 template <typename Metric>
@@ -80,8 +86,20 @@ absl::StatusOr<Family<Metric>*> Registry::AddFamily(std::string_view name, std::
     }
   }
   for (std::string& sample_name : reserved) reserved_names_.insert(std::move(sample_name));
+  // NOTE: prometheus-cpp throws on names it rejects; every name was validated above.
+  // It writes help text verbatim, so it gets the text escaped as the format wants.
+  std::string escaped_help;
+  AppendEscapedHelp(help, &escaped_help);
+  internal::PrometheusFamily<Metric>* impl = nullptr;
+  if constexpr (std::is_same_v<Metric, Counter>) {
+    impl = &prometheus::BuildCounter().Name(exposed_name).Help(escaped_help).Register(*prometheus_);
+  } else if constexpr (std::is_same_v<Metric, Gauge>) {
+    impl = &prometheus::BuildGauge().Name(exposed_name).Help(escaped_help).Register(*prometheus_);
+  } else if constexpr (kIsHistogram) {
+    impl = &prometheus::BuildHistogram().Name(exposed_name).Help(escaped_help).Register(*prometheus_);
+  }
   std::unique_ptr<Family<Metric>> family(
-      new Family<Metric>(exposed_name, std::string(help), std::move(label_names), std::move(bucket_bounds)));
+      new Family<Metric>(exposed_name, std::string(help), std::move(label_names), std::move(bucket_bounds), impl));
   Family<Metric>* result = family.get();
   families_.emplace(std::move(exposed_name), std::move(family));
   return result;
@@ -133,19 +151,26 @@ absl::StatusOr<CallbackGauge*> Registry::AddCallbackGauge(std::string_view name,
 }
 
 std::string Registry::Exposition() const {
-  // Families are never removed: render them after dropping mu_, so callbacks and
-  // slow scrapes never block Add*Family.
-  std::vector<const internal::FamilyBase*> families;
+  // Families are never removed: collect them after dropping mu_, so callbacks and
+  // slow scrapes never block Add*Family. Names are the map's keys: stable too.
+  std::vector<std::pair<std::string_view, const internal::FamilyBase*>> families;
   {
     std::lock_guard<std::mutex> lock(mu_);
     families.reserve(families_.size());
-    for (const auto& [name, family] : families_) families.push_back(family.get());
+    for (const auto& [name, family] : families_) families.emplace_back(name, family.get());
   }
-  std::string out;
-  out.reserve(last_exposition_bytes_.load(std::memory_order_relaxed) + 256);
-  for (const internal::FamilyBase* family : families) family->AppendExposition(&out);
-  last_exposition_bytes_.store(out.size(), std::memory_order_relaxed);
-  return out;
+  std::vector<prometheus::MetricFamily> collected = prometheus_->Collect();
+  for (prometheus::MetricFamily& family : collected) {
+    const auto it = std::lower_bound(families.begin(), families.end(), family.name,
+                                     [](const auto& entry, const std::string& name) { return entry.first < name; });
+    if (it != families.end() && it->first == family.name) it->second->Normalize(&family);
+  }
+  // NOTE: prometheus-cpp has no callback gauge; ours are collected here, at scrape
+  // time, so the value's owner stays its only copy and nothing is paid between scrapes.
+  for (const auto& [name, family] : families) family->CollectOwn(&collected);
+  std::sort(collected.begin(), collected.end(),
+            [](const prometheus::MetricFamily& a, const prometheus::MetricFamily& b) { return a.name < b.name; });
+  return prometheus::TextSerializer().Serialize(collected);
 }
 
 size_t Registry::num_families() const {

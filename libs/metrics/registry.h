@@ -1,5 +1,10 @@
 // Registry: the metric families one service exports on /metrics, and their text
 // exposition (Prometheus text format 0.0.4, content type kExpositionContentType).
+// Built on prometheus-cpp's core: counters, gauges and histograms are families of a
+// prometheus::Registry and a scrape is prometheus::TextSerializer's text; this class
+// adds Status-returning validation, callback gauges, cached child handles and a
+// deterministic order. Services serve Exposition() from their own HTTP server
+// (libs/http), not prometheus-cpp's civetweb exposer.
 //
 //   metrics::Registry registry;                       // one per service, shared by its threads
 //   auto* ttft = registry.AddHistogramFamily("kvmesh_time_to_first_token_seconds", "Time to first token.",
@@ -23,16 +28,17 @@
 // at service start-up, and their pointers handed to the code that updates them.
 //
 // Exposition order is deterministic: families sorted by exposed name, children
-// by label values (bytewise), histogram buckets by increasing bound then +Inf.
-// Families without samples are left out.
+// by label values (bytewise), labels in the order they were declared, histogram
+// buckets by increasing bound then +Inf. Families without samples are left out.
+// Numbers are written as prometheus-cpp writes them (up to 16 significant digits).
 //
 // Thread-safety: thread-safe. Families and children live as long as the Registry
 // and are never removed; pointers to them may be cached and used from any thread.
-// Exposition() holds no Registry or family lock while it reads samples or runs
-// CallbackGauge callbacks.
+// Exposition() holds no Registry or family lock of ours while it reads samples or
+// runs CallbackGauge callbacks (prometheus-cpp holds its registry's lock while it
+// collects counters, gauges and histograms).
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -45,6 +51,7 @@
 #include "absl/status/statusor.h"
 #include "metrics/family.h"
 #include "metrics/text_format.h"
+#include "prometheus/registry.h"
 
 namespace kvmesh::metrics {
 
@@ -95,11 +102,11 @@ class Registry {
 
   // NOTE: std::mutex, not absl::Mutex: Debian's Abseil is not TSan-instrumented.
   mutable std::mutex mu_;
+  // Owns the prometheus-cpp families behind Counter, Gauge and Histogram families.
+  const std::unique_ptr<prometheus::Registry> prometheus_;
   // Keyed by exposed name: iteration order is exposition order.
   std::map<std::string, std::unique_ptr<internal::FamilyBase>, std::less<>> families_;  // guarded by mu_
   absl::flat_hash_set<std::string> reserved_names_;                                     // guarded by mu_
-  // Size of the last exposition, to reserve the next one's buffer in one go.
-  mutable std::atomic<size_t> last_exposition_bytes_{0};
 };
 
 }  // namespace kvmesh::metrics

@@ -1,5 +1,5 @@
 // TensorParallelShard: which slice of a Llama-family model one tensor-parallel rank
-// holds (Megatron-style, ARCHITECTURE.md §3 "Sharding (TP)"), and the zero-copy views
+// holds (Megatron-style, docs/architecture.md §4, "Tensor parallelism"), and the zero-copy views
 // of that slice of the checkpoint.
 //
 // With N ranks, rank r holds:

@@ -1,5 +1,5 @@
-// The one place where absl::Status and grpc::Status are converted (STYLE.md: "Status
-// becomes gRPC in exactly one place"). Codes map one to one (both follow
+// The one place where absl::Status and grpc::Status are converted (docs/development.md,
+// "Conventions": a Status becomes gRPC in exactly one place). Codes map one to one (both follow
 // google.rpc.Code); the message is kept; an out-of-range code becomes UNKNOWN.
 //
 // Thread-safety: pure functions.

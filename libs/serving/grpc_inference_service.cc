@@ -259,6 +259,9 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
       }
       if (out.finished) {
         engine_finished_ = true;
+        if (ServingMetrics* metrics = service_.metrics_) {
+          metrics->ObserveFinishedRequest(out.times, out.num_prompt_tokens, text_->num_completion_tokens());
+        }
         last = done_;  // gRPC is done with the call too: nobody else can reach it
       } else if (text_->needs_abort()) {
         action.abort_id = TakeAbortLocked();  // stop strings ended every sample

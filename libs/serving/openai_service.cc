@@ -115,6 +115,7 @@ struct OpenAiService::Call {
     if (out.finished) {
       sub.done = true;
       sub.prompt_tokens = out.num_prompt_tokens;
+      if (metrics) metrics->ObserveFinishedRequest(out.times, out.num_prompt_tokens, sub.text->num_completion_tokens());
       if (!out.status.ok() && !failure) failure = http::ApiErrorFromStatus(out.status);
       if (--remaining == 0) Respond();
     }

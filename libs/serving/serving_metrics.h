@@ -8,6 +8,10 @@
 //   kvmesh_request_finished_total{finished_reason}   counter (stop/length/abort/error), per sample
 //   kvmesh_request_rejected_total{code}       counter (HTTP status of refused requests)
 //   kvmesh_prompt_tokens_total / kvmesh_generation_tokens_total   counters
+//   kvmesh_request_success_total{finished_reason}   counter (stop/length/abort), per sample, as vLLM's
+//   kvmesh_request_queue_time_seconds / _prefill_time_seconds / _decode_time_seconds   histograms,
+//     per engine request, from the engine's RequestTimes (left out when they are unknown)
+//   kvmesh_request_prompt_tokens / kvmesh_request_generation_tokens   histograms, per engine request
 //   kvmesh_num_requests_running / _waiting, kvmesh_kv_blocks{state=used|free|cached},
 //   kvmesh_kv_cache_usage_ratio, kvmesh_prefix_cache_queries / _hits (tokens),
 //   kvmesh_num_preemptions, kvmesh_prefill_tokens, kvmesh_batch_size_tokens   (from EngineStats;
@@ -44,6 +48,11 @@ class ServingMetrics {
   void CountRejected(int32_t http_status);
   void AddPromptTokens(int64_t n);
   void AddGenerationTokens(int64_t n);
+  // One engine request ended (its final output): its prompt length, the tokens its
+  // samples generated, and the queue (arrival -> first scheduled), prefill (-> first
+  // token) and decode (-> finished) times from `times`. A phase whose two ends are not
+  // both known (an output from another process) is not observed.
+  void ObserveFinishedRequest(const engine::RequestTimes& times, int64_t prompt_tokens, int64_t generation_tokens);
 
  private:
   ServingMetrics() = default;

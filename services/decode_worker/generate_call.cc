@@ -172,6 +172,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
         }
         if (metrics) {
           metrics->AddGenerationTokens(static_cast<int64_t>(c.new_token_ids.size()));
+          num_generated_tokens_ += static_cast<int64_t>(c.new_token_ids.size());
           if (c.finished()) metrics->CountFinished(engine::CompletionFinishReasonName(c.finish_reason));
         }
         new_tokens |= !c.new_token_ids.empty();
@@ -180,6 +181,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
       }
       if (out.finished) {
         finish_status_ = out.status;
+        if (metrics) metrics->ObserveFinishedRequest(out.times, out.num_prompt_tokens, num_generated_tokens_);
         prefill_call = std::move(prefill_call_);
       }
     }
@@ -245,6 +247,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
   std::shared_ptr<PrefillClientCall> prefill_call_;  // until the request ends
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::optional<std::chrono::steady_clock::time_point> last_token_at_;  // engine thread only
+  int64_t num_generated_tokens_ = 0;                                    // engine thread only
 };
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Router: the cluster's front door (ARCHITECTURE.md §1) assembled from its parts —
+// Router: the cluster's front door (docs/architecture.md §1) assembled from its parts —
 // the OpenAI-compatible REST API (serving::OpenAiService, /metrics) and the gRPC
 // kvmesh.v1.Inference API (serving::GrpcInferenceService, with health and
 // reflection), both over one RemoteTokenSource: each request is placed by the

@@ -1,4 +1,4 @@
-// The worker process (ARCHITECTURE.md §1): loads the model, runs the
+// The worker process (docs/architecture.md §1): loads the model, runs the
 // continuous-batching engine on its own thread (AsyncEngine) and serves kvmesh.v1.Worker
 // (worker_service.h) on --listen as a prefill worker, a decode worker or both. With
 // --scheduler it registers and heartbeats its load and KV events (heartbeater.h);

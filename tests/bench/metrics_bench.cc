@@ -1,7 +1,9 @@
 // metrics_bench: cost of the libs/metrics hot path (Counter::Increment,
 // Histogram::Observe, Gauge) single-threaded and with two threads contending on
 // the same child (and on two different children, for reference), plus the cost of
-// one scrape (Registry::Exposition) of a service-sized registry.
+// one scrape (Registry::Exposition) of a service-sized registry. Counters, gauges and
+// histograms are prometheus-cpp's (libs/metrics is a thin layer over its core), so
+// these are prometheus-cpp's costs plus the layer's.
 //
 //   ./build/tests/bench/metrics_bench [iterations_per_thread]
 #include <atomic>

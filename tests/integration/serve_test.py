@@ -191,6 +191,42 @@ def test_health_and_metrics_pass_promtool(server):
     assert check.stdout.strip() == "" and check.stderr.strip() == "", check.stdout + check.stderr
 
 
+def test_request_metrics_match_the_requests(server):
+    """The per-request histograms and success counter move by exactly what was served."""
+    names = ["kvmesh_request_prompt_tokens", "kvmesh_request_generation_tokens", "kvmesh_request_queue_time_seconds",
+             "kvmesh_request_prefill_time_seconds", "kvmesh_request_decode_time_seconds",
+             "kvmesh_e2e_request_latency_seconds"]
+
+    def snapshot():
+        out = {}
+        for name in names:
+            out[name] = (server.metric(name + "_count") or 0.0, server.metric(name + "_sum") or 0.0)
+        out["length"] = server.metric("kvmesh_request_success_total", '{finished_reason="length"}') or 0.0
+        return out
+
+    before = snapshot()
+    prompt_tokens = 0
+    k, max_tokens = 3, 5
+    for i in range(k):
+        status, _, body = server.request("POST", "/v1/completions", json.dumps(
+            {"model": "tiny-llama", "prompt": "metrics " * (i + 2), "max_tokens": max_tokens, "ignore_eos": True}))
+        assert status == 200, body
+        usage = json.loads(body)["usage"]
+        assert usage["completion_tokens"] == max_tokens
+        prompt_tokens += usage["prompt_tokens"]
+    after = snapshot()
+    delta = {name: (after[name][0] - before[name][0], after[name][1] - before[name][1]) for name in names}
+    for name in names:
+        assert delta[name][0] == k, (name, delta[name])
+    assert delta["kvmesh_request_prompt_tokens"][1] == prompt_tokens
+    assert delta["kvmesh_request_generation_tokens"][1] == k * max_tokens
+    assert after["length"] - before["length"] == k
+    assert delta["kvmesh_request_decode_time_seconds"][1] > 0  # 4 decode steps per request
+    # The engine's phases lie inside what the front door timed.
+    phases = sum(delta[name][1] for name in names[2:5])
+    assert phases <= delta["kvmesh_e2e_request_latency_seconds"][1] + 1e-6, delta
+
+
 BAD_REQUESTS = [
     # (path, body, expected status, expected param or None)
     ("/v1/completions", "{not json", 400, None),

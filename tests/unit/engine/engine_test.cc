@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <random>
 #include <set>
@@ -219,6 +220,36 @@ TEST(EngineTest, StreamingCallbackSeesEveryTokenAndOneFinalOutput) {
   EXPECT_EQ(finals, 1);
   EXPECT_EQ(streamed, d.completions["s"][0]);
   EXPECT_EQ(streamed.size(), 6u);
+}
+
+TEST(EngineTest, OutputsCarryTheRequestsMilestonesInOrder) {
+  Driver d(Options(64));
+  using TimePoint = std::chrono::steady_clock::time_point;
+  std::vector<RequestTimes> seen;
+  RequestTimes final_times;
+  EngineRequest r = Req("t", Prompt(5), Greedy(4));
+  r.on_output = [&](const RequestOutput& o) {
+    seen.push_back(o.times);
+    if (o.finished) final_times = o.times;
+  };
+  const TimePoint before = std::chrono::steady_clock::now();
+  ASSERT_TRUE(d.Add(r).ok());
+  d.RunToCompletion();
+  const TimePoint after = std::chrono::steady_clock::now();
+  ASSERT_FALSE(seen.empty());
+  EXPECT_GE(final_times.arrival, before);
+  EXPECT_GE(final_times.first_scheduled, final_times.arrival);
+  EXPECT_GE(final_times.first_token, final_times.first_scheduled);
+  EXPECT_GE(final_times.finished, final_times.first_token);
+  EXPECT_LE(final_times.finished, after);
+  EXPECT_NE(final_times.first_token, TimePoint{});
+  // Milestones are stamped once: every output reports the same arrival and first
+  // token, and only the final one has a finish time.
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].arrival, final_times.arrival);
+    EXPECT_EQ(seen[i].first_token, final_times.first_token);
+    EXPECT_EQ(seen[i].finished == TimePoint{}, i + 1 < seen.size());
+  }
 }
 
 TEST(EngineTest, LogprobsAreReportedPerTokenWhenRequested) {

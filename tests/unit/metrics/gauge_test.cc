@@ -5,11 +5,17 @@
 
 #include <gtest/gtest.h>
 
+#include "metrics/registry.h"
+
 namespace kvmesh::metrics {
 namespace {
 
+// Gauge's constructor is private to its family: make one through a registry.
+Gauge& MakeGauge(Registry& registry) { return *registry.AddGauge("test_level", "Test.").value(); }
+
 TEST(GaugeTest, SetIncrementDecrement) {
-  Gauge gauge;
+  Registry registry;
+  Gauge& gauge = MakeGauge(registry);
   EXPECT_EQ(gauge.Value(), 0);
   gauge.Set(10);
   gauge.Increment();
@@ -22,7 +28,8 @@ TEST(GaugeTest, SetIncrementDecrement) {
 TEST(GaugeTest, ConcurrentIncrementsAndDecrementsAreExact) {
   constexpr int kThreads = 8;
   constexpr int kOps = 100000;
-  Gauge gauge;
+  Registry registry;
+  Gauge& gauge = MakeGauge(registry);
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&gauge, t] {

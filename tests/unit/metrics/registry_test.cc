@@ -54,7 +54,7 @@ TEST(RegistryTest, GaugeGoldenWithEscaping) {
             "# HELP kvmesh_queue_depth Requests \"waiting\" in C:\\\\queue.\\nSecond line.\n"
             "# TYPE kvmesh_queue_depth gauge\n"
             "kvmesh_queue_depth{queue=\"a\\\"b\\\\c\\nd\"} -3.25\n"
-            "kvmesh_queue_depth{queue=\"plain\"} NaN\n"
+            "kvmesh_queue_depth{queue=\"plain\"} Nan\n"  // prometheus-cpp's spelling; Prometheus reads it
             "# HELP kvmesh_up 1 when serving.\n"
             "# TYPE kvmesh_up gauge\n"
             "kvmesh_up 1\n");
@@ -100,26 +100,27 @@ TEST(RegistryTest, HistogramGoldenHasCumulativeBucketsSumAndCount) {
   registry.AddHistogram("kvmesh_step_seconds", "Step.", {1, INFINITY}).value()->Observe(2.5e-7);
 
   EXPECT_EQ(registry.Exposition(),
+            // prometheus-cpp writes _count and _sum before the buckets; Prometheus takes any order.
             "# HELP kvmesh_step_seconds Step.\n"
             "# TYPE kvmesh_step_seconds histogram\n"
+            "kvmesh_step_seconds_count 1\n"
+            "kvmesh_step_seconds_sum 2.5e-07\n"
             "kvmesh_step_seconds_bucket{le=\"1\"} 1\n"
             "kvmesh_step_seconds_bucket{le=\"+Inf\"} 1\n"
-            "kvmesh_step_seconds_sum 2.5e-07\n"
-            "kvmesh_step_seconds_count 1\n"
             "# HELP kvmesh_ttft_seconds Time to first token.\n"
             "# TYPE kvmesh_ttft_seconds histogram\n"
+            "kvmesh_ttft_seconds_count{model=\"a \\\"quoted\\\" model\"} 0\n"
+            "kvmesh_ttft_seconds_sum{model=\"a \\\"quoted\\\" model\"} 0\n"
             "kvmesh_ttft_seconds_bucket{model=\"a \\\"quoted\\\" model\",le=\"0.005\"} 0\n"
             "kvmesh_ttft_seconds_bucket{model=\"a \\\"quoted\\\" model\",le=\"0.1\"} 0\n"
             "kvmesh_ttft_seconds_bucket{model=\"a \\\"quoted\\\" model\",le=\"1\"} 0\n"
             "kvmesh_ttft_seconds_bucket{model=\"a \\\"quoted\\\" model\",le=\"+Inf\"} 0\n"
-            "kvmesh_ttft_seconds_sum{model=\"a \\\"quoted\\\" model\"} 0\n"
-            "kvmesh_ttft_seconds_count{model=\"a \\\"quoted\\\" model\"} 0\n"
+            "kvmesh_ttft_seconds_count{model=\"tiny\"} 4\n"
+            "kvmesh_ttft_seconds_sum{model=\"tiny\"} 3.151\n"
             "kvmesh_ttft_seconds_bucket{model=\"tiny\",le=\"0.005\"} 1\n"
             "kvmesh_ttft_seconds_bucket{model=\"tiny\",le=\"0.1\"} 3\n"
             "kvmesh_ttft_seconds_bucket{model=\"tiny\",le=\"1\"} 3\n"
-            "kvmesh_ttft_seconds_bucket{model=\"tiny\",le=\"+Inf\"} 4\n"
-            "kvmesh_ttft_seconds_sum{model=\"tiny\"} 3.151\n"
-            "kvmesh_ttft_seconds_count{model=\"tiny\"} 4\n");
+            "kvmesh_ttft_seconds_bucket{model=\"tiny\",le=\"+Inf\"} 4\n");
 }
 
 TEST(RegistryTest, FamiliesWithoutChildrenAreLeftOut) {
