@@ -155,6 +155,26 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDirectory(const std::string&
   return result;
 }
 
+absl::StatusOr<ChatTemplate> ChatTemplate::ForModel(const std::string& model_dir,
+                                                    const std::string& override_template) {
+  if (override_template.empty()) return FromModelDirectory(model_dir);
+  if (!FileExists(override_template)) {
+    absl::StatusOr<ChatTemplate> builtin = FromName(override_template);
+    if (builtin.ok()) return builtin;
+    return absl::NotFoundError(absl::StrCat("--chat-template ", override_template,
+                                            ": no such file (nor a built-in llama3, chatml or mistral)"));
+  }
+  ChatTemplateTokens tokens;
+  const std::string config = JoinPath(model_dir, "tokenizer_config.json");
+  if (FileExists(config)) {
+    if (absl::StatusOr<std::string> text = ReadFileToString(config); text.ok()) {
+      const json root = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+      if (root.is_object()) tokens = {TokenText(root, "bos_token"), TokenText(root, "eos_token")};
+    }
+  }
+  return FromFile(override_template, tokens);
+}
+
 absl::StatusOr<std::string> ChatTemplate::Render(const ChatTemplateInputs& inputs) const {
   const ChatTemplateTokens& tokens = inputs.tokens ? *inputs.tokens : tokens_;
   const absl::Time now = inputs.now.value_or(absl::Now());

@@ -74,6 +74,10 @@ class ChatTemplate {
   // bos_token/eos_token. NotFound if it has none; InvalidArgument if it does
   // not compile.
   static absl::StatusOr<ChatTemplate> FromModelDirectory(const std::string& model_dir);
+  // What a server uses for `model_dir`: `override_template` when not empty
+  // (--chat-template: a Jinja file, or a built-in name), written with the
+  // model's bos/eos tokens; otherwise FromModelDirectory.
+  static absl::StatusOr<ChatTemplate> ForModel(const std::string& model_dir, const std::string& override_template);
 
   // The rendered prompt, exactly as transformers' apply_chat_template(tokenize=False).
   // InvalidArgument for a render error; raise_exception's message is kept in it.
