@@ -27,6 +27,8 @@
 ABSL_FLAG(std::string, model, KVMESH_DEFAULT_MODEL_DIR,
           "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). "
           "Default: the embedded tiny model.");
+ABSL_FLAG(std::string, chat_template, "",
+          "A Jinja chat template file (or llama3, chatml, mistral) used instead of the model's own.");
 ABSL_FLAG(std::string, backend, "cpu", "Backend for the model ops: cpu or reference (the slow scalar oracle).");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the model runs: cpu, or cuda (GPU 0; cuda:N for GPU N): weights, KV cache and every op on the GPU.");
@@ -68,6 +70,8 @@ void ApplyEnvironmentDefaults() {
 }  // namespace
 
 std::string ModelDirFlag() { return absl::GetFlag(FLAGS_model); }
+
+std::string ChatTemplateFlag() { return absl::GetFlag(FLAGS_chat_template); }
 
 namespace {
 sigset_t StopSignals() {

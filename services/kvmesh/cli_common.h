@@ -27,6 +27,8 @@ absl::StatusOr<int> CudaDeviceFromFlags();
 
 // --model (default: the embedded tiny model), --backend, --threads.
 std::string ModelDirFlag();
+// --chat-template: "" (the model's own), a Jinja file, or a built-in name.
+std::string ChatTemplateFlag();
 // Loads config, weights and tokenizer from --model onto --backend, printing
 // progress and the time taken to stderr unless `quiet`.
 absl::StatusOr<LoadedModel> LoadModelFromFlags(bool quiet);

@@ -20,8 +20,6 @@
 ABSL_FLAG(std::string, prompt, "", "The prompt text (required).");
 ABSL_FLAG(bool, chat, false, "Wrap --prompt as a user message in the model's chat template.");
 ABSL_FLAG(std::string, system, "", "With --chat: a system message before the prompt.");
-ABSL_FLAG(std::string, chat_template, "",
-          "With --chat: llama3, chatml or mistral (default: detected from tokenizer_config.json).");
 ABSL_FLAG(int, max_tokens, 64, "Maximum tokens to generate.");
 ABSL_FLAG(int, min_tokens, 0, "Suppress EOS/stop tokens until this many tokens are generated.");
 ABSL_FLAG(double, temperature, 1.0, "Sampling temperature; 0 means greedy.");
@@ -71,9 +69,7 @@ absl::StatusOr<engine::SamplingParams> SamplingParamsFromFlags() {
 absl::StatusOr<std::string> PromptText(const std::string& model_dir, const model::Tokenizer& tokenizer) {
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
   if (!absl::GetFlag(FLAGS_chat)) return prompt;
-  const std::string name = absl::GetFlag(FLAGS_chat_template);
-  absl::StatusOr<model::ChatTemplate> tmpl =
-      name.empty() ? model::ChatTemplate::FromModelDirectory(model_dir) : model::ChatTemplate::FromName(name);
+  absl::StatusOr<model::ChatTemplate> tmpl = model::ChatTemplate::ForModel(model_dir, ChatTemplateFlag());
   if (!tmpl.ok()) return tmpl.status();
   std::vector<model::ChatMessage> messages;
   if (!absl::GetFlag(FLAGS_system).empty()) messages.push_back({"system", absl::GetFlag(FLAGS_system)});

@@ -98,8 +98,11 @@ int RunServe(int argc, char** argv) {
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
 
   std::optional<model::ChatTemplate> chat_template;
-  if (auto t = model::ChatTemplate::FromModelDirectory(ModelDirFlag()); t.ok()) {
+  if (auto t = model::ChatTemplate::ForModel(ModelDirFlag(), ChatTemplateFlag()); t.ok()) {
     chat_template = *t;
+  } else if (!ChatTemplateFlag().empty() || t.status().code() != absl::StatusCode::kNotFound) {
+    // An explicit --chat-template, or the model's own template, that fails to load is fatal.
+    return Fail(std::string(t.status().message()));
   } else {
     KVMESH_LOG(kWarning) << "no chat template; /v1/chat/completions will refuse requests"
                          << LogKv("reason", t.status().message());

@@ -20,6 +20,7 @@ ABSL_FLAG(std::string, scheduler, "", "host:port of kvmesh-scheduler (required)"
 ABSL_FLAG(std::string, model, KVMESH_DEFAULT_MODEL_DIR,
           "Model directory: config.json and the tokenizer (no weights are loaded)");
 ABSL_FLAG(std::string, served_model_name, "", "Model name clients use and workers register (default: --model's name)");
+ABSL_FLAG(std::string, chat_template, "", "A Jinja chat template file used instead of the model's own.");
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address both servers listen on");
 ABSL_FLAG(int, port, 8000, "REST port (OpenAI-compatible API, /health, /metrics); 0 picks a free one");
 ABSL_FLAG(int, grpc_port, 50051, "gRPC port (kvmesh.v1.Inference + health + reflection); 0: a free one, -1: off");
@@ -64,6 +65,7 @@ int Run(int argc, char** argv) {
   }
   options.model_dir = absl::GetFlag(FLAGS_model);
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  options.chat_template = absl::GetFlag(FLAGS_chat_template);
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
   options.grpc_port = absl::GetFlag(FLAGS_grpc_port);

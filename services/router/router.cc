@@ -43,8 +43,10 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(const RouterOptions& optio
   std::unique_ptr<Router> r(new Router());
   KVMESH_ASSIGN_OR_RETURN(const model::ModelConfig config, model::LoadModelConfig(options.model_dir));
   KVMESH_ASSIGN_OR_RETURN(r->tokenizer_, model::Tokenizer::FromDirectory(options.model_dir));
-  if (auto t = model::ChatTemplate::FromModelDirectory(options.model_dir); t.ok()) {
+  if (auto t = model::ChatTemplate::ForModel(options.model_dir, options.chat_template); t.ok()) {
     r->chat_template_ = *t;
+  } else if (!options.chat_template.empty() || t.status().code() != absl::StatusCode::kNotFound) {
+    return t.status();
   } else {
     KVMESH_LOG(kWarning) << "no chat template; chat requests will be refused" << LogKv("reason", t.status().message());
   }

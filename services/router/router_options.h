@@ -11,6 +11,7 @@ namespace kvmesh::router {
 struct RouterOptions {
   std::string model_dir;          // config.json + tokenizer (no weights are loaded)
   std::string served_model_name;  // "": the model directory's name
+  std::string chat_template;      // a Jinja file overriding the model's own; "": the model's
   std::string scheduler_address;  // host:port of kvmesh.v1.Scheduler
   std::string host = "127.0.0.1";
   int32_t port = 8000;        // REST; 0: an ephemeral port

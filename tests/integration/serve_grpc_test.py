@@ -305,7 +305,7 @@ BAD_GENERATE = [
     (dict(chat=pb.ChatPrompt(), sampling=greedy(4)), C.INVALID_ARGUMENT, "chat.messages"),
     (dict(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role="wizard", content="hi")]), sampling=greedy(4)),
      C.INVALID_ARGUMENT, "chat.messages"),
-    (dict(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role="user", content="hi")], chat_template="{{ nonsense }}"),
+    (dict(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role="user", content="hi")], chat_template="{% include 'other.jinja' %}"),
           sampling=greedy(4)), C.INVALID_ARGUMENT, "chat.chat_template"),
     (dict(model="nope", text="x", sampling=greedy(4)), C.NOT_FOUND, "nope"),
     (dict(text="x", sampling=sampling(logit_bias={5: 1.0})), C.UNIMPLEMENTED, "logit_bias"),
