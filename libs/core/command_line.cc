@@ -14,6 +14,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/flag_checks.h"
 
 namespace kvmesh {
 namespace {
@@ -77,6 +78,15 @@ void ParseServiceCommandLine(int argc, char** argv, const CommandLineOptions& op
   const std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (positional.size() > 1) {
     std::fprintf(stderr, "%s: unexpected argument \"%s\" (see --help)\n", options.program.c_str(), positional[1]);
+    std::exit(2);
+  }
+  ExitOnBadFlagValues(options.program, [&options](const absl::CommandLineFlag& flag) { return IsOurFlag(flag, options); });
+}
+
+void ExitOnBadFlagValues(const std::string& program,
+                         const std::function<bool(const absl::CommandLineFlag&)>& is_ours) {
+  if (absl::Status s = CheckFlags(is_ours); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", program.c_str(), std::string(s.message()).c_str());
     std::exit(2);
   }
 }

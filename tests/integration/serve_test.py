@@ -104,6 +104,20 @@ def test_completion(client):
     assert isinstance(r.choices[0].text, str) and r.choices[0].text
 
 
+def test_ids_are_unique_and_created_is_the_request_time(client):
+    before = int(time.time())
+    first = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=2)
+    second = client.completions.create(model="tiny-llama", prompt="hi", max_tokens=2)
+    after = int(time.time())
+    # 128 random bits, not a counter that restarts from 1 with the process.
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{32}", first.id), first.id
+    assert re.fullmatch(r"cmpl-[0-9a-f]{32}", second.id), second.id
+    assert first.id[len("chatcmpl-"):] != second.id[len("cmpl-"):]
+    for r in (first, second):
+        assert before <= r.created <= after, (r.created, before, after)
+
+
 def test_greedy_completion_matches_the_cli(client):
     prompt = "Paged attention stores keys and values"
     r = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=20, temperature=0,
