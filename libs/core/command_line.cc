@@ -20,7 +20,11 @@ namespace kvmesh {
 namespace {
 
 bool IsOurFlag(const absl::CommandLineFlag& flag, const CommandLineOptions& options) {
-  return absl::StrContains(flag.Filename(), options.flags_path);
+  if (absl::StrContains(flag.Filename(), options.flags_path)) return true;
+  for (const std::string& file : options.extra_flag_files) {
+    if (absl::StrContains(flag.Filename(), file)) return true;
+  }
+  return false;
 }
 
 void PrintHelp(const CommandLineOptions& options) {

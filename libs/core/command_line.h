@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/commandlineflag.h"
 
@@ -25,6 +26,9 @@ struct CommandLineOptions {
   std::string program;     // for messages: "kvmesh-scheduler"
   std::string usage;       // printed by --help above the flags
   std::string flags_path;  // see above
+  // Also the service's own: flags defined in files whose path contains one of these
+  // (shared flag files of libraries, e.g. rpc's "tls_flags").
+  std::vector<std::string> extra_flag_files;
 };
 
 void ParseServiceCommandLine(int argc, char** argv, const CommandLineOptions& options);

@@ -17,6 +17,7 @@
 #include "core/logging.h"
 #include "router.h"
 #include "admission_flags.h"
+#include "rpc/tls_flags.h"
 #include "core/flag_checks.h"
 
 // Shared with `kvmesh serve` (serve_command.cc, serving_flags.cc), `kvmesh worker`
@@ -50,7 +51,12 @@ int RunRouter(int argc, char** argv) {
                        "kvmesh router --scheduler HOST:PORT [--model DIR] [--host H --port P --grpc-port G]: the "
                        "cluster's front door (OpenAI-compatible REST and the kvmesh.v1.Inference gRPC API)",
                        // The front-door flags (--host, --port, --grpc-port, ...) are serve's.
-                       {"router_command", "serve_command", "serving_flags", router::kAdmissionFlagsFile});
+                       {"router_command", "serve_command", "serving_flags", router::kAdmissionFlagsFile,
+                        rpc::kTlsFlagsFile});
+  if (absl::Status s = rpc::ConfigureTransportSecurityFromFlags(); !s.ok()) {
+    std::fprintf(stderr, "kvmesh router: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   router::RouterOptions options;
   options.model_dir = ModelDirFlag();
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name);

@@ -16,6 +16,7 @@
 #include "core/command_line.h"
 #include "core/logging.h"
 #include "router.h"
+#include "rpc/tls_flags.h"
 #include "core/flag_checks.h"
 
 ABSL_FLAG(std::string, scheduler, "", "host:port of kvmesh-scheduler (required)");
@@ -61,7 +62,12 @@ constexpr char kUsage[] =
 
 int Run(int argc, char** argv) {
   ParseServiceCommandLine(argc, argv,
-                          {.program = "kvmesh-router", .usage = kUsage, .flags_path = "services/router"});
+                          {.program = "kvmesh-router", .usage = kUsage, .flags_path = "services/router",
+                           .extra_flag_files = {rpc::kTlsFlagsFile}});
+  if (absl::Status s = rpc::ConfigureTransportSecurityFromFlags(); !s.ok()) {
+    std::fprintf(stderr, "kvmesh-router: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   LogLevel level;
   if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
     std::fprintf(stderr, "kvmesh-router: --log_level must be debug, info, warning or error\n");

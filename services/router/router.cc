@@ -108,7 +108,8 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(const RouterOptions& optio
     const std::string host =
         options.host.find(':') != std::string::npos ? absl::StrCat("[", options.host, "]") : options.host;
     KVMESH_ASSIGN_OR_RETURN(r->grpc_server_,
-                            rpc::GrpcServer::Start({.address = absl::StrCat(host, ":", options.grpc_port)},
+                            rpc::GrpcServer::Start({.address = absl::StrCat(host, ":", options.grpc_port),
+                                                    .peers = rpc::PeerAuth::kClients},
                                                    {{r->grpc_service_.get(), v1::Inference::service_full_name()}}));
     KVMESH_LOG(kInfo) << "router grpc listening on " << r->grpc_server_->address();
   }

@@ -27,6 +27,7 @@
 #include "metrics/registry.h"
 #include "metrics/text_format.h"
 #include "rpc/grpc_server.h"
+#include "rpc/tls_flags.h"
 #include "scheduler_metrics.h"
 #include "scheduler_options.h"
 #include "scheduler_service.h"
@@ -95,7 +96,12 @@ constexpr char kUsage[] =
 
 int Run(int argc, char** argv) {
   ParseServiceCommandLine(argc, argv,
-                          {.program = "kvmesh-scheduler", .usage = kUsage, .flags_path = "services/scheduler"});
+                          {.program = "kvmesh-scheduler", .usage = kUsage, .flags_path = "services/scheduler",
+                           .extra_flag_files = {rpc::kTlsFlagsFile}});
+  if (absl::Status s = rpc::ConfigureTransportSecurityFromFlags(); !s.ok()) {
+    std::fprintf(stderr, "kvmesh-scheduler: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   LogLevel level;
   if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
     std::fprintf(stderr, "kvmesh-scheduler: --log_level must be debug, info, warning or error\n");

@@ -34,6 +34,7 @@
 #include "worker/worker_service.h"
 #include "worker/worker_state.h"
 #include "core/flag_checks.h"
+#include "rpc/tls_flags.h"
 
 ABSL_DECLARE_FLAG(std::string, served_model_name);
 ABSL_DECLARE_FLAG(int, max_model_len);
@@ -91,7 +92,12 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
                    : absl::StrCat(process.program,
                                   " --role prefill|decode|both [--listen HOST:PORT] [--scheduler HOST:PORT]: "
                                   "one worker of the disaggregated cluster (kvmesh.v1.Worker over gRPC)");
-  cli::ParseSubcommandFlags(argc, argv, usage, {"worker_process", "serving_flags", cli::kEngineFlagsFile});
+  cli::ParseSubcommandFlags(argc, argv, usage,
+                            {"worker_process", "serving_flags", cli::kEngineFlagsFile, rpc::kTlsFlagsFile});
+  // Before any server or channel: every gRPC hop of this worker uses it.
+  if (absl::Status s = rpc::ConfigureTransportSecurityFromFlags(); !s.ok()) {
+    return Fail(process, std::string(s.message()));
+  }
   absl::StatusOr<v1::WorkerRole> role = ParseRole(absl::GetFlag(FLAGS_role));
   if (!role.ok()) return Fail(process, std::string(role.status().message()));
   if (process.role) {
