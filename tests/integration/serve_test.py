@@ -229,6 +229,10 @@ BAD_REQUESTS = [
     ("/v1/completions", json.dumps({"prompt": "word " * 9000, "max_tokens": 4}), 400, None),
     ("/v1/completions", json.dumps({"prompt": [10 ** 7], "max_tokens": 4}), 400, None),
     ("/v1/completions", b'{"prompt": "\xff\xfe bad utf8"}', 400, None),
+    # Admission limits (defaults: 256 prompts, stop strings of at most 256 bytes).
+    ("/v1/completions", json.dumps({"prompt": ["x"] * 257, "max_tokens": 1}), 400, "prompt"),
+    ("/v1/completions", json.dumps({"prompt": "x", "stop": ["y" * 257]}), 400, "stop[0]"),
+    ("/v1/completions", json.dumps({"prompt": ["x"] * 3, "n": 100}), 400, "n"),
     ("/v1/chat/completions", json.dumps({"model": "tiny-llama"}), 400, "messages"),
     ("/v1/chat/completions", json.dumps({"messages": []}), 400, "messages"),
     ("/v1/chat/completions", json.dumps({"messages": [{"role": "user"}]}), 400, None),
