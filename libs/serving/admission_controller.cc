@@ -183,21 +183,25 @@ void AdmissionController::ExpireLocked(double now) {
   // At most once per window: the sweep is O(keys).
   if (now - last_expiry_s_ < options_.fairness_window_s) return;
   last_expiry_s_ = now;
-  absl::erase_if(keys_, [&](const auto& entry) {
-    const KeyState& s = entry.second;
-    // A key idle for a window with nothing in flight: its buckets have refilled
-    // by now (or will have by the time a request needs them), so forgetting it
-    // loses nothing but memory.
-    const double refill_s =
-        std::max(options_.key_requests_per_s > 0 ? Burst(options_.key_requests_per_s, options_.key_request_burst) /
-                                                       options_.key_requests_per_s
-                                                 : 0.0,
-                 options_.key_tokens_per_s > 0
-                     ? (Burst(options_.key_tokens_per_s, options_.key_token_burst) - s.tokens.level) /
-                           options_.key_tokens_per_s
-                     : 0.0);
-    return s.inflight == 0 && now - s.last_seen_s > std::max(options_.fairness_window_s, refill_s);
-  });
+  for (auto it = keys_.begin(); it != keys_.end();) {
+    const KeyState& s = it->second;
+    // A key idle past the window (and past the time its buckets take to refill) with
+    // nothing in flight: forgetting it loses nothing but memory.
+    double refill_s = 0;
+    if (options_.key_requests_per_s > 0) {
+      refill_s = std::max(refill_s, (Burst(options_.key_requests_per_s, options_.key_request_burst) -
+                                     s.requests.level) / options_.key_requests_per_s);
+    }
+    if (options_.key_tokens_per_s > 0) {
+      refill_s = std::max(refill_s, (Burst(options_.key_tokens_per_s, options_.key_token_burst) - s.tokens.level) /
+                                        options_.key_tokens_per_s);
+    }
+    if (s.inflight == 0 && now - s.last_seen_s > std::max(options_.fairness_window_s, refill_s)) {
+      keys_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
 }
 
 int64_t AdmissionController::ActiveKeysLocked(double now) const {

@@ -10,10 +10,12 @@
 
 namespace kvmesh::worker {
 
-Heartbeater::Heartbeater(WorkerState& state, std::string scheduler, v1::RegisterRequest registration)
+Heartbeater::Heartbeater(WorkerState& state, std::string scheduler, v1::RegisterRequest registration,
+                         int64_t engine_timeout_ms)
     : state_(state),
       stub_(v1::Scheduler::NewStub(rpc::CreateChannel(scheduler))),
-      registration_(std::move(registration)) {
+      registration_(std::move(registration)),
+      engine_timeout_ms_(engine_timeout_ms) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -81,8 +83,9 @@ bool Heartbeater::CollectEngineState() {
     pending_ = promise->get_future();
     state_.engine().Post([promise](engine::Engine& e) { promise->set_value({e.stats(), e.DrainKvEvents()}); });
   }
-  if (pending_.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
-    KVMESH_LOG(kWarning) << "the engine did not answer the heartbeat within 5 s; its events wait for the next one";
+  if (pending_.wait_for(std::chrono::milliseconds(engine_timeout_ms_)) != std::future_status::ready) {
+    KVMESH_LOG(kWarning) << "the engine did not answer the heartbeat in time; its events wait for the next one"
+                         << LogKv("timeout_ms", engine_timeout_ms_);
     return false;
   }
   auto [stats, events] = pending_.get();  // leaves pending_ invalid: the next call posts again

@@ -36,8 +36,10 @@ namespace kvmesh::worker {
 
 class Heartbeater {
  public:
-  // Starts the thread. `state` must outlive this.
-  Heartbeater(WorkerState& state, std::string scheduler, v1::RegisterRequest registration);
+  // Starts the thread. `state` must outlive this. `engine_timeout_ms`: how long one
+  // interval waits for the engine's answer (its stats and events) before skipping.
+  Heartbeater(WorkerState& state, std::string scheduler, v1::RegisterRequest registration,
+              int64_t engine_timeout_ms = 5000);
   ~Heartbeater();  // Stop()
 
   // Heartbeats say "draining" from now on (the scheduler stops placing here).
@@ -60,6 +62,7 @@ class Heartbeater {
   WorkerState& state_;
   std::unique_ptr<v1::Scheduler::Stub> stub_;
   const v1::RegisterRequest registration_;
+  const int64_t engine_timeout_ms_;
   uint32_t interval_ms_ = 1000;
   bool snapshot_ = true;  // heartbeat thread only
   absl::flat_hash_map<std::pair<kv::BlockHash, kv::Tier>, kv::KvEvent> stored_;  // heartbeat thread only
