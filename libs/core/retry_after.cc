@@ -19,7 +19,7 @@ void SetRetryAfterSeconds(absl::Status& status, int64_t seconds) {
 }
 
 std::optional<int64_t> RetryAfterSeconds(const absl::Status& status) {
-  const std::optional<absl::Cord> payload = status.GetPayload(kRetryAfterUrl);
+  const auto payload = status.GetPayload(kRetryAfterUrl);  // absl::optional in Debian's Abseil
   if (!payload) return std::nullopt;
   int64_t seconds = 0;
   if (!absl::SimpleAtoi(std::string(*payload), &seconds)) return std::nullopt;

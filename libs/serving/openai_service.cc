@@ -243,9 +243,9 @@ bool OpenAiService::CheckShape(const RequestShape& shape, http::ResponseWriter& 
   const absl::Status s = admission_.CheckShape(shape);
   if (s.ok()) return true;
   // "prompt: ..." / "stop[2]: ..." / "n: ...": the field is what precedes the colon.
-  const std::string_view message = s.message();
+  const std::string message(s.message());
   const size_t colon = message.find(": ");
-  std::string param = colon == std::string_view::npos ? "" : std::string(message.substr(0, colon));
+  std::string param = colon == std::string::npos ? "" : message.substr(0, colon);
   const http::ApiError error = http::ApiErrorFromStatus(s, std::move(param));
   if (metrics_) metrics_->CountRejected(error.http_status);
   (void)writer.Send(http::ApiErrorResponse(error));

@@ -160,7 +160,7 @@ int RunServe(int argc, char** argv) {
     const std::string address =
         absl::StrCat(host.find(':') != std::string::npos ? absl::StrCat("[", host, "]") : host, ":", grpc_port);
     auto started = rpc::GrpcServer::Start(
-        {.address = address}, {{&grpc_service, v1::Inference::service_full_name()}});
+        {.address = address, .peers = rpc::PeerAuth::kClients}, {{&grpc_service, v1::Inference::service_full_name()}});
     if (started.ok()) {
       grpc_server = std::move(started).value();
       KVMESH_LOG(kInfo) << "grpc listening on " << grpc_server->address();

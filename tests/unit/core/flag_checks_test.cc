@@ -1,5 +1,7 @@
 #include "core/flag_checks.h"
 
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include "absl/flags/flag.h"
@@ -13,8 +15,8 @@ ABSL_FLAG(int64_t, flag_checks_test_unranged, 3, "A numeric flag without a range
 namespace kvmesh {
 namespace {
 
-auto Named(std::string_view name) {
-  return [name](const absl::CommandLineFlag& flag) { return flag.Name() == name; };
+auto Named(std::string name) {
+  return [name](const absl::CommandLineFlag& flag) { return std::string(flag.Name()) == name; };
 }
 
 TEST(FlagChecksTest, AFloatingPointValueOutsideItsRangeIsInvalidArgumentNamingTheFlag) {
