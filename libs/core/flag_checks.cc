@@ -39,8 +39,11 @@ bool IsNumeric(const absl::CommandLineFlag& flag) {
 
 // "65535" for integral bounds, "0.5" otherwise.
 std::string Bound(double v, bool integral) {
-  if (integral) return absl::StrCat(static_cast<int64_t>(v));
-  return absl::StrCat(v);
+  if (!integral) return absl::StrCat(v);
+  // Bounds at the int64 limits do not round-trip through double: name them exactly.
+  if (v >= 9.2233720368547758e18) return absl::StrCat(std::numeric_limits<int64_t>::max());
+  if (v <= -9.2233720368547758e18) return absl::StrCat(std::numeric_limits<int64_t>::min());
+  return absl::StrCat(static_cast<int64_t>(v));
 }
 
 absl::Status CheckRange(const absl::CommandLineFlag& flag, const Range& range) {

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "metrics/registry.h"
 #include "router_metrics.h"
 #include "rpc/grpc_server.h"
@@ -291,7 +292,7 @@ TEST_F(RemoteTokenSourceTest, RequestsAbortedAtAnyPointAllEndAndLeaveNothingInFl
   std::vector<std::unique_ptr<Outputs>> outputs;
   for (int i = 0; i < kRequests; ++i) {
     outputs.push_back(std::make_unique<Outputs>());
-    const std::string id = "r" + std::to_string(i);
+    const std::string id = absl::StrCat("r", i);  // (not "r" + to_string: GCC 12 -Wrestrict false positive)
     ASSERT_TRUE(source.Submit(Request(id, *outputs.back())).ok());
     // Abort at spread-out points: at once, during the placement, during the retry.
     if (i % 3 != 2) {
