@@ -67,12 +67,25 @@ TEST(CommandLineDeathTest, AnAddressWithAPortBeyond65535ExitsWithTwoNamingTheFla
               "--command_line_test_listen: address \"no-port\": expected host:port");
 }
 
-TEST(CommandLineTest, InRangeValuesAndGoodAddressesParse) {
-  Parse({"prog", "--command-line-test-port=65535", "--command-line-test-listen=[::1]:50052"});
-  EXPECT_EQ(absl::GetFlag(FLAGS_command_line_test_port), 65535);
-  EXPECT_EQ(absl::GetFlag(FLAGS_command_line_test_listen), "[::1]:50052");
-  Parse({"prog", "--command-line-test-listen=dns:///scheduler:50052"});
-  EXPECT_EQ(absl::GetFlag(FLAGS_command_line_test_listen), "dns:///scheduler:50052");
+// NOTE: through CheckFlags, not Parse: Abseil allows one in-process parse per binary
+// (SetProgramUsageMessage), which DashesEnvironmentDefaults... takes.
+TEST(CommandLineTest, InRangeValuesAndGoodAddressesPass) {
+  const auto ours = [](const absl::CommandLineFlag& flag) {
+    return std::string(flag.Filename()).find("command_line_test") != std::string::npos;
+  };
+  const int port = absl::GetFlag(FLAGS_command_line_test_port);
+  const std::string listen = absl::GetFlag(FLAGS_command_line_test_listen);
+  absl::SetFlag(&FLAGS_command_line_test_port, 65535);
+  absl::SetFlag(&FLAGS_command_line_test_listen, "[::1]:50052");
+  EXPECT_TRUE(CheckFlags(ours).ok());
+  absl::SetFlag(&FLAGS_command_line_test_listen, "dns:///scheduler:50052");
+  EXPECT_TRUE(CheckFlags(ours).ok());
+  absl::SetFlag(&FLAGS_command_line_test_listen, "unix:/tmp/socket");
+  EXPECT_TRUE(CheckFlags(ours).ok());
+  absl::SetFlag(&FLAGS_command_line_test_listen, "dns:///scheduler:70000");
+  EXPECT_EQ(CheckFlags(ours).code(), absl::StatusCode::kInvalidArgument);
+  absl::SetFlag(&FLAGS_command_line_test_port, port);
+  absl::SetFlag(&FLAGS_command_line_test_listen, listen);
 }
 
 }  // namespace
