@@ -11,7 +11,7 @@ namespace kvmesh::model {
 namespace {
 
 TEST(Utf8Test, DecodeUtf8OfTruncatedOrInvalidInputIsReplacementWithinTheString) {
-  for (const std::string s : {std::string("\xF0"), std::string("\xE2\x82"), std::string("\xC3"),
+  for (const std::string& s : {std::string("\xF0"), std::string("\xE2\x82"), std::string("\xC3"),
                               std::string("\xF0\x9F\x98"), std::string("\x80"), std::string("\xFF")}) {
     size_t pos = 0;
     EXPECT_EQ(internal::DecodeUtf8(s, &pos), char32_t{0xFFFD});
