@@ -14,12 +14,17 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/flag_checks.h"
 
 namespace kvmesh {
 namespace {
 
 bool IsOurFlag(const absl::CommandLineFlag& flag, const CommandLineOptions& options) {
-  return absl::StrContains(flag.Filename(), options.flags_path);
+  if (absl::StrContains(flag.Filename(), options.flags_path)) return true;
+  for (const std::string& file : options.extra_flag_files) {
+    if (absl::StrContains(flag.Filename(), file)) return true;
+  }
+  return false;
 }
 
 void PrintHelp(const CommandLineOptions& options) {
@@ -77,6 +82,15 @@ void ParseServiceCommandLine(int argc, char** argv, const CommandLineOptions& op
   const std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (positional.size() > 1) {
     std::fprintf(stderr, "%s: unexpected argument \"%s\" (see --help)\n", options.program.c_str(), positional[1]);
+    std::exit(2);
+  }
+  ExitOnBadFlagValues(options.program, [&options](const absl::CommandLineFlag& flag) { return IsOurFlag(flag, options); });
+}
+
+void ExitOnBadFlagValues(const std::string& program,
+                         const std::function<bool(const absl::CommandLineFlag&)>& is_ours) {
+  if (absl::Status s = CheckFlags(is_ours); !s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", program.c_str(), std::string(s.message()).c_str());
     std::exit(2);
   }
 }

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/retry_after.h"
+
 namespace kvmesh::http {
 
 ApiError ApiError::Invalid(std::string param, std::string message) {
@@ -48,6 +50,7 @@ ApiError ApiErrorFromStatus(const absl::Status& status, std::string param) {
   error.message = std::string(status.message());
   if (error.message.empty()) error.message = status.ToString();
   if (status.code() == absl::StatusCode::kResourceExhausted) error.code = "rate_limit_exceeded";
+  if (const std::optional<int64_t> retry_after = RetryAfterSeconds(status)) error.retry_after_s = *retry_after;
   return error;
 }
 
@@ -63,7 +66,9 @@ std::string ApiErrorJson(const ApiError& error) {
 }
 
 HttpResponse ApiErrorResponse(const ApiError& error) {
-  return HttpResponse::Json(error.http_status, ApiErrorJson(error));
+  HttpResponse response = HttpResponse::Json(error.http_status, ApiErrorJson(error));
+  if (error.retry_after_s > 0) response.headers.Set("Retry-After", std::to_string(error.retry_after_s));
+  return response;
 }
 
 }  // namespace kvmesh::http

@@ -23,6 +23,7 @@ struct ApiError {
   std::string param;  // the offending field ("messages[1].content"); "" renders as null
   std::string message;
   std::string code;   // machine-readable code; "" renders as null
+  int64_t retry_after_s = 0;  // > 0: sent as a Retry-After header
 
   // A 400 invalid_request_error about `param`.
   static ApiError Invalid(std::string param, std::string message);
@@ -41,14 +42,15 @@ int32_t HttpStatusFromStatusCode(absl::StatusCode code);
 std::string_view ErrorTypeForHttpStatus(int32_t http_status);
 
 // Maps a non-OK status (its code and message) to an ApiError; `param` names the field
-// when the caller knows it. ResourceExhausted gets code "rate_limit_exceeded".
+// when the caller knows it. ResourceExhausted gets code "rate_limit_exceeded"; a
+// Retry-After attached to the status (core/retry_after.h) becomes retry_after_s.
 ApiError ApiErrorFromStatus(const absl::Status& status, std::string param = "");
 
 // `{"error":{"message":..,"type":..,"param":..,"code":..}}`. Invalid UTF-8 in the
 // message is replaced, never thrown.
 std::string ApiErrorJson(const ApiError& error);
 
-// The full HTTP response for `error` (application/json).
+// The full HTTP response for `error` (application/json, with Retry-After when set).
 HttpResponse ApiErrorResponse(const ApiError& error);
 
 }  // namespace kvmesh::http

@@ -9,6 +9,7 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/transport_security.h"
 
 namespace kvmesh::rpc {
 
@@ -24,7 +25,10 @@ std::shared_ptr<grpc::Channel> CreateChannel(std::string_view target, const Chan
   args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   args.SetMaxSendMessageSize(options.max_send_message_bytes);
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, options.enable_retries ? 1 : 0);
-  return grpc::CreateCustomChannel(std::string(target), grpc::InsecureChannelCredentials(), args);
+  if (const std::string name = TlsServerNameOverride(); !name.empty()) {
+    args.SetSslTargetNameOverride(name);
+  }
+  return grpc::CreateCustomChannel(std::string(target), ChannelCredentials(), args);
 }
 
 absl::Status WaitForConnected(grpc::Channel& channel, int64_t timeout_ms) {

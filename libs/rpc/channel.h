@@ -37,7 +37,8 @@ struct ChannelOptions {
   bool enable_retries = true;
 };
 
-// An insecure channel to `target` ("host:port", "dns:///name:port", "unix:/path").
+// A channel to `target` ("host:port", "dns:///name:port", "unix:/path"): plaintext, or
+// mutual TLS once ConfigureTransportSecurity (transport_security.h) was given files.
 // Creation never fails; connecting is lazy (see WaitForConnected).
 std::shared_ptr<grpc::Channel> CreateChannel(std::string_view target, const ChannelOptions& options = {});
 

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/host_port.h"
 #include "core/logging.h"
 
 namespace kvmesh::rpc {
@@ -28,6 +29,13 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
                                                               std::span<const GrpcServiceEntry> services) {
   if (options.address.empty()) return absl::InvalidArgumentError("GrpcServer: empty listen address");
   if (services.empty()) return absl::InvalidArgumentError("GrpcServer: no services to serve");
+  // gRPC would narrow a port beyond 65535 to 16 bits and listen elsewhere ("host:99999"
+  // on 34463); unix sockets have no port.
+  if (options.address.rfind("unix:", 0) != 0) {
+    if (absl::StatusOr<HostPort> parsed = ParseHostPort(options.address); !parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("GrpcServer: ", parsed.status().message()));
+    }
+  }
 
   // Both are process-wide settings read when a ServerBuilder is created.
   grpc::EnableDefaultHealthCheckService(true);
@@ -35,7 +43,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const GrpcServerOp
 
   std::unique_ptr<GrpcServer> server(new GrpcServer());
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.address, ServerCredentials(options.peers), &server->port_);
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(options.max_send_message_bytes);
   // NOTE: gRPC binds with SO_REUSEPORT by default, so a second server on a taken port

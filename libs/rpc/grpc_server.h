@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "rpc/transport_security.h"
 
 namespace grpc {
 class Server;
@@ -42,6 +43,9 @@ struct GrpcServiceEntry {
 struct GrpcServerOptions {
   // host:port; port 0 picks a free port (see GrpcServer::port()).
   std::string address = "0.0.0.0:0";
+  // Who calls: other kvmesh services (mutual TLS once transport security is
+  // configured, transport_security.h) or end clients (server-side TLS only).
+  PeerAuth peers = PeerAuth::kServices;
   int32_t max_receive_message_bytes = 256 << 20;  // KV chunks and long prompts
   int32_t max_send_message_bytes = 256 << 20;
   // Server-side keepalive pings, to notice dead peers on idle connections.

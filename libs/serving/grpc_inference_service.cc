@@ -18,6 +18,9 @@
 #include "http/api_error.h"
 #include "rpc/sampling_conversions.h"
 #include "rpc/status_conversion.h"
+#include "core/retry_after.h"
+#include "serving/api_key.h"
+#include "serving/request_ids.h"
 #include "serving/text_generation_stream.h"
 
 namespace kvmesh::serving {
@@ -52,6 +55,13 @@ std::string_view ChatRole(const std::string& role) {
   return role == "developer" ? std::string_view("system") : std::string_view(role);
 }
 
+std::unique_ptr<AdmissionController> OwnAdmission(const GrpcInferenceServiceOptions& options) {
+  if (options.admission != nullptr) return nullptr;
+  AdmissionOptions admission;
+  admission.max_inflight_sequences = std::max(1, options.max_inflight_requests);
+  return AdmissionController::Create(std::move(admission)).value();  // valid by construction
+}
+
 }  // namespace
 
 // One Generate call. Created by Generate() on a gRPC thread, fed by the engine
@@ -64,8 +74,17 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
 
   // Validates the request and submits it to the engine; any error finishes the call.
   // Runs before Generate() returns the reactor, so gRPC cannot call OnDone meanwhile.
-  void Start(const v1::GenerateRequest& request) {
-    if (absl::Status s = Submit(request); !s.ok()) {
+  void Start(grpc::CallbackServerContext& context, const v1::GenerateRequest& request) {
+    absl::Status s;
+    if (absl::StatusOr<std::string> key = service_.Authenticate(context); !key.ok()) {
+      s = key.status();
+    } else {
+      s = Submit(*key, request);
+    }
+    if (!s.ok()) {
+      if (const std::optional<int64_t> retry_after = RetryAfterSeconds(s)) {
+        context.AddTrailingMetadata("retry-after", std::to_string(*retry_after));
+      }
       if (service_.metrics_) service_.metrics_->CountRejected(http::HttpStatusFromStatusCode(s.code()));
       Action action;
       {
@@ -136,7 +155,7 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
     if (counted_) service_.inflight_.fetch_sub(1);
   }
 
-  absl::Status Submit(const v1::GenerateRequest& request) {
+  absl::Status Submit(const std::string& api_key, const v1::GenerateRequest& request) {
     GrpcInferenceService& svc = service_;
     if (absl::Status s = svc.CheckModel(request.model()); !s.ok()) return s;
     absl::StatusOr<engine::SamplingParams> params = rpc::SamplingParamsFromProto(request.sampling());
@@ -151,13 +170,10 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
     if (absl::Status s = params->Validate(limits.vocab_size, limits.max_logprobs); !s.ok()) {
       return Prefixed("sampling.", s);  // "sampling.temperature must be ..."
     }
-    // Admission before tokenizing: an overloaded server should not do the work.
-    if (svc.inflight_.fetch_add(1) >= svc.options_.max_inflight_requests) {
-      svc.inflight_.fetch_sub(1);
-      return absl::ResourceExhaustedError(absl::StrCat("the server is handling ", svc.options_.max_inflight_requests,
-                                                       " Generate calls, its limit; retry shortly"));
-    }
-    counted_ = true;
+    const std::vector<std::string> stop(request.sampling().stop().begin(), request.sampling().stop().end());
+    RequestShape shape{.num_prompts = 1, .n = *n, .max_tokens = params->max_tokens, .stop = &stop};
+    // The shape before tokenizing: a refused request should not cost the work.
+    if (absl::Status s = svc.admission_.CheckShape(shape); !s.ok()) return Prefixed("sampling.", s);
 
     const model::Tokenizer& tokenizer = svc.tokenizer_;
     const bool skip_special = request.sampling().skip_special_tokens();
@@ -196,12 +212,23 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
         return Invalid("prompt", "set one of text, chat or token_ids");
     }
     if (prompt.empty()) return Invalid(prompt_field, "the prompt has no tokens");
+    shape.prompt_tokens = static_cast<int64_t>(prompt.size());
+    absl::StatusOr<AdmissionController::Ticket> ticket = svc.admission_.Admit(api_key, shape);
+    if (!ticket.ok()) {
+      if (ticket.status().code() == absl::StatusCode::kInvalidArgument) {
+        return Prefixed(absl::StrCat(prompt_field, ": "), ticket.status());
+      }
+      return ticket.status();
+    }
+    ticket_ = *std::move(ticket);
+    svc.inflight_.fetch_add(1);
+    counted_ = true;
 
-    const uint64_t serial = svc.next_id_.fetch_add(1);
-    request_id_ = request.request_id().empty() ? absl::StrCat("grpc-", serial) : request.request_id();
+    const std::string serial = NewResponseId("grpc-");
+    request_id_ = request.request_id().empty() ? serial : request.request_id();
     // NOTE: the engine id is ours, never the client's: two clients choosing the same
     // request_id must not collide in the engine (or abort each other).
-    engine_id_ = absl::StrCat("grpc-", serial);
+    engine_id_ = serial;
     engine::EngineRequest r;
     r.request_id = engine_id_;
     r.prompt_token_ids = std::move(prompt);
@@ -444,7 +471,8 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
   }
 
   GrpcInferenceService& service_;
-  bool counted_ = false;  // holds an in-flight slot; set before the engine can call back
+  bool counted_ = false;  // counted in inflight_; set before the engine can call back
+  AdmissionController::Ticket ticket_;  // the admitted sequences, released with the reactor
 
   // Fixed once Submit() has handed the request to the engine.
   std::string request_id_;  // the client's, or the one assigned
@@ -500,14 +528,26 @@ GrpcInferenceService::GrpcInferenceService(const GrpcInferenceServiceOptions& op
       owned_source_(std::move(owned_source)),
       source_(source != nullptr ? *source : *owned_source_),
       metrics_(metrics),
-      created_unix_s_(std::chrono::duration_cast<std::chrono::seconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count()) {}
+      owned_admission_(OwnAdmission(options)),
+      admission_(options.admission != nullptr ? *options.admission : *owned_admission_),
+      created_unix_s_(UnixSecondsNow()) {}
 
 GrpcInferenceService::~GrpcInferenceService() {
   if (const int64_t n = inflight_.load(); n != 0) {
     KVMESH_LOG(kError) << "GrpcInferenceService destroyed with Generate calls alive" << LogKv("calls", n);
   }
+}
+
+absl::StatusOr<std::string> GrpcInferenceService::Authenticate(const grpc::CallbackServerContext& context) const {
+  if (options_.api_keys.empty()) return std::string();
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find("authorization");
+  if (it != metadata.end()) {
+    const std::string_view value(it->second.data(), it->second.size());
+    if (std::optional<std::string> key = MatchBearerKey(value, options_.api_keys)) return *std::move(key);
+  }
+  return absl::UnauthenticatedError(
+      "incorrect or missing API key: pass it as 'authorization: Bearer <key>' metadata");
 }
 
 absl::Status GrpcInferenceService::CheckModel(const std::string& model) const {
@@ -542,13 +582,16 @@ absl::StatusOr<std::string> GrpcInferenceService::RenderChat(const v1::ChatPromp
 grpc::ServerWriteReactor<v1::GenerateResponse>* GrpcInferenceService::Generate(grpc::CallbackServerContext* context,
                                                                              const v1::GenerateRequest* request) {
   auto* reactor = new GenerateReactor(*this);
-  reactor->Start(*request);
+  reactor->Start(*context, *request);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* GrpcInferenceService::Tokenize(grpc::CallbackServerContext* context,
                                                          const v1::TokenizeRequest* request,
                                                          v1::TokenizeResponse* response) {
+  if (absl::StatusOr<std::string> key = Authenticate(*context); !key.ok()) {
+    return rpc::FinishUnary(context, key.status());
+  }
   if (absl::Status s = CheckModel(request->model()); !s.ok()) return rpc::FinishUnary(context, s);
   std::vector<int32_t> ids;
   switch (request->prompt_case()) {
@@ -578,6 +621,9 @@ grpc::ServerUnaryReactor* GrpcInferenceService::Tokenize(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* GrpcInferenceService::ListModels(grpc::CallbackServerContext* context,
                                                            const v1::ListModelsRequest* request,
                                                            v1::ListModelsResponse* response) {
+  if (absl::StatusOr<std::string> key = Authenticate(*context); !key.ok()) {
+    return rpc::FinishUnary(context, key.status());
+  }
   v1::ModelInfo* model = response->add_models();
   model->set_id(options_.model_name);
   model->set_owned_by("kvmesh");

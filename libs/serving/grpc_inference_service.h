@@ -15,9 +15,10 @@
 //
 // Errors (through rpc::ToGrpcStatus, the one conversion): INVALID_ARGUMENT naming
 // the field ("sampling.temperature must be ...", "token_ids.ids[3]: ..."),
-// NOT_FOUND for a model this server does not serve, RESOURCE_EXHAUSTED beyond
-// `max_inflight_requests` Generate calls, UNIMPLEMENTED for logit_bias /
-// prompt_logprobs, UNAVAILABLE while draining.
+// NOT_FOUND for a model this server does not serve, UNAUTHENTICATED without a valid
+// API key (when api_keys are set), RESOURCE_EXHAUSTED when admission refuses (full,
+// a per-key rate limit or fair share: with a "retry-after" trailing metadata entry in
+// seconds), UNIMPLEMENTED for logit_bias / prompt_logprobs, UNAVAILABLE while draining.
 //
 // Streaming (callback API, one ServerWriteReactor per call): the engine thread
 // never blocks. Its outputs become messages queued on the call; one write is in
@@ -46,6 +47,7 @@
 #include "kvmesh/v1/api.grpc.pb.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
+#include "serving/admission_controller.h"
 #include "serving/serving_metrics.h"
 #include "serving/token_source.h"
 
@@ -54,8 +56,15 @@ namespace kvmesh::serving {
 struct GrpcInferenceServiceOptions {
   std::string model_name;               // what ListModels lists; requests may name it or leave model empty
   int32_t max_model_len = 0;            // prompt + completion tokens
-  int32_t max_inflight_requests = 256;  // Generate calls beyond it: RESOURCE_EXHAUSTED
+  // Sequences (n) in flight beyond which Generate gets RESOURCE_EXHAUSTED; used only
+  // when `admission` is null (the service then has a controller of its own).
+  int32_t max_inflight_requests = 256;
   std::vector<int32_t> eos_token_ids;
+  // Non-empty: every call needs "authorization: Bearer <key>" metadata with one of
+  // them (UNAUTHENTICATED otherwise), as the REST front door's Authorization header.
+  std::vector<std::string> api_keys;
+  // Shared with the REST front door; must outlive the service. May be null.
+  AdmissionController* admission = nullptr;
 };
 
 class GrpcInferenceService final : public v1::Inference::CallbackService {
@@ -90,6 +99,8 @@ class GrpcInferenceService final : public v1::Inference::CallbackService {
                        std::optional<model::ChatTemplate> chat_template, std::unique_ptr<TokenSource> owned_source,
                        TokenSource* source, ServingMetrics* metrics);
 
+  // The API key of the call ("" without api_keys); Unauthenticated when refused.
+  absl::StatusOr<std::string> Authenticate(const grpc::CallbackServerContext& context) const;
   // NotFound unless `model` is empty or the served model.
   absl::Status CheckModel(const std::string& model) const;
   // The prompt text of a chat prompt (InvalidArgument naming the chat.* field).
@@ -101,8 +112,9 @@ class GrpcInferenceService final : public v1::Inference::CallbackService {
   std::unique_ptr<TokenSource> owned_source_;  // the AsyncEngine adapter, when given one
   TokenSource& source_;                         // where tokens come from
   ServingMetrics* metrics_;  // may be null
+  std::unique_ptr<AdmissionController> owned_admission_;  // when options.admission is null
+  AdmissionController& admission_;
   std::atomic<int64_t> inflight_{0};
-  std::atomic<uint64_t> next_id_{1};
   const int64_t created_unix_s_;
 };
 

@@ -9,6 +9,8 @@
 #include "engine/request_validator.h"
 #include "http/api_error.h"
 #include "http/openai_protocol.h"
+#include "serving/api_key.h"
+#include "serving/request_ids.h"
 #include "serving/text_generation_stream.h"
 
 namespace kvmesh::serving {
@@ -22,6 +24,15 @@ double SecondsBetween(Clock::time_point a, Clock::time_point b) {
 
 std::string_view ChatRole(const std::string& role) {
   return role == "developer" ? std::string_view("system") : std::string_view(role);
+}
+
+// The controller of a service not given a shared one: the default limits with the
+// service's in-flight bound.
+std::unique_ptr<AdmissionController> OwnAdmission(const OpenAiServiceOptions& options) {
+  if (options.admission != nullptr) return nullptr;
+  AdmissionOptions admission;
+  admission.max_inflight_sequences = std::max(1, options.max_inflight_requests);
+  return AdmissionController::Create(std::move(admission)).value();  // valid by construction
 }
 
 }  // namespace
@@ -38,6 +49,8 @@ struct OpenAiService::Call {
   bool want_logprobs = false;
   http::ResponseMeta meta;
   Clock::time_point start = Clock::now();
+  std::string api_key;                 // the admission key
+  AdmissionController::Ticket ticket;  // held until Respond(); set before any engine request runs
 
   struct Sub {
     std::string engine_id;
@@ -180,6 +193,7 @@ struct OpenAiService::Call {
       (void)writer->Send(http::HttpResponse::Json(200, chat ? http::ChatCompletionResponseJson(meta, choices, usage)
                                                             : http::CompletionResponseJson(meta, choices, usage)));
     }
+    ticket = AdmissionController::Ticket();  // the sequences are no longer in flight
     service->inflight_.fetch_sub(1);
   }
 };
@@ -193,9 +207,9 @@ OpenAiService::OpenAiService(const OpenAiServiceOptions& options, const model::T
       owned_source_(std::make_unique<AsyncEngineTokenSource>(engine)),
       engine_(*owned_source_),
       metrics_(metrics),
-      created_unix_(std::chrono::duration_cast<std::chrono::seconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count()) {}
+      owned_admission_(OwnAdmission(options)),
+      admission_(options.admission != nullptr ? *options.admission : *owned_admission_),
+      created_unix_(UnixSecondsNow()) {}
 
 OpenAiService::OpenAiService(const OpenAiServiceOptions& options, const model::Tokenizer& tokenizer,
                              std::optional<model::ChatTemplate> chat_template, TokenSource& source,
@@ -205,19 +219,16 @@ OpenAiService::OpenAiService(const OpenAiServiceOptions& options, const model::T
       chat_template_(std::move(chat_template)),
       engine_(source),
       metrics_(metrics),
-      created_unix_(std::chrono::duration_cast<std::chrono::seconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count()) {}
+      owned_admission_(OwnAdmission(options)),
+      admission_(options.admission != nullptr ? *options.admission : *owned_admission_),
+      created_unix_(UnixSecondsNow()) {}
 
-bool OpenAiService::Authorize(const http::HttpRequest& request, http::ResponseWriter& writer) const {
-  if (options_.api_keys.empty()) return true;
+std::optional<std::string> OpenAiService::Authorize(const http::HttpRequest& request,
+                                                   http::ResponseWriter& writer) const {
+  if (options_.api_keys.empty()) return std::string();
   const std::optional<std::string_view> header = request.headers.Get("Authorization");
-  constexpr std::string_view kBearer = "Bearer ";
-  if (header && header->substr(0, kBearer.size()) == kBearer) {
-    const std::string_view key = header->substr(kBearer.size());
-    for (const std::string& k : options_.api_keys) {
-      if (key == k) return true;
-    }
+  if (header) {
+    if (const std::optional<std::string> key = MatchBearerKey(*header, options_.api_keys)) return key;
   }
   http::ApiError error;
   error.http_status = 401;
@@ -225,6 +236,19 @@ bool OpenAiService::Authorize(const http::HttpRequest& request, http::ResponseWr
   error.message = "Incorrect or missing API key: pass it as 'Authorization: Bearer <key>'.";
   error.code = "invalid_api_key";
   if (metrics_) metrics_->CountRejected(401);
+  (void)writer.Send(http::ApiErrorResponse(error));
+  return std::nullopt;
+}
+
+bool OpenAiService::CheckShape(const RequestShape& shape, http::ResponseWriter& writer) const {
+  const absl::Status s = admission_.CheckShape(shape);
+  if (s.ok()) return true;
+  // "prompt: ..." / "stop[2]: ..." / "n: ...": the field is what precedes the colon.
+  const std::string message(s.message());
+  const size_t colon = message.find(": ");
+  std::string param = colon == std::string::npos ? "" : message.substr(0, colon);
+  const http::ApiError error = http::ApiErrorFromStatus(s, std::move(param));
+  if (metrics_) metrics_->CountRejected(error.http_status);
   (void)writer.Send(http::ApiErrorResponse(error));
   return false;
 }
@@ -279,26 +303,30 @@ void OpenAiService::Start(std::shared_ptr<Call> call, std::vector<std::vector<in
     (void)writer.Send(std::move(response));
     return;
   }
-  if (inflight_.fetch_add(1) >= options_.max_inflight_requests) {
-    inflight_.fetch_sub(1);
-    http::ApiError error;
-    error.http_status = 429;
-    error.type = "rate_limit_error";
-    error.code = "server_busy";
-    error.message = absl::StrCat("The server is handling ", options_.max_inflight_requests,
-                                 " requests, its limit; retry shortly.");
-    http::HttpResponse response = http::ApiErrorResponse(error);
-    response.headers.Set("Retry-After", "1");
-    if (metrics_) metrics_->CountRejected(429);
-    (void)writer.Send(std::move(response));
-    return;
+  {
+    RequestShape shape{.num_prompts = static_cast<int64_t>(prompts.size()), .n = call->n,
+                       .max_tokens = params.max_tokens};
+    for (const std::vector<int32_t>& prompt : prompts) shape.prompt_tokens += static_cast<int64_t>(prompt.size());
+    absl::StatusOr<AdmissionController::Ticket> ticket = admission_.Admit(call->api_key, shape);
+    if (!ticket.ok()) {
+      const http::ApiError error =
+          http::ApiErrorFromStatus(ticket.status(), ticket.status().code() == absl::StatusCode::kInvalidArgument
+                                                        ? "prompt"
+                                                        : "");
+      if (metrics_) metrics_->CountRejected(error.http_status);
+      (void)writer.Send(http::ApiErrorResponse(error));
+      return;
+    }
+    call->ticket = *std::move(ticket);
   }
+  inflight_.fetch_add(1);
   // Build and validate every engine request before any runs, so that an invalid
   // prompt in a batch is a plain 400 with nothing started.
   std::vector<engine::EngineRequest> requests;
   for (size_t p = 0; p < prompts.size(); ++p) {
     engine::EngineRequest& r = requests.emplace_back();
     r.request_id = absl::StrCat(call->meta.id, "-", p);
+    call->subs[p].engine_id = r.request_id;  // what a stop string aborts
     r.prompt_token_ids = std::move(prompts[p]);
     r.sampling_params = params;
     r.n = call->n;
@@ -351,7 +379,8 @@ void OpenAiService::Start(std::shared_ptr<Call> call, std::vector<std::vector<in
 }
 
 void OpenAiService::HandleCompletions(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {
-  if (!Authorize(request, *writer)) return;
+  std::optional<std::string> api_key = Authorize(request, *writer);
+  if (!api_key) return;
   auto parsed = http::ParseCompletionRequest(request.body);
   if (auto* error = std::get_if<http::ApiError>(&parsed)) {
     if (metrics_) metrics_->CountRejected(error->http_status);
@@ -360,13 +389,20 @@ void OpenAiService::HandleCompletions(http::HttpRequest request, std::shared_ptr
   }
   http::CompletionRequest& req = std::get<http::CompletionRequest>(parsed);
   if (!CheckModel(req.model, *writer)) return;
+  // Before tokenizing: a 100,000-prompt array is refused without doing the work.
+  if (!CheckShape({.num_prompts = static_cast<int64_t>(req.prompts.size()), .n = req.sampling.n,
+                   .stop = &req.sampling.stop},
+                  *writer)) {
+    return;
+  }
   auto call = std::make_shared<Call>();
+  call->api_key = *std::move(api_key);
   call->service = this;
   call->writer = std::move(writer);
   call->stream = req.sampling.stream;
   call->include_usage = req.sampling.include_usage;
   call->n = req.sampling.n;
-  call->meta = {absl::StrCat("cmpl-", next_id_.fetch_add(1)), created_unix_, options_.model_name};
+  call->meta = {NewResponseId("cmpl-"), UnixSecondsNow(), options_.model_name};
   engine::SamplingParams params = ToSamplingParams(req.sampling, options_.default_completion_max_tokens);
   if (req.logprobs) {
     params.logprobs = *req.logprobs;
@@ -392,7 +428,8 @@ void OpenAiService::HandleCompletions(http::HttpRequest request, std::shared_ptr
 }
 
 void OpenAiService::HandleChatCompletions(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {
-  if (!Authorize(request, *writer)) return;
+  std::optional<std::string> api_key = Authorize(request, *writer);
+  if (!api_key) return;
   auto parsed = http::ParseChatCompletionRequest(request.body);
   if (auto* error = std::get_if<http::ApiError>(&parsed)) {
     if (metrics_) metrics_->CountRejected(error->http_status);
@@ -401,6 +438,7 @@ void OpenAiService::HandleChatCompletions(http::HttpRequest request, std::shared
   }
   http::ChatCompletionRequest& req = std::get<http::ChatCompletionRequest>(parsed);
   if (!CheckModel(req.model, *writer)) return;
+  if (!CheckShape({.num_prompts = 1, .n = req.sampling.n, .stop = &req.sampling.stop}, *writer)) return;
   if (!chat_template_) {
     (void)writer->Send(http::ApiErrorResponse(
         http::ApiError::Invalid("messages", "this model has no chat template; use /v1/completions")));
@@ -422,10 +460,11 @@ void OpenAiService::HandleChatCompletions(http::HttpRequest request, std::shared
   call->service = this;
   call->writer = std::move(writer);
   call->chat = true;
+  call->api_key = *std::move(api_key);
   call->stream = req.sampling.stream;
   call->include_usage = req.sampling.include_usage;
   call->n = req.sampling.n;
-  call->meta = {absl::StrCat("chatcmpl-", next_id_.fetch_add(1)), created_unix_, options_.model_name};
+  call->meta = {NewResponseId("chatcmpl-"), UnixSecondsNow(), options_.model_name};
   // vLLM's default for chat: whatever room the context leaves.
   const int32_t room = std::max<int32_t>(1, options_.max_model_len - static_cast<int32_t>(prompt.size()));
   engine::SamplingParams params = ToSamplingParams(req.sampling, room);
@@ -444,7 +483,7 @@ void OpenAiService::HandleChatCompletions(http::HttpRequest request, std::shared
 }
 
 void OpenAiService::HandleModels(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {
-  if (!Authorize(request, *writer)) return;
+  if (!Authorize(request, *writer)) return;  // (an optional: true when authorized)
   http::ModelCard card;
   card.id = options_.model_name;
   card.created = created_unix_;

@@ -7,8 +7,9 @@
 // prompt (each with n samples), and turn the engine's token outputs into text
 // with TextGenerationStream — one JSON response, or SSE chunks ending in
 // `data: [DONE]`. A client that disconnects aborts its engine requests, which
-// frees their KV blocks at once. A bounded number of requests may be in flight;
-// beyond it the answer is 429 with Retry-After.
+// frees their KV blocks at once. Admission (limits per request, sequences in flight,
+// per-key rate limits and fair share) is the AdmissionController shared with the gRPC
+// front door: a refusal is 400, or 429 with Retry-After.
 //
 // Thread-safety: handlers run on HTTP I/O threads and engine callbacks on the
 // engine thread; all shared per-request state is behind a mutex. The tokenizer,
@@ -27,6 +28,7 @@
 #include "http/http_types.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
+#include "serving/admission_controller.h"
 #include "serving/serving_metrics.h"
 #include "serving/token_source.h"
 
@@ -36,7 +38,11 @@ struct OpenAiServiceOptions {
   std::string model_name;          // what /v1/models lists and requests must name ("" in a request = this)
   int32_t max_model_len = 0;       // prompt + completion tokens
   std::vector<std::string> api_keys;  // empty: no authentication
-  int32_t max_inflight_requests = 256;  // beyond: 429 + Retry-After
+  // Sequences (n x prompts) in flight beyond which requests get 429 + Retry-After;
+  // used only when `admission` is null (the service then has a controller of its own).
+  int32_t max_inflight_requests = 256;
+  // Shared with the gRPC front door; must outlive the service. May be null.
+  AdmissionController* admission = nullptr;
   int32_t default_completion_max_tokens = 16;  // OpenAI's default for /v1/completions
   std::vector<int32_t> eos_token_ids;
 };
@@ -67,8 +73,11 @@ class OpenAiService {
   struct Call;
   friend struct Call;
 
-  // True when allowed; else the error response has been sent.
-  bool Authorize(const http::HttpRequest& request, http::ResponseWriter& writer) const;
+  // The API key the request authenticated with ("" without API keys); nullopt when
+  // refused, the error response then has been sent.
+  std::optional<std::string> Authorize(const http::HttpRequest& request, http::ResponseWriter& writer) const;
+  // Refuses (400) a request whose shape exceeds the limits, before any tokenizing.
+  bool CheckShape(const RequestShape& shape, http::ResponseWriter& writer) const;
   bool CheckModel(const std::string& model, http::ResponseWriter& writer) const;
   // Validates and submits one engine request per prompt, all with `params`.
   void Start(std::shared_ptr<Call> call, std::vector<std::vector<int32_t>> prompts,
@@ -80,9 +89,10 @@ class OpenAiService {
   std::unique_ptr<TokenSource> owned_source_;  // the AsyncEngine adapter, when given one
   TokenSource& engine_;                         // where tokens come from
   ServingMetrics* metrics_;  // may be null
+  std::unique_ptr<AdmissionController> owned_admission_;  // when options.admission is null
+  AdmissionController& admission_;
   std::atomic<int64_t> inflight_{0};
   std::atomic<bool> draining_{false};
-  std::atomic<uint64_t> next_id_{1};
   const int64_t created_unix_;
 };
 

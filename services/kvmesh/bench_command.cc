@@ -17,11 +17,16 @@
 #include "backend/cpu/memory_bandwidth.h"
 #include "cli_common.h"
 #include "commands.h"
+#include "core/flag_checks.h"
 
 ABSL_FLAG(int, prompt_tokens, 512, "Prompt length for the prefill measurement.");
+KVMESH_FLAG_RANGE(prompt_tokens, 1, 1 << 24);
 ABSL_FLAG(int, decode_tokens, 128, "Tokens decoded (greedy) after a --decode_context-token prompt.");
+KVMESH_FLAG_RANGE(decode_tokens, 1, 1 << 24);
 ABSL_FLAG(int, decode_context, 128, "Prompt length before the decode measurement.");
+KVMESH_FLAG_RANGE(decode_context, 1, 1 << 24);
 ABSL_FLAG(int, repeats, 5, "Runs of each measurement; medians are reported.");
+KVMESH_FLAG_RANGE(repeats, 1, 100000);
 
 namespace kvmesh::cli {
 namespace {

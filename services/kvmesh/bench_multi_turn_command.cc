@@ -28,6 +28,7 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "engine/engine.h"
+#include "core/flag_checks.h"
 #include "core/status_macros.h"
 #include "engine_flags.h"
 
@@ -41,6 +42,14 @@ ABSL_FLAG(int, turn_concurrency, 8, "multi-turn: turns in flight at once.");
 ABSL_FLAG(std::string, tier_modes, "off,host,host+disk",
           "multi-turn: the configurations to run, comma-separated: off, host, host+disk.");
 ABSL_FLAG(int, multi_turn_seed, 1, "multi-turn: seed of the histories and turns.");
+KVMESH_FLAG_RANGE(sessions, 1, 1 << 20);
+KVMESH_FLAG_RANGE(turns, 1, 1 << 16);
+KVMESH_FLAG_RANGE(turn_tokens, 1, 1 << 24);
+KVMESH_FLAG_RANGE(min_history, 1, 1 << 24);
+KVMESH_FLAG_RANGE(max_history, 1, 1 << 24);
+KVMESH_FLAG_RANGE(turn_output_len, 1, 1 << 24);
+KVMESH_FLAG_RANGE(turn_concurrency, 1, 1 << 16);
+KVMESH_FLAG_RANGE(multi_turn_seed, 0, 1 << 30);
 
 namespace kvmesh::cli {
 namespace {

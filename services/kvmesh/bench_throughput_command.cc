@@ -20,13 +20,20 @@
 #include "engine_flags.h"
 #include "engine/engine.h"
 #include "engine/paged_model_runner.h"
+#include "core/flag_checks.h"
 
 ABSL_FLAG(int, num_prompts, 64, "Requests in the workload.");
+KVMESH_FLAG_RANGE(num_prompts, 1, 10000000);
 ABSL_FLAG(int, input_len, 128, "Prompt tokens per request (including the shared prefix).");
+KVMESH_FLAG_RANGE(input_len, 1, 1 << 24);
 ABSL_FLAG(int, output_len, 128, "Generated tokens per request.");
+KVMESH_FLAG_RANGE(output_len, 1, 1 << 24);
 ABSL_FLAG(int, shared_prefix_len, 0, "Leading prompt tokens every request shares (prefix-cache workload).");
+KVMESH_FLAG_RANGE(shared_prefix_len, 0, 1 << 24);
 ABSL_FLAG(int, concurrency, 16, "Requests in flight at once.");
+KVMESH_FLAG_RANGE(concurrency, 1, 1000000);
 ABSL_FLAG(int, workload_seed, 1, "Seed of the random prompts.");
+KVMESH_FLAG_RANGE(workload_seed, INT32_MIN, INT32_MAX);
 
 namespace kvmesh::cli {
 namespace {

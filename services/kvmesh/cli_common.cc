@@ -23,6 +23,7 @@
 #include "core/command_line.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
+#include "core/flag_checks.h"
 
 ABSL_FLAG(std::string, model, KVMESH_DEFAULT_MODEL_DIR,
           "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). "
@@ -33,6 +34,7 @@ ABSL_FLAG(std::string, backend, "cpu", "Backend for the model ops: cpu or refere
 ABSL_FLAG(std::string, device, "cpu",
           "Where the model runs: cpu, or cuda (GPU 0; cuda:N for GPU N): weights, KV cache and every op on the GPU.");
 ABSL_FLAG(int, threads, 0, "Kernel threads; 0 means one per core.");
+KVMESH_FLAG_RANGE(threads, 0, 4096);
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 ABSL_DECLARE_FLAG(int, tensor_parallel_size);  // engine_flags.cc
 
@@ -117,6 +119,9 @@ std::vector<std::string> ParseSubcommandFlags(int argc, char** argv, const std::
   std::vector<char*> args;
   for (std::string& s : normalized) args.push_back(s.data());
   std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  ExitOnBadFlagValues("kvmesh", [](const absl::CommandLineFlag& flag) {
+    return IsSubcommandFile(flag.Filename()) || absl::StrContains(flag.Filename(), "services/kvmesh");
+  });
   LogLevel level;
   if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
     std::fprintf(stderr, "kvmesh: --log_level must be debug, info, warning or error\n");

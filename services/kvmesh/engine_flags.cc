@@ -20,17 +20,24 @@
 #include "engine/cuda_model_runner.h"
 #include "engine/tensor_parallel_runner.h"
 #include "xxhash.h"
+#include "core/flag_checks.h"
 
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{1} << 30, "KV cache pool size in bytes (unless --kv-cache-memory-fraction).");
+KVMESH_FLAG_RANGE(kv_cache_bytes, 0, int64_t{1} << 50);
 ABSL_FLAG(double, kv_cache_memory_fraction, 0.0,
           "Size the KV pool as this fraction of the host's available memory (0: use --kv-cache-bytes).");
+KVMESH_FLAG_RANGE(kv_cache_memory_fraction, 0, 1);
 ABSL_FLAG(int, block_size, 16, "KV block size in tokens.");
+KVMESH_FLAG_RANGE(block_size, 1, 1024);
 ABSL_FLAG(bool, enable_prefix_caching, true, "Reuse the KV blocks of shared prompt prefixes.");
 ABSL_FLAG(int, max_num_seqs, 64, "Scheduler: sequences per engine step.");
+KVMESH_FLAG_RANGE(max_num_seqs, 1, 65536);
 ABSL_FLAG(int, max_num_batched_tokens, 2048, "Scheduler: tokens per engine step (chunked-prefill budget).");
+KVMESH_FLAG_RANGE(max_num_batched_tokens, 1, 1 << 24);
 ABSL_FLAG(int, tensor_parallel_size, 1,
           "Split the model over this many rank threads (tensor parallelism; heads, MLP and vocabulary must divide). "
           "The KV budget is the group's total; --threads is shared among the ranks.");
+KVMESH_FLAG_RANGE(tensor_parallel_size, 1, 64);
 ABSL_DECLARE_FLAG(int, threads);  // cli_common.cc
 ABSL_FLAG(int, max_model_len, 0, "Context length (prompt + completion); 0: the model's max_position_embeddings.");
 ABSL_FLAG(int64_t, kv_host_cache_bytes, 0,
@@ -42,6 +49,9 @@ ABSL_FLAG(std::string, kv_host_memory, "auto",
 ABSL_FLAG(std::string, kv_disk_cache_dir, "",
           "Directory of the disk KV tier (io_uring, survives restarts); needs --kv-host-cache-bytes. Empty: off.");
 ABSL_FLAG(int64_t, kv_disk_cache_bytes, int64_t{16} << 30, "Capacity of the disk KV tier in bytes.");
+KVMESH_FLAG_RANGE(kv_host_cache_bytes, 0, int64_t{1} << 50);
+KVMESH_FLAG_RANGE(kv_disk_cache_bytes, 1, int64_t{1} << 56);
+KVMESH_FLAG_RANGE(max_model_len, 0, 1 << 24);
 ABSL_FLAG(bool, enforce_eager, false, "--device cuda: run decode steps eagerly instead of replaying CUDA graphs.");
 
 namespace kvmesh::cli {

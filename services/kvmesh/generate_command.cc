@@ -16,21 +16,33 @@
 #include "engine_flags.h"
 #include "engine/single_sequence_generator.h"
 #include "model/chat_template.h"
+#include "core/flag_checks.h"
 
 ABSL_FLAG(std::string, prompt, "", "The prompt text (required).");
 ABSL_FLAG(bool, chat, false, "Wrap --prompt as a user message in the model's chat template.");
 ABSL_FLAG(std::string, system, "", "With --chat: a system message before the prompt.");
 ABSL_FLAG(int, max_tokens, 64, "Maximum tokens to generate.");
+KVMESH_FLAG_RANGE(max_tokens, 1, 1 << 24);
 ABSL_FLAG(int, min_tokens, 0, "Suppress EOS/stop tokens until this many tokens are generated.");
+KVMESH_FLAG_RANGE(min_tokens, 0, 1 << 24);
 ABSL_FLAG(double, temperature, 1.0, "Sampling temperature; 0 means greedy.");
+KVMESH_FLAG_RANGE(temperature, 0, 100);
 ABSL_FLAG(int, top_k, -1, "Keep the k most likely tokens; -1 disables.");
+KVMESH_FLAG_RANGE(top_k, -1, 1 << 30);
 ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass in (0, 1]; 1 disables.");
+KVMESH_FLAG_RANGE(top_p, 0, 1);
 ABSL_FLAG(double, min_p, 0.0, "Drop tokens below min_p x the top probability; 0 disables.");
+KVMESH_FLAG_RANGE(min_p, 0, 1);
 ABSL_FLAG(int64_t, seed, -1, "Sampling seed for reproducible output; -1 draws one.");
+KVMESH_FLAG_RANGE(seed, -1, INT64_MAX);
 ABSL_FLAG(double, repetition_penalty, 1.0, "Penalty > 1 discourages tokens seen in prompt or output.");
+KVMESH_FLAG_RANGE(repetition_penalty, 0, 100);
 ABSL_FLAG(double, presence_penalty, 0.0, "In [-2, 2]: subtracted once from tokens already generated.");
+KVMESH_FLAG_RANGE(presence_penalty, -2, 2);
 ABSL_FLAG(double, frequency_penalty, 0.0, "In [-2, 2]: subtracted per occurrence in the output.");
+KVMESH_FLAG_RANGE(frequency_penalty, -2, 2);
 ABSL_FLAG(int, logprobs, -1, "With --json: also print the top N logprobs per token.");
+KVMESH_FLAG_RANGE(logprobs, -1, 1024);
 ABSL_FLAG(std::string, stop_token_ids, "", "Comma-separated token ids that end generation.");
 ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the end-of-sequence token.");
 ABSL_FLAG(bool, json, false, "Print one JSON object per token instead of plain text.");

@@ -16,6 +16,9 @@
 #include "commands.h"
 #include "core/logging.h"
 #include "router.h"
+#include "admission_flags.h"
+#include "rpc/tls_flags.h"
+#include "core/flag_checks.h"
 
 // Shared with `kvmesh serve` (serve_command.cc, serving_flags.cc), `kvmesh worker`
 // (services/worker/worker_process.cc) and the engine flags (engine_flags.cc).
@@ -31,10 +34,13 @@ ABSL_DECLARE_FLAG(int64_t, drain_timeout_ms);
 ABSL_DECLARE_FLAG(std::string, scheduler);
 
 ABSL_FLAG(int, router_max_num_seqs, 256, "Router: the largest n a request may ask for.");
+KVMESH_FLAG_RANGE(router_max_num_seqs, 1, 65536);
 ABSL_FLAG(int64_t, router_generate_timeout_ms, 600000, "Router: deadline of one request on its decode worker.");
+KVMESH_FLAG_RANGE(router_generate_timeout_ms, 1, 86400000);
 ABSL_FLAG(int, router_max_attempts, 3,
           "Router: placements per request; a decode worker that cannot be reached before its first token costs "
           "one, and the request is placed again without it.");
+KVMESH_FLAG_RANGE(router_max_attempts, 1, 100);
 
 namespace kvmesh::cli {
 
@@ -45,7 +51,12 @@ int RunRouter(int argc, char** argv) {
                        "kvmesh router --scheduler HOST:PORT [--model DIR] [--host H --port P --grpc-port G]: the "
                        "cluster's front door (OpenAI-compatible REST and the kvmesh.v1.Inference gRPC API)",
                        // The front-door flags (--host, --port, --grpc-port, ...) are serve's.
-                       {"router_command", "serve_command", "serving_flags"});
+                       {"router_command", "serve_command", "serving_flags", router::kAdmissionFlagsFile,
+                        rpc::kTlsFlagsFile});
+  if (absl::Status s = rpc::ConfigureTransportSecurityFromFlags(); !s.ok()) {
+    std::fprintf(stderr, "kvmesh router: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   router::RouterOptions options;
   options.model_dir = ModelDirFlag();
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name);
@@ -62,6 +73,7 @@ int RunRouter(int argc, char** argv) {
   options.max_num_seqs = absl::GetFlag(FLAGS_router_max_num_seqs);
   options.generate_timeout_ms = absl::GetFlag(FLAGS_router_generate_timeout_ms);
   options.max_attempts = absl::GetFlag(FLAGS_router_max_attempts);
+  options.admission = router::AdmissionOptionsFromFlags(options.max_inflight_requests);
   if (options.scheduler_address.empty()) {
     std::fprintf(stderr, "kvmesh router: --scheduler is required\n");
     return 1;

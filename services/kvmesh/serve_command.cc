@@ -33,20 +33,26 @@
 #include "serving/openai_routes.h"
 #include "serving/openai_service.h"
 #include "serving/serving_metrics.h"
+#include "admission_flags.h"
+#include "core/flag_checks.h"
 
 ABSL_DECLARE_FLAG(std::string, served_model_name);  // serving_flags.cc
 ABSL_DECLARE_FLAG(int64_t, drain_timeout_ms);
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Address to listen on (0.0.0.0 for all interfaces).");
 ABSL_FLAG(int, port, 8000, "Port to listen on; 0 picks a free one (printed at start).");
+KVMESH_FLAG_RANGE(port, 0, 65535);
 ABSL_FLAG(std::string, api_keys, "", "Comma-separated API keys; when set, requests need 'Authorization: Bearer KEY'.");
 ABSL_FLAG(int, grpc_port, 50051,
           "gRPC port (kvmesh.v1.Inference + health + reflection) on --host; 0 picks a free one (printed at "
           "start), -1 disables gRPC.");
+KVMESH_FLAG_RANGE(grpc_port, -1, 65535);
 ABSL_FLAG(int, max_inflight_requests, 256,
           "Requests in flight before new ones get 429 (REST) / RESOURCE_EXHAUSTED (gRPC); each front door "
           "counts its own.");
+KVMESH_FLAG_RANGE(max_inflight_requests, 1, 1000000);
 ABSL_FLAG(int, http_threads, 2, "HTTP I/O threads.");
+KVMESH_FLAG_RANGE(http_threads, 1, 1024);
 
 namespace kvmesh::cli {
 namespace {
@@ -78,7 +84,7 @@ int RunServe(int argc, char** argv) {
                        "kvmesh serve [--model DIR] [--host H --port P --grpc-port G]: the OpenAI-compatible "
                        "server (REST) and the kvmesh.v1.Inference gRPC API with the continuous-batching engine "
                        "in one process",
-                       {"serve_command", "serving_flags", kEngineFlagsFile});
+                       {"serve_command", "serving_flags", kEngineFlagsFile, router::kAdmissionFlagsFile});
   auto loaded = LoadModelOffThread(/*quiet=*/false);
   if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
   engine::LlamaModel& model = *loaded->model;
@@ -121,6 +127,11 @@ int RunServe(int argc, char** argv) {
                 service_options.eos_token_ids.end()) {
     service_options.eos_token_ids.push_back(*id);
   }
+  // One admission path for both front doors (limits, rate limits, fair share).
+  auto admission = serving::AdmissionController::Create(
+      router::AdmissionOptionsFromFlags(service_options.max_inflight_requests));
+  if (!admission.ok()) return Fail(std::string(admission.status().message()));
+  service_options.admission = admission->get();
   serving::OpenAiService service(service_options, *loaded->tokenizer, chat_template, async_engine, metrics->get());
 
   // The gRPC front door, on the same engine. Declared before the server that runs it
@@ -128,7 +139,9 @@ int RunServe(int argc, char** argv) {
   serving::GrpcInferenceService grpc_service({.model_name = service_options.model_name,
                                               .max_model_len = max_model_len,
                                               .max_inflight_requests = service_options.max_inflight_requests,
-                                              .eos_token_ids = service_options.eos_token_ids},
+                                              .eos_token_ids = service_options.eos_token_ids,
+                                              .api_keys = service_options.api_keys,
+                                              .admission = admission->get()},
                                              *loaded->tokenizer, chat_template, async_engine, metrics->get());
   if (absl::GetFlag(FLAGS_grpc_port) > 65535 || absl::GetFlag(FLAGS_grpc_port) < -1) {
     return Fail("--grpc-port must be -1 (off), 0 (any free port) or a port number");
@@ -150,7 +163,7 @@ int RunServe(int argc, char** argv) {
     const std::string address =
         absl::StrCat(host.find(':') != std::string::npos ? absl::StrCat("[", host, "]") : host, ":", grpc_port);
     auto started = rpc::GrpcServer::Start(
-        {.address = address}, {{&grpc_service, v1::Inference::service_full_name()}});
+        {.address = address, .peers = rpc::PeerAuth::kClients}, {{&grpc_service, v1::Inference::service_full_name()}});
     if (started.ok()) {
       grpc_server = std::move(started).value();
       KVMESH_LOG(kInfo) << "grpc listening on " << grpc_server->address();

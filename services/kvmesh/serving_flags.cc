@@ -6,6 +6,8 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "core/flag_checks.h"
 
 ABSL_FLAG(std::string, served_model_name, "", "Model name clients use (default: the model directory's name).");
 ABSL_FLAG(int64_t, drain_timeout_ms, 30000, "On SIGTERM: how long running requests may take to finish.");
+KVMESH_FLAG_RANGE(drain_timeout_ms, 0, 86400000);

@@ -75,13 +75,19 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
                                                      request_.prompt_token_ids.end());
     for (const std::string& id : excluded_) attempt->request.add_exclude_worker_ids(id);
     rpc::SetTimeout(&attempt->context, source_.options_.place_timeout_ms);
+    bool aborted;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (aborted_) return FinishAborted();
-      ++attempts_;
-      current_context_ = &attempt->context;
-      place_attempts_.push_back(attempt);  // the context must outlive a racing Abort()
+      aborted = aborted_;
+      if (!aborted) {
+        ++attempts_;
+        current_context_ = &attempt->context;
+        place_attempts_.push_back(attempt);  // the context must outlive a racing Abort()
+      }
     }
+    // NOTE: FinishAborted() takes mu_ (Deliver): calling it with mu_ held deadlocked the
+    // gRPC thread and left the request in flight forever (an Abort racing a retry).
+    if (aborted) return FinishAborted();
     auto self = shared_from_this();
     source_.scheduler_->async()->Place(&attempt->context, &attempt->request, &attempt->response,
                                        [self, attempt](grpc::Status status) { self->OnPlaced(status, *attempt); });
@@ -183,10 +189,13 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
                                            source_.options_.generate_timeout_ms);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (aborted_) return FinishAborted();
-      current_context_ = &stream->context();
-      stream_ = stream;  // lives as long as this Call (see Abort)
+      aborted = aborted_;
+      if (!aborted) {
+        current_context_ = &stream->context();
+        stream_ = stream;  // lives as long as this Call (see Abort)
+      }
     }
+    if (aborted) return FinishAborted();  // outside mu_, as in Place()
     stream->Start();
   }
 

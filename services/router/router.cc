@@ -78,7 +78,11 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(const RouterOptions& optio
   source_options.max_attempts = options.max_attempts;
   r->source_ = std::make_unique<RemoteTokenSource>(source_options, r->router_metrics_.get());
 
+  serving::AdmissionOptions admission = options.admission;
+  admission.max_inflight_sequences = options.max_inflight_requests;
+  KVMESH_ASSIGN_OR_RETURN(r->admission_, serving::AdmissionController::Create(std::move(admission)));
   serving::OpenAiServiceOptions rest_options;
+  rest_options.admission = r->admission_.get();
   rest_options.model_name = r->model_name_;
   rest_options.max_model_len = max_model_len;
   rest_options.max_inflight_requests = options.max_inflight_requests;
@@ -90,7 +94,9 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(const RouterOptions& optio
       serving::GrpcInferenceServiceOptions{.model_name = r->model_name_,
                                            .max_model_len = max_model_len,
                                            .max_inflight_requests = options.max_inflight_requests,
-                                           .eos_token_ids = eos_token_ids},
+                                           .eos_token_ids = eos_token_ids,
+                                           .api_keys = options.api_keys,
+                                           .admission = r->admission_.get()},
       *r->tokenizer_, r->chat_template_, *r->source_, r->serving_metrics_.get());
 
   KVMESH_ASSIGN_OR_RETURN(r->http_server_, http::HttpServer::Create({.address = options.host,
@@ -104,7 +110,8 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(const RouterOptions& optio
     const std::string host =
         options.host.find(':') != std::string::npos ? absl::StrCat("[", options.host, "]") : options.host;
     KVMESH_ASSIGN_OR_RETURN(r->grpc_server_,
-                            rpc::GrpcServer::Start({.address = absl::StrCat(host, ":", options.grpc_port)},
+                            rpc::GrpcServer::Start({.address = absl::StrCat(host, ":", options.grpc_port),
+                                                    .peers = rpc::PeerAuth::kClients},
                                                    {{r->grpc_service_.get(), v1::Inference::service_full_name()}}));
     KVMESH_LOG(kInfo) << "router grpc listening on " << r->grpc_server_->address();
   }

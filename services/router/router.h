@@ -64,6 +64,7 @@ class Router {
   metrics::Registry registry_;
   std::unique_ptr<serving::ServingMetrics> serving_metrics_;
   std::unique_ptr<RouterMetrics> router_metrics_;
+  std::unique_ptr<serving::AdmissionController> admission_;  // shared by both front doors; outlives them
   std::unique_ptr<RemoteTokenSource> source_;
   std::unique_ptr<serving::OpenAiService> rest_service_;
   std::unique_ptr<serving::GrpcInferenceService> grpc_service_;

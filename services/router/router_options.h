@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "serving/admission_controller.h"
+
 namespace kvmesh::router {
 
 struct RouterOptions {
@@ -24,7 +26,11 @@ struct RouterOptions {
   // batch size, not a request limit — a worker queues beyond it (preempting under KV
   // pressure), and placement already steers away from workers whose heartbeats
   // report long queues or full KV caches.
+  // Sequences in flight (n x prompts of each request) over both front doors.
   int32_t max_inflight_requests = 256;
+  // Limits per request, per-key rate limits and fair share, over both front doors
+  // (max_inflight_sequences is set from max_inflight_requests).
+  serving::AdmissionOptions admission;
   int32_t http_threads = 2;
   int32_t max_num_seqs = 256;  // the largest n a request may ask for
   int64_t generate_timeout_ms = 600'000;

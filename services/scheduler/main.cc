@@ -27,24 +27,36 @@
 #include "metrics/registry.h"
 #include "metrics/text_format.h"
 #include "rpc/grpc_server.h"
+#include "rpc/tls_flags.h"
 #include "scheduler_metrics.h"
 #include "scheduler_options.h"
 #include "scheduler_service.h"
+#include "core/flag_checks.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50052", "Address of the gRPC server (host:port; port 0 picks a free port)");
+KVMESH_FLAG_ADDRESS(listen);
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000, "Heartbeat interval workers are told to use");
+KVMESH_FLAG_RANGE(heartbeat_interval_ms, 1, 3600000);
 ABSL_FLAG(int64_t, worker_ttl_ms, 5000, "A worker without a heartbeat for this long is dropped");
+KVMESH_FLAG_RANGE(worker_ttl_ms, 1, 86400000);
 ABSL_FLAG(int32_t, disaggregation_threshold_tokens, 256,
           "Prompts with fewer uncached tokens are prefilled on the decode worker (0: always disaggregate)");
+KVMESH_FLAG_RANGE(disaggregation_threshold_tokens, 0, 1 << 24);
 ABSL_FLAG(double, overlap_weight, 1.0, "Placement score weight of the cached prompt fraction");
+KVMESH_FLAG_RANGE(overlap_weight, 0, 1000);
 ABSL_FLAG(double, queue_weight, 0.5, "Placement score weight of pending requests / max_num_seqs");
+KVMESH_FLAG_RANGE(queue_weight, 0, 1000);
 ABSL_FLAG(double, kv_usage_weight, 0.5, "Placement score weight of KV-cache usage");
+KVMESH_FLAG_RANGE(kv_usage_weight, 0, 1000);
 ABSL_FLAG(double, overload_kv_usage, 0.95, "KV usage at which a worker counts as overloaded");
+KVMESH_FLAG_RANGE(overload_kv_usage, 0, 1);
 ABSL_FLAG(int64_t, shutdown_grace_ms, 5000, "On SIGTERM, how long running calls may take to finish");
+KVMESH_FLAG_RANGE(shutdown_grace_ms, 0, 86400000);
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 ABSL_FLAG(int, metrics_port, 0,
           "HTTP port of /metrics (Prometheus text) and /health, on --listen's host; 0 picks a free one (logged), "
           "-1 disables it");
+KVMESH_FLAG_RANGE(metrics_port, -1, 65535);
 
 namespace kvmesh::scheduler {
 namespace {
@@ -84,7 +96,12 @@ constexpr char kUsage[] =
 
 int Run(int argc, char** argv) {
   ParseServiceCommandLine(argc, argv,
-                          {.program = "kvmesh-scheduler", .usage = kUsage, .flags_path = "services/scheduler"});
+                          {.program = "kvmesh-scheduler", .usage = kUsage, .flags_path = "services/scheduler",
+                           .extra_flag_files = {rpc::kTlsFlagsFile}});
+  if (absl::Status s = rpc::ConfigureTransportSecurityFromFlags(); !s.ok()) {
+    std::fprintf(stderr, "kvmesh-scheduler: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   LogLevel level;
   if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
     std::fprintf(stderr, "kvmesh-scheduler: --log_level must be debug, info, warning or error\n");

@@ -1,7 +1,6 @@
 #include "worker/heartbeater.h"
 
 #include <chrono>
-#include <future>
 #include <vector>
 
 #include "core/logging.h"
@@ -12,11 +11,12 @@
 namespace kvmesh::worker {
 
 Heartbeater::Heartbeater(WorkerState& state, std::string scheduler, v1::RegisterRequest registration,
-                         WorkerHealth* health)
+                         WorkerHealth* health, int64_t engine_timeout_ms)
     : state_(state),
       health_(health),
       stub_(v1::Scheduler::NewStub(rpc::CreateChannel(scheduler))),
-      registration_(std::move(registration)) {
+      registration_(std::move(registration)),
+      engine_timeout_ms_(engine_timeout_ms) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -69,19 +69,29 @@ void Heartbeater::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       if (stopping_) return;
     }
+    // NOTE: collected even while unregistered, so that the engine's event queue does
+    // not grow while the scheduler is away; Register() asks for a snapshot of stored_.
+    const bool collected = CollectEngineState();
     if (!registered) registered = Register();
-    if (registered) registered = Beat();
+    if (registered && collected) registered = Beat();
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::milliseconds(registered ? interval_ms_ : 1000), [this] { return stopping_; });
   }
 }
 
-bool Heartbeater::Beat() {
-  auto promise = std::make_shared<std::promise<std::pair<engine::EngineStats, std::vector<kv::KvEvent>>>>();
-  auto future = promise->get_future();
-  state_.engine().Post([promise](engine::Engine& e) { promise->set_value({e.stats(), e.DrainKvEvents()}); });
-  if (future.wait_for(std::chrono::seconds(5)) != std::future_status::ready) return true;
-  auto [stats, events] = future.get();
+bool Heartbeater::CollectEngineState() {
+  if (!pending_.valid()) {
+    auto promise = std::make_shared<std::promise<EngineState>>();
+    pending_ = promise->get_future();
+    state_.engine().Post([promise](engine::Engine& e) { promise->set_value({e.stats(), e.DrainKvEvents()}); });
+  }
+  if (pending_.wait_for(std::chrono::milliseconds(engine_timeout_ms_)) != std::future_status::ready) {
+    KVMESH_LOG(kWarning) << "the engine did not answer the heartbeat in time; its events wait for the next one"
+                         << LogKv("timeout_ms", engine_timeout_ms_);
+    return false;
+  }
+  auto [stats, events] = pending_.get();  // leaves pending_ invalid: the next call posts again
+  stats_ = stats;
   for (const kv::KvEvent& event : events) {
     if (event.kind == kv::KvEvent::Kind::kStored) {
       stored_[{event.block_hash, event.tier}] = event;
@@ -89,6 +99,17 @@ bool Heartbeater::Beat() {
       stored_.erase({event.block_hash, event.tier});
     }
   }
+  if (!snapshot_) {
+    unsent_.insert(unsent_.end(), events.begin(), events.end());
+    // The deltas are only a shortcut: past the size of a snapshot, send the snapshot.
+    if (unsent_.size() > stored_.size() + 1024) snapshot_ = true;
+  }
+  if (snapshot_) unsent_.clear();
+  return true;
+}
+
+bool Heartbeater::Beat() {
+  const engine::EngineStats& stats = stats_;
   v1::HeartbeatRequest request;
   request.set_worker_id(registration_.worker_id());
   v1::WorkerLoad* load = request.mutable_load();
@@ -106,7 +127,7 @@ bool Heartbeater::Beat() {
     request.set_kv_events_snapshot(true);
     for (const auto& [key, event] : stored_) rpc::ToProto(event, request.add_kv_events());
   } else {
-    for (const kv::KvEvent& event : events) rpc::ToProto(event, request.add_kv_events());
+    for (const kv::KvEvent& event : unsent_) rpc::ToProto(event, request.add_kv_events());
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -116,14 +137,17 @@ bool Heartbeater::Beat() {
   rpc::SetTimeout(&context, 2000);
   v1::HeartbeatResponse response;
   const grpc::Status s = stub_->Heartbeat(&context, request, &response);
-  if (s.error_code() == grpc::StatusCode::NOT_FOUND) return false;
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) return false;  // Register() asks for a snapshot
   if (!s.ok()) {
-    // Events of a failed heartbeat are lost to the scheduler: resend everything next time.
+    // The scheduler may or may not have applied this heartbeat (a timeout does not
+    // say): resend everything next time, which is right either way.
     snapshot_ = true;
+    unsent_.clear();
     KVMESH_LOG(kWarning) << "heartbeat failed" << LogKv("status", s.error_message());
     return true;
   }
   snapshot_ = false;
+  unsent_.clear();
   return true;
 }
 

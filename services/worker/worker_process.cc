@@ -34,6 +34,8 @@
 #include "worker/worker_health.h"
 #include "worker/worker_service.h"
 #include "worker/worker_state.h"
+#include "core/flag_checks.h"
+#include "rpc/tls_flags.h"
 
 ABSL_DECLARE_FLAG(std::string, served_model_name);
 ABSL_DECLARE_FLAG(int, max_model_len);
@@ -41,15 +43,19 @@ ABSL_DECLARE_FLAG(int64_t, drain_timeout_ms);
 ABSL_DECLARE_FLAG(int, tensor_parallel_size);  // engine_flags.cc
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "Worker gRPC address (host:port; port 0 picks a free one, logged).");
+KVMESH_FLAG_ADDRESS(listen);
 ABSL_FLAG(std::string, advertise_address, "",
           "Address other services reach this worker at (default: the bound --listen address).");
+KVMESH_FLAG_ADDRESS(advertise_address);
 ABSL_FLAG(std::string, role, "both", "prefill, decode or both.");
 ABSL_FLAG(std::string, scheduler, "", "The scheduler's address (host:port); empty: run unregistered.");
+KVMESH_FLAG_ADDRESS(scheduler);
 ABSL_FLAG(std::string, worker_id, "", "Stable worker id (default: worker-<advertised address>).");
 ABSL_FLAG(int32_t, metrics_port, -1,
           "HTTP port serving /metrics (Prometheus text), /health (503 until registered and while draining) and "
           "/live; 0 picks a free one (logged as "
           "'worker metrics on http://...'); -1: off.");
+KVMESH_FLAG_RANGE(metrics_port, -1, 65535);
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "Address the /metrics port binds.");
 ABSL_FLAG(bool, kv_stream_layers, true,
           "Prefill side: push each layer's KV to the decode worker as soon as it is computed, overlapping the "
@@ -57,6 +63,7 @@ ABSL_FLAG(bool, kv_stream_layers, true,
 ABSL_FLAG(int64_t, kv_lease_timeout_ms, 30000,
           "Decode side: a remote prefill must deliver its KV within this; prefill side: pinned blocks are "
           "released after this.");
+KVMESH_FLAG_RANGE(kv_lease_timeout_ms, 1, 86400000);
 
 namespace kvmesh::worker {
 namespace {
@@ -87,7 +94,12 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
                    : absl::StrCat(process.program,
                                   " --role prefill|decode|both [--listen HOST:PORT] [--scheduler HOST:PORT]: "
                                   "one worker of the disaggregated cluster (kvmesh.v1.Worker over gRPC)");
-  cli::ParseSubcommandFlags(argc, argv, usage, {"worker_process", "serving_flags", cli::kEngineFlagsFile});
+  cli::ParseSubcommandFlags(argc, argv, usage,
+                            {"worker_process", "serving_flags", cli::kEngineFlagsFile, rpc::kTlsFlagsFile});
+  // Before any server or channel: every gRPC hop of this worker uses it.
+  if (absl::Status s = rpc::ConfigureTransportSecurityFromFlags(); !s.ok()) {
+    return Fail(process, std::string(s.message()));
+  }
   absl::StatusOr<v1::WorkerRole> role = ParseRole(absl::GetFlag(FLAGS_role));
   if (!role.ok()) return Fail(process, std::string(role.status().message()));
   if (process.role) {
@@ -123,7 +135,9 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
   std::unique_ptr<engine::ModelRunner> runner = std::move(built->runner);
   engine::EngineOptions options = built->options;
   const int32_t max_model_len = options.max_model_len;
-  options.kv.record_events = true;  // drained by every heartbeat
+  // Drained by every heartbeat; without a scheduler nothing would drain them and the
+  // engine's event queue would grow for as long as the worker runs.
+  options.kv.record_events = !absl::GetFlag(FLAGS_scheduler).empty();
   options.lease_timeout_ms = absl::GetFlag(FLAGS_kv_lease_timeout_ms);
   options.prefill_release_timeout_ms = absl::GetFlag(FLAGS_kv_lease_timeout_ms);
   auto created = engine::Engine::Create(options, *runner);
@@ -164,7 +178,6 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
   WorkerHealth health(/*needs_registration=*/!absl::GetFlag(FLAGS_scheduler).empty());
   std::unique_ptr<http::HttpServer> metrics_server;
   if (const int32_t port = absl::GetFlag(FLAGS_metrics_port); port >= 0) {
-    if (port > 65535) return Fail(process, "--metrics_port must be in [0, 65535] (or -1: off)");
     auto created_server = http::HttpServer::Create(
         {.address = absl::GetFlag(FLAGS_metrics_host), .port = static_cast<uint16_t>(port), .num_threads = 1});
     if (!created_server.ok()) return Fail(process, std::string(created_server.status().message()));

@@ -144,3 +144,22 @@ def test_bad_flag_values_are_rejected():
         proc = run("generate", "--prompt", "hi", *args, check=False)
         assert proc.returncode != 0, args
         assert proc.stderr.strip(), args
+
+
+@pytest.mark.parametrize("args, message", [
+    (["serve", "--port", "80000"], "--port=80000 is out of range [0, 65535]"),
+    (["serve", "--grpc-port", "-2"], "--grpc_port=-2 is out of range [-1, 65535]"),
+    (["generate", "--prompt", "x", "--top-p", "1.5"], "--top_p=1.5 is out of range [0, 1]"),
+    (["worker", "--listen", "127.0.0.1:99999"], "--listen: address \"127.0.0.1:99999\": port 99999 is out of range"),
+])
+def test_out_of_range_flags_are_refused_naming_the_flag(args, message):
+    # These used to wrap at 65536 (port 80000 listened on 14464) or pass unchecked.
+    proc = run(*args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+
+
+def test_out_of_range_environment_defaults_are_refused_too():
+    proc = run("serve", check=False, env=dict(os.environ, KVMESH_PORT="65536"))
+    assert proc.returncode == 2
+    assert "--port=65536 is out of range" in proc.stderr

@@ -355,3 +355,18 @@ def test_promtool_accepts_the_scheduler_and_router_metrics(cluster):
     assert _metric(scheduler, "kvmesh_scheduler_prefix_index_blocks") > 0
     assert _metric(router, "kvmesh_time_to_first_token_seconds_count") > 0
     assert _metric(router, "kvmesh_router_retries_total") is not None
+
+
+@pytest.mark.parametrize("binary, args, message", [
+    ("scheduler", ["--listen", "127.0.0.1:99999"], "--listen: address \"127.0.0.1:99999\": port 99999 is out of range"),
+    ("scheduler", ["--overload-kv-usage", "2"], "--overload_kv_usage=2 is out of range [0, 1]"),
+    ("router", ["--scheduler", "127.0.0.1:1", "--port", "80000"], "--port=80000 is out of range [0, 65535]"),
+])
+def test_service_binaries_refuse_out_of_range_flags(binary, args, message):
+    # kvmesh-scheduler --listen 127.0.0.1:99999 used to listen on 34463.
+    path = SCHEDULER if binary == "scheduler" else ROUTER
+    if not path:
+        pytest.skip("kvmesh-router not built")
+    proc = subprocess.run([path, *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr

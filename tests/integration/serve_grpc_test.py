@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+import urllib.error
 
 import pytest
 
@@ -464,3 +465,61 @@ def test_grpc_port_minus_one_disables_grpc():
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+# ---- API keys and admission, shared with REST ----
+
+def test_api_keys_are_checked_on_the_grpc_api_as_on_rest():
+    s = Server("--api-keys", "secret1,secret2")
+    try:
+        with pytest.raises(grpc.RpcError) as missing:
+            generate(s, text="hi", sampling=greedy(2))
+        assert missing.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as wrong:
+            list(s.stub.Generate(pb.GenerateRequest(text="hi", sampling=greedy(2)), timeout=RPC_TIMEOUT_S,
+                                 metadata=[("authorization", "Bearer secret3")]))
+        assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as models:
+            s.stub.ListModels(pb.ListModelsRequest(), timeout=RPC_TIMEOUT_S)
+        assert models.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        rs = list(s.stub.Generate(pb.GenerateRequest(text="hi", sampling=greedy(2)), timeout=RPC_TIMEOUT_S,
+                                  metadata=[("authorization", "Bearer secret2")]))
+        assert sum(len(r.token_ids) for r in rs) == 2
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_per_key_rate_limit_answers_resource_exhausted_with_retry_after():
+    # One request per key, refilled at one per 1000 s: the second is refused, on either door.
+    s = Server("--api-keys", "k1,k2", "--key-requests-per-s", "0.001", "--key-request-burst", "1")
+    try:
+        auth = lambda key: [("authorization", f"Bearer {key}")]
+        list(s.stub.Generate(pb.GenerateRequest(text="hi", sampling=greedy(2)), timeout=RPC_TIMEOUT_S,
+                             metadata=auth("k1")))
+        with pytest.raises(grpc.RpcError) as limited:
+            list(s.stub.Generate(pb.GenerateRequest(text="hi", sampling=greedy(2)), timeout=RPC_TIMEOUT_S,
+                                 metadata=auth("k1")))
+        assert limited.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        trailers = dict(limited.value.trailing_metadata() or ())
+        assert int(trailers["retry-after"]) >= 1
+        # The REST door shares the bucket: k1 is limited there too, k2 is not.
+        req = urllib.request.Request(f"http://127.0.0.1:{s.port}/v1/completions",
+                                     data=json.dumps({"prompt": "hi", "max_tokens": 2}).encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": "Bearer k1"})
+        with pytest.raises(urllib.error.HTTPError) as rest_limited:
+            urllib.request.urlopen(req, timeout=RPC_TIMEOUT_S)
+        assert rest_limited.value.code == 429
+        assert int(rest_limited.value.headers["Retry-After"]) >= 1
+        assert json.loads(rest_limited.value.read())["error"]["type"] == "rate_limit_error"
+        rs = list(s.stub.Generate(pb.GenerateRequest(text="hi", sampling=greedy(2)), timeout=RPC_TIMEOUT_S,
+                                  metadata=auth("k2")))
+        assert sum(len(r.token_ids) for r in rs) == 2
+    finally:
+        assert s.stop() == 0
+
+
+def test_stop_string_limits_are_invalid_argument(server):
+    with pytest.raises(grpc.RpcError) as error:
+        generate(server, text="hi", sampling=greedy(2, stop=["x" * 300]))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sampling.stop[0]" in error.value.details()

@@ -104,6 +104,20 @@ def test_completion(client):
     assert isinstance(r.choices[0].text, str) and r.choices[0].text
 
 
+def test_ids_are_unique_and_created_is_the_request_time(client):
+    before = int(time.time())
+    first = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=2)
+    second = client.completions.create(model="tiny-llama", prompt="hi", max_tokens=2)
+    after = int(time.time())
+    # 128 random bits, not a counter that restarts from 1 with the process.
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{32}", first.id), first.id
+    assert re.fullmatch(r"cmpl-[0-9a-f]{32}", second.id), second.id
+    assert first.id[len("chatcmpl-"):] != second.id[len("cmpl-"):]
+    for r in (first, second):
+        assert before <= r.created <= after, (r.created, before, after)
+
+
 def test_greedy_completion_matches_the_cli(client):
     prompt = "Paged attention stores keys and values"
     r = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=20, temperature=0,
@@ -251,6 +265,10 @@ BAD_REQUESTS = [
     ("/v1/completions", json.dumps({"prompt": "word " * 9000, "max_tokens": 4}), 400, None),
     ("/v1/completions", json.dumps({"prompt": [10 ** 7], "max_tokens": 4}), 400, None),
     ("/v1/completions", b'{"prompt": "\xff\xfe bad utf8"}', 400, None),
+    # Admission limits (defaults: 256 prompts, stop strings of at most 256 bytes).
+    ("/v1/completions", json.dumps({"prompt": ["x"] * 257, "max_tokens": 1}), 400, "prompt"),
+    ("/v1/completions", json.dumps({"prompt": "x", "stop": ["y" * 257]}), 400, "stop[0]"),
+    ("/v1/completions", json.dumps({"prompt": ["x"] * 3, "n": 100}), 400, "n"),
     ("/v1/chat/completions", json.dumps({"model": "tiny-llama"}), 400, "messages"),
     ("/v1/chat/completions", json.dumps({"messages": []}), 400, "messages"),
     ("/v1/chat/completions", json.dumps({"messages": [{"role": "user"}]}), 400, None),

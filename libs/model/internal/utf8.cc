@@ -79,6 +79,15 @@ char32_t DecodeUtf8(std::string_view s, size_t* pos) {
     *pos = p + 1;
     return b0;
   }
+  // NOTE: invalid or truncated input is U+FFFD over its maximal invalid subpart (as
+  // ToValidUtf8), never a read past the end: callers such as the chat template's trim
+  // see raw request text (found by tests/fuzz/chat_template_fuzz: a message ending in a
+  // lone lead byte read one byte past the string).
+  size_t bad = 0;
+  if (ValidSequenceLength(s, p, &bad) == 0) {
+    *pos = p + (bad > 0 ? bad : 1);
+    return 0xFFFD;
+  }
   if (b0 < 0xE0) {
     *pos = p + 2;
     return ((b0 & 0x1F) << 6) | (byte(p + 1) & 0x3F);

@@ -24,7 +24,8 @@ bool IsValidUtf8(std::string_view s);
 // `s` with every maximal invalid subpart replaced by U+FFFD.
 std::string ToValidUtf8(std::string_view s);
 
-// Decodes the code point at s[*pos] of valid UTF-8 and advances *pos.
+// Decodes the code point at s[*pos] and advances *pos; an invalid or truncated
+// sequence decodes as U+FFFD and advances past its maximal invalid subpart.
 char32_t DecodeUtf8(std::string_view s, size_t* pos);
 
 // Length in bytes of the UTF-8 sequence whose lead byte is `lead` (valid input).

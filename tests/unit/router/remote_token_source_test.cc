@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "metrics/registry.h"
 #include "router_metrics.h"
 #include "rpc/grpc_server.h"
@@ -277,6 +278,34 @@ TEST_F(RemoteTokenSourceTest, AbortCancelsTheWorkersStreamAndEndsWithAbort) {
   EXPECT_EQ(source.num_inflight(), 0);
   // A cancellation is the client's doing, not an upstream error.
   EXPECT_EQ(registry_.Exposition().find("kvmesh_router_upstream_errors_total{"), std::string::npos);
+}
+
+// Regression: an Abort racing a retry (Place() again after an unreachable decode
+// worker) or a placement's answer made the call finish under its own lock, which
+// deadlocked the gRPC thread and left the request in flight forever (seen as a router
+// drain waiting on "inflight=1" after a worker died). Every request, aborted at any
+// point, must end and leave nothing in flight.
+TEST_F(RemoteTokenSourceTest, RequestsAbortedAtAnyPointAllEndAndLeaveNothingInFlight) {
+  Start({{"dead", ClosedAddress()}, {"w", ""}});
+  RemoteTokenSource source(Options(scheduler_server_->address()), metrics_.get());
+  constexpr int kRequests = 60;
+  std::vector<std::unique_ptr<Outputs>> outputs;
+  for (int i = 0; i < kRequests; ++i) {
+    outputs.push_back(std::make_unique<Outputs>());
+    const std::string id = absl::StrCat("r", i);  // (not "r" + to_string: GCC 12 -Wrestrict false positive)
+    ASSERT_TRUE(source.Submit(Request(id, *outputs.back())).ok());
+    // Abort at spread-out points: at once, during the placement, during the retry.
+    if (i % 3 != 2) {
+      if (i % 3 == 1) std::this_thread::sleep_for(std::chrono::microseconds(200 * (i % 10)));
+      source.Abort(id);
+    }
+  }
+  for (auto& o : outputs) {
+    auto future = o->final.get_future();
+    ASSERT_EQ(future.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  }
+  EXPECT_TRUE(source.WaitIdle(5000));
+  EXPECT_EQ(source.num_inflight(), 0);
 }
 
 TEST_F(RemoteTokenSourceTest, DrainingRefusesNewRequestsAndDuplicateIdsAreRejected) {

@@ -47,6 +47,14 @@ TEST(GrpcServerTest, RejectsNoServicesAndEmptyAddress) {
   EXPECT_EQ(GrpcServer::Start({.address = ""}, {{&service, ""}}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(GrpcServerTest, RefusesAPortBeyond65535InsteadOfWrappingIt) {
+  EmptyScheduler service;
+  // 99999 would be narrowed to 34463 by gRPC.
+  const absl::Status s = GrpcServer::Start({.address = "127.0.0.1:99999"}, {{&service, ""}}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("port 99999 is out of range"), std::string::npos) << s;
+}
+
 TEST(GrpcServerTest, ReplacePort) {
   EXPECT_EQ(ReplacePort("0.0.0.0:0", 123), "0.0.0.0:123");
   EXPECT_EQ(ReplacePort("[::]:0", 9), "[::]:9");
