@@ -3,6 +3,11 @@
 // expected renderings the tests compare against).
 #include "model/chat_template.h"
 
+#include <optional>
+
+#include "model/gguf_file.h"
+#include "model/gguf_tokenizer.h"
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
@@ -107,6 +112,11 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromJinja(const std::string& jinja) {
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDirectory(const std::string& model_dir) {
+  if (IsGgufPath(model_dir)) {
+    KVMESH_ASSIGN_OR_RETURN(const std::optional<std::string> jinja, GgufChatTemplate(model_dir));
+    if (!jinja) return absl::NotFoundError(absl::StrCat(model_dir, ": no tokenizer.chat_template"));
+    return FromJinja(*jinja);
+  }
   const std::string path = JoinPath(model_dir, "tokenizer_config.json");
   KVMESH_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   std::string jinja;
