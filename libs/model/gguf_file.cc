@@ -75,13 +75,13 @@ class Cursor {
   uint64_t pos() const { return pos_; }
   uint64_t remaining() const { return bytes_.size() - pos_; }
 
-  absl::Status Truncated(std::string_view what, uint64_t need) const {
+  absl::Status Truncated(const std::string& what, uint64_t need) const {
     return absl::DataLossError(absl::StrCat(path_, ": truncated: ", what, " needs ", need, " bytes at offset ", pos_,
                                             " but the file has ", bytes_.size(), " bytes"));
   }
 
   template <typename T>
-  absl::StatusOr<T> Read(std::string_view what) {
+  absl::StatusOr<T> Read(const std::string& what) {
     if (remaining() < sizeof(T)) return Truncated(what, sizeof(T));
     T v;
     std::memcpy(&v, bytes_.data() + pos_, sizeof(T));
@@ -89,7 +89,7 @@ class Cursor {
     return v;
   }
 
-  absl::StatusOr<std::string> ReadString(std::string_view what) {
+  absl::StatusOr<std::string> ReadString(const std::string& what) {
     KVMESH_ASSIGN_OR_RETURN(const uint64_t len, Read<uint64_t>(what));
     if (len > remaining()) {
       return absl::DataLossError(absl::StrCat(path_, ": ", what, ": string length ", len, " at offset ", pos_ - 8,
@@ -183,7 +183,7 @@ absl::Status ReadArray(Cursor& c, GgufValue* out, const std::string& path, const
   return absl::OkStatus();
 }
 
-absl::Status ErrnoStatus(int err, const std::string& path, std::string_view what) {
+absl::Status ErrnoStatus(int err, const std::string& path, const std::string& what) {
   const std::string message = absl::StrCat(path, ": ", what, ": ", std::strerror(err));
   if (err == ENOENT || err == ENOTDIR) return absl::NotFoundError(message);
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
@@ -401,7 +401,7 @@ const GgufTensorInfo* GgufFile::FindTensor(const std::string& name) const {
 }
 
 namespace {
-absl::Status Mistyped(const std::string& path, const std::string& key, std::string_view want, const GgufValue& v) {
+absl::Status Mistyped(const std::string& path, const std::string& key, const std::string& want, const GgufValue& v) {
   std::string got = TypeName(v.type);
   if (v.type == GgufValue::Type::kArray) got = absl::StrCat("array of ", TypeName(v.array_type));
   return absl::InvalidArgumentError(absl::StrCat(path, ": metadata key '", key, "' must be ", want, ", got ", got));

@@ -14,7 +14,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
-absl::Status KeyError(const GgufFile& f, const std::string& key, std::string_view what) {
+absl::Status KeyError(const GgufFile& f, const std::string& key, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(f.path(), ": metadata key '", key, "' ", what));
 }
 

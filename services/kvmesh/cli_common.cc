@@ -25,7 +25,8 @@
 #include "core/status_macros.h"
 
 ABSL_FLAG(std::string, model, KVMESH_DEFAULT_MODEL_DIR,
-          "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). "
+          "Hugging Face model directory (config.json, *.safetensors, tokenizer.json), or a llama-family "
+          ".gguf file (dequantized to bf16 at load). "
           "Default: the embedded tiny model.");
 ABSL_FLAG(std::string, backend, "cpu", "Backend for the model ops: cpu or reference (the slow scalar oracle).");
 ABSL_FLAG(std::string, device, "cpu",
