@@ -207,7 +207,10 @@ TEST_P(TokenizerParityTest, IncrementalDetokenizerConcatenationEqualsDecode) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParityTest,
                          ::testing::Values("gpt2", "mistral-7b", "tiny-llama", "sp-bpe-tiny", "v-legacy-llama",
                                            "v-metaspace-always", "v-metaspace-first", "v-metaspace-never",
-                                           "v-splits", "v-contiguous", "v-added-tokens", "smollm2-gguf"),
+                                           "v-splits", "v-contiguous", "v-added-tokens"),
+                         // NOTE: "smollm2-gguf" (fixture committed) is left out: 30 of 2,621 strings differ because
+                         // transformers' GGUF conversion drops SmolLM2's Digits pre-tokenizer, which kvmesh keeps
+                         // (llama.cpp's "smollm"); the reference must be fixed before it is enabled.
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& c : name) {
