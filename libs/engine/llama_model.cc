@@ -23,15 +23,24 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
   };
   std::unique_ptr<LlamaModel> model(new LlamaModel(backend));
   model->model_dir_ = model_dir;
-  progress("config", 0, 1);
-  KVMESH_ASSIGN_OR_RETURN(model->config_, model::LoadModelConfig(model_dir));
-  progress("config", 1, 1);
-  progress("weights", 0, 1);
-  KVMESH_ASSIGN_OR_RETURN(model->store_, model::SafetensorsStore::Open(model_dir));
+  model::ModelWeights full;
+  if (model::IsGgufPath(model_dir)) {
+    // A GGUF file: config and tokenizer from its metadata, weights dequantized to bf16.
+    progress("weights", 0, 1);
+    KVMESH_ASSIGN_OR_RETURN(model->gguf_, model::LoadGgufModel(model_dir));
+    model->config_ = model->gguf_->config;
+    full = model->gguf_->weights;
+  } else {
+    progress("config", 0, 1);
+    KVMESH_ASSIGN_OR_RETURN(model->config_, model::LoadModelConfig(model_dir));
+    progress("config", 1, 1);
+    progress("weights", 0, 1);
+    KVMESH_ASSIGN_OR_RETURN(model->store_, model::SafetensorsStore::Open(model_dir));
+    KVMESH_ASSIGN_OR_RETURN(full, model::BindModelWeights(model->config_, *model->store_));
+  }
   KVMESH_ASSIGN_OR_RETURN(model->shard_,
                           model::ComputeTensorParallelShard(model->config_, options.tensor_parallel_rank,
                                                             options.tensor_parallel_size));
-  KVMESH_ASSIGN_OR_RETURN(const model::ModelWeights full, model::BindModelWeights(model->config_, *model->store_));
   // Views of this rank's slice of the mmap: packing below reads only those bytes.
   model->weights_ = model::ShardModelWeights(full, model->config_, model->shard_);
   progress("weights", 1, 1);

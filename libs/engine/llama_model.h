@@ -1,7 +1,7 @@
 // LlamaModel: a loaded Llama-family decoder (Llama 2/3, Mistral, Qwen2) and its
 // forward pass through the backend ops.
 //
-// Loading maps the safetensors (no copy), checks every tensor against the
+// Loading maps the safetensors (no copy; a .gguf file is dequantized to bf16), checks every tensor against the
 // config, and asks the backend to pack the linear layers once (q/k/v fused into
 // one GEMM, gate/up into another). Forward() runs a chunk of one sequence's
 // tokens against its dense KV cache; the paged, batched runner reuses the same
@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "backend/ops.h"
 #include "engine/dense_kv_cache.h"
+#include "model/gguf_model.h"
 #include "model/model_config.h"
 #include "model/model_weights.h"
 #include "model/safetensors.h"
@@ -101,7 +102,8 @@ class LlamaModel {
   std::string model_dir_;
   model::ModelConfig config_;
   model::TensorParallelShard shard_;
-  std::unique_ptr<model::SafetensorsStore> store_;
+  std::unique_ptr<model::SafetensorsStore> store_;  // safetensors: the mapped files
+  std::unique_ptr<model::GgufModel> gguf_;          // GGUF: the dequantized weights
   model::ModelWeights weights_;
   std::vector<PackedLayer> layers_;
   std::unique_ptr<backend::PackedLinear> lm_head_;

@@ -205,6 +205,8 @@ void ParseSampling(const Json& obj, bool chat, SamplingFields* out) {
     if (!lb->is_object()) Fail("logit_bias", "'logit_bias' must be an object");
     if (!lb->empty()) Fail("logit_bias", "'logit_bias' is not supported");
   }
+  // vLLM's extension; the gRPC API refuses it too (rpc/sampling_conversions.cc).
+  if (Field(obj, "prompt_logprobs") != nullptr) Fail("prompt_logprobs", "'prompt_logprobs' is not supported");
   if (const Json* rf = Field(obj, "response_format")) {
     if (!rf->is_object()) Fail("response_format", "'response_format' must be an object");
     const Json* type = Field(*rf, "type");

@@ -1,6 +1,12 @@
 #include "model/chat_template.h"
 
 #include <ctime>
+#include <optional>
+
+#include "model/gguf_file.h"
+#include "model/gguf_tokenizer.h"
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "core/file_util.h"
@@ -120,6 +126,11 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromName(const std::string& name) {
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromModelDirectory(const std::string& model_dir) {
+  if (IsGgufPath(model_dir)) {
+    KVMESH_ASSIGN_OR_RETURN(const std::optional<std::string> jinja, GgufChatTemplate(model_dir));
+    if (!jinja) return absl::NotFoundError(absl::StrCat(model_dir, ": no tokenizer.chat_template"));
+    return FromJinja(*jinja);
+  }
   const std::string path = JoinPath(model_dir, "tokenizer_config.json");
   ChatTemplateTokens tokens;
   json root = json::object();

@@ -8,6 +8,8 @@
 #include "absl/strings/str_join.h"
 #include "core/file_util.h"
 #include "core/status_macros.h"
+#include "model/gguf_file.h"
+#include "model/gguf_model.h"
 #include "nlohmann/json.hpp"
 
 namespace kvmesh::model {
@@ -299,6 +301,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  if (IsGgufPath(model_dir)) return LoadGgufModelConfig(model_dir);
   const std::string path = JoinPath(model_dir, "config.json");
   KVMESH_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
   return ParseModelConfig(text, path);

@@ -57,7 +57,8 @@ struct ModelConfig {
 // or an unsupported architecture.
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text, const std::string& path);
 
-// Reads <model_dir>/config.json.
+// Reads <model_dir>/config.json, or the metadata of a GGUF file (a path ending
+// in .gguf, see gguf_model.h).
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);
 
 }  // namespace kvmesh::model

@@ -1,6 +1,9 @@
 // Tokenizer factories: tokenizer.json, tokenizer.model, a model directory.
 #include "model/tokenizer.h"
 
+#include "model/gguf_file.h"
+#include "model/gguf_tokenizer.h"
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
@@ -95,6 +98,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromSentencePieceModel(con
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDirectory(const std::string& model_dir) {
+  if (IsGgufPath(model_dir)) return LoadGgufTokenizer(model_dir);
   KVMESH_ASSIGN_OR_RETURN(TokenizerConfig config, ReadTokenizerConfig(JoinPath(model_dir, "tokenizer_config.json")));
   std::unique_ptr<internal::PipelineTokenizer> tokenizer;
   const std::string json_path = JoinPath(model_dir, "tokenizer.json");

@@ -26,7 +26,8 @@
 #include "core/flag_checks.h"
 
 ABSL_FLAG(std::string, model, KVMESH_DEFAULT_MODEL_DIR,
-          "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). "
+          "Hugging Face model directory (config.json, *.safetensors, tokenizer.json), or a llama-family "
+          ".gguf file (dequantized to bf16 at load). "
           "Default: the embedded tiny model.");
 ABSL_FLAG(std::string, chat_template, "",
           "A Jinja chat template file (or llama3, chatml, mistral) used instead of the model's own.");

@@ -76,6 +76,8 @@ std::vector<BadCase> BadCases() {
       {"echo_true", false, R"({"prompt": "x", "echo": true})", 400, "echo"},
       {"suffix_set", false, R"({"prompt": "x", "suffix": "tail"})", 400, "suffix"},
       {"logit_bias_set", false, R"({"prompt": "x", "logit_bias": {"50256": -100}})", 400, "logit_bias"},
+      {"prompt_logprobs_set", false, R"({"prompt": "x", "prompt_logprobs": 1})", 400, "prompt_logprobs"},
+      {"chat_prompt_logprobs_set", true, R"({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 0})", 400, "prompt_logprobs"},
       {"response_format_json", true, R"({"messages":[{"role":"user","content":"x"}], "response_format": {"type": "json_object"}})", 400, "response_format.type"},
       {"missing_messages", true, R"({"model": "m"})", 400, "messages"},
       {"messages_not_array", true, R"({"messages": "hi"})", 400, "messages"},

