@@ -60,15 +60,22 @@ struct StepProfile {
 
 StepProfile Profile(engine::LlamaModel& model, backend::TimingBackend& timing, DType kv_dtype, int batch,
                     int input_len, int steps) {
-  // Whole contexts of every request, with a block of slack each (1).
-  const int32_t block = kv::kDefaultBlockSizeTokens;
-  const int32_t blocks_per_request = (input_len + steps + 8 + block - 1) / block + 1;
-  auto runner = engine::PagedModelRunner::Create(
-      model, {.num_blocks = batch * blocks_per_request + 16, .kv_cache_dtype = kv_dtype});
-  if (!runner.ok()) Die(runner.status());
+  // Requests admitted first decode while the others still prefill (chunked prefill
+  // runs max_num_batched_tokens per step), so each may generate up to that many steps
+  // more than the timed ones before the last starts: max_tokens covers them, so that
+  // no request finishes inside the timed steps.
   engine::EngineOptions options;
   options.max_model_len = static_cast<int32_t>(model.config().max_position_embeddings);
   options.scheduler.max_num_seqs = std::max(options.scheduler.max_num_seqs, batch);
+  const int64_t prefill_steps =
+      (int64_t{batch} * input_len + options.scheduler.max_num_batched_tokens - 1) / options.scheduler.max_num_batched_tokens;
+  const int32_t max_tokens = static_cast<int32_t>(steps + 8 + 2 * prefill_steps + batch);
+  // Whole contexts of every request, with a block of slack each (1).
+  const int32_t block = kv::kDefaultBlockSizeTokens;
+  const int32_t blocks_per_request = (input_len + max_tokens + block - 1) / block + 1;
+  auto runner = engine::PagedModelRunner::Create(
+      model, {.num_blocks = batch * blocks_per_request + 16, .kv_cache_dtype = kv_dtype});
+  if (!runner.ok()) Die(runner.status());
   auto engine = engine::Engine::Create(options, **runner);
   if (!engine.ok()) Die(engine.status());
   std::mt19937_64 rng(7);
@@ -77,7 +84,7 @@ StepProfile Profile(engine::LlamaModel& model, backend::TimingBackend& timing, D
     r.request_id = absl::StrCat("r", i);
     for (int j = 0; j < input_len; ++j) r.prompt_token_ids.push_back(static_cast<int32_t>(rng() % 4000));
     r.sampling_params.temperature = 0.0f;
-    r.sampling_params.max_tokens = steps + 8;
+    r.sampling_params.max_tokens = max_tokens;
     r.sampling_params.ignore_eos = true;
     if (auto s = (*engine)->AddRequest(std::move(r)); !s.ok()) Die(s);
   }
