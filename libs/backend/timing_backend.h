@@ -58,6 +58,7 @@ class TimingBackend final : public Backend {
 
   std::string_view name() const override { return inner_.name(); }
   bool uses_host_memory() const override { return inner_.uses_host_memory(); }
+  absl::Status TakeError() override { return inner_.TakeError(); }
   const std::array<OpTotals, static_cast<int>(OpKind::kCount)>& Totals() const { return totals_; }
   void Reset() { totals_ = {}; }
 

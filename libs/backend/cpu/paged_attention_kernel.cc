@@ -65,7 +65,7 @@ constexpr int64_t kMinTileTokens = 32;  // a tile is the fewest whole blocks hol
 constexpr int64_t kPartitionTokens = 512;  // softmax partition (step 4), rounded up to whole tiles
 constexpr int64_t kItemsPerThread = 8;     // split-K until the batch has this many items per thread
 constexpr int kMaxQueryVectors = 32;    // (row, head) pairs per work item
-constexpr int64_t kPrefetchTiles = 1;  // how far ahead K/V tiles are prefetched
+constexpr int64_t kPrefetchTiles = 2;  // how far ahead K/V tiles are prefetched (DRAM-resident KV)
 constexpr int kQkRows = 4;              // query vectors per pass of the score kernel
 #if defined(KVMESH_CPU_AVX512)
 constexpr int kPvRows = 6;  // query vectors whose accumulators stay in registers
