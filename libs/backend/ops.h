@@ -1,14 +1,37 @@
 // The backend interface: every numeric operation the engine runs, implemented
-// by reference/ (scalar oracle), cpu/ (AVX-512/AVX2 + OpenMP) and later cuda/.
+// by reference/ (scalar oracle), cpu/ (AVX-512/AVX2 + OpenMP) and cuda/ (kernels/
+// and cuBLAS on one stream).
 //
 // Conventions for all ops:
-//  - Activations are f32, contiguous, row-major, on the backend's device.
+//  - Activations are f32, contiguous, row-major, in the backend's memory
+//    (uses_host_memory(): host for reference/cpu, device for cuda).
 //  - Weights arrive as TensorViews over the model's storage (f32, bf16 or f16),
 //    in Hugging Face layout; a backend may repack them once (PackLinear).
 //  - Shapes are given outermost first; T = tokens in the batch, H = query heads,
 //    Hkv = KV heads, D = head_dim, S = cached positions.
-//  - Ops do not fail on well-formed arguments; shape errors are programmer
-//    errors and are checked by the engine before it calls in.
+//
+// Error contract (one for every op and every backend):
+//  1. Preconditions written on an op (shapes, dtypes, index ranges) are the
+//     caller's to keep: the engine validates requests and batches before it calls
+//     in (engine/step_metadata.h). Breaking one is a programmer error; a backend
+//     that can check it on the host stops the process with the failed check (cpu),
+//     and never reads or writes out of bounds silently where it checks.
+//  2. Failures that well-formed arguments can still meet at run time (a device
+//     launch or allocation failing) never abort: the backend keeps the FIRST such
+//     error, skips the ops after it, and TakeError() returns and clears it. Every
+//     runner calls TakeError() once per step, after its last op and before it reads
+//     any result, and fails the step with that status. Host backends never have
+//     such failures: their TakeError() is always OK.
+//  3. Ops that return a Status (PackLinear) report their errors there instead.
+//
+// Ordering contract: ops run in call order. Host backends finish each op before it
+// returns; a device backend may only enqueue it on its one stream, so the caller
+// must synchronize (its runner does) before reading device results on the host.
+//
+// Thread-safety: a Backend is driven by one thread at a time (the engine loop, or
+// one tensor-parallel rank's thread with a backend of its own); its ops may use a
+// team of worker threads internally. PackedLinear objects are immutable once packed
+// and may be read by any thread.
 //
 // The engine never includes a backend's own headers: it holds a Backend&.
 #pragma once
@@ -18,6 +41,7 @@
 #include <span>
 #include <string_view>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/tensor_view.h"
 
@@ -62,6 +86,10 @@ class Backend {
   // host-side runners (LlamaModel::Forward, PagedModelRunner) need host memory.
   virtual bool uses_host_memory() const { return true; }
 
+  // The first run-time failure since the last call (clause 2 of the error contract),
+  // and clears it; OK if none. Host backends: always OK.
+  virtual absl::Status TakeError() { return absl::OkStatus(); }
+
   // Packs one linear layer from `parts` concatenated along the output dimension
   // (e.g. q/k/v or gate/up fused into one GEMM). parts[i]: [N_i, K], all the same
   // K and dtype (f32, bf16 or f16). `biases` is empty or holds one [N_i] view per
@@ -102,7 +130,10 @@ class Backend {
                               std::span<const int32_t> positions, float scale, const TensorView& out) = 0;
 
   // --- Paged KV (docs/architecture.md §2). One layer's cache is kv_cache:
-  // [num_blocks, 2 (K, V), Hkv, B, D] f32, each block contiguous (kv/kv_layout.h).
+  // [num_blocks, 2 (K, V), Hkv, B, D], each block contiguous (kv/kv_layout.h); K of a
+  // block head is stored [D][B] and V [B][D] (kv_layout.h). Element type f32 or bf16
+  // on every backend (cuda also fp8 e4m3); K/V are written rounded to it and widened
+  // exactly to f32 when read.
 
   // Writes token t's key and value into cache slot slots[t] (= block * B + offset).
   // k, v: [T, Hkv, D] f32; slots: [T], each < num_blocks * B.

@@ -20,17 +20,26 @@ std::string_view OpKindName(OpKind kind) {
   return "?";
 }
 
+int64_t PagedAttentionKvBytes(const TensorView& kv_cache, const PagedAttentionBatch& batch) {
+  // kv_cache: [num_blocks, 2, Hkv, B, D].
+  const int64_t per_position = 2 * kv_cache.shape[2] * kv_cache.shape[4] * DTypeSize(kv_cache.dtype);
+  int64_t positions = 0;
+  for (int32_t len : batch.context_lens) positions += len;
+  return positions * per_position;
+}
+
 template <typename Fn>
-void TimingBackend::Timed(OpKind kind, Fn&& fn) {
+void TimingBackend::Timed(OpKind kind, Fn&& fn, int64_t bytes) {
   const auto start = std::chrono::steady_clock::now();
   fn();
   OpTotals& t = totals_[static_cast<int>(kind)];
   ++t.calls;
+  t.bytes += bytes;
   t.nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
 }
 
 void TimingBackend::Linear(const TensorView& x, const PackedLinear& w, const TensorView& out) {
-  Timed(OpKind::kLinear, [&] { inner_.Linear(x, w, out); });
+  Timed(OpKind::kLinear, [&] { inner_.Linear(x, w, out); }, w.num_bytes());
 }
 
 void TimingBackend::Embedding(std::span<const int32_t> ids, const TensorView& table, const TensorView& out) {
@@ -67,7 +76,8 @@ void TimingBackend::WriteKvCache(const TensorView& k, const TensorView& v, std::
 
 void TimingBackend::PagedAttention(const TensorView& q, const TensorView& kv_cache, const PagedAttentionBatch& batch,
                                    float scale, const TensorView& out) {
-  Timed(OpKind::kPagedAttention, [&] { inner_.PagedAttention(q, kv_cache, batch, scale, out); });
+  const int64_t bytes = inner_.uses_host_memory() ? PagedAttentionKvBytes(kv_cache, batch) : 0;
+  Timed(OpKind::kPagedAttention, [&] { inner_.PagedAttention(q, kv_cache, batch, scale, out); }, bytes);
 }
 
 }  // namespace kvmesh::backend

@@ -3,7 +3,14 @@
 // op by op (tests/bench/engine_step_bench) without touching the engine.
 //
 // The times are wall clock around each call, so they include the kernel's own
-// thread team (its fork/join and imbalance), which is what a step pays.
+// thread team (its fork/join and imbalance), which is what a step pays. The CPU
+// backends' ops are synchronous, so the time is the op's whole work; a backend
+// that only enqueues (cuda) would need a device sync this decorator does not do.
+//
+// Besides time, two ops count the bytes they must stream, so a profile can set
+// its times against the copy bandwidth: Linear the packed weight's num_bytes(),
+// PagedAttention the K and V of every position each sequence attends to
+// (sum of context_lens x 2 x Hkv x D x element size; host-readable spans only).
 //
 // Thread-safety: like the backend it wraps, called from one thread at a time;
 // Totals()/Reset() from that same thread.
@@ -37,7 +44,12 @@ std::string_view OpKindName(OpKind kind);
 struct OpTotals {
   int64_t calls = 0;
   int64_t nanoseconds = 0;
+  int64_t bytes = 0;  // bytes the op streams (Linear: weights; PagedAttention: K and V read); 0 for the others
 };
+
+// K and V bytes PagedAttention reads for `batch` over a [num_blocks, 2, Hkv, B, D]
+// `kv_cache` (every sequence's whole context, once). The spans must be host memory.
+int64_t PagedAttentionKvBytes(const TensorView& kv_cache, const PagedAttentionBatch& batch);
 
 class TimingBackend final : public Backend {
  public:
@@ -46,6 +58,7 @@ class TimingBackend final : public Backend {
 
   std::string_view name() const override { return inner_.name(); }
   bool uses_host_memory() const override { return inner_.uses_host_memory(); }
+  absl::Status TakeError() override { return inner_.TakeError(); }
   const std::array<OpTotals, static_cast<int>(OpKind::kCount)>& Totals() const { return totals_; }
   void Reset() { totals_ = {}; }
 
@@ -70,7 +83,7 @@ class TimingBackend final : public Backend {
 
  private:
   template <typename Fn>
-  void Timed(OpKind kind, Fn&& fn);
+  void Timed(OpKind kind, Fn&& fn, int64_t bytes = 0);
 
   Backend& inner_;
   std::array<OpTotals, static_cast<int>(OpKind::kCount)> totals_{};

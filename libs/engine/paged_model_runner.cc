@@ -153,6 +153,8 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
     be.Linear(F32(act_, t, inter), *packed.down, proj);
     if (comm_ != nullptr) KVMESH_RETURN_IF_ERROR(comm_->AllReduceSum(proj_.data(), t * e, DType::kF32));
   }
+  // The backend's run-time failures (ops.h, error contract clause 2), before any result is read.
+  KVMESH_RETURN_IF_ERROR(be.TakeError());
   if (meta_.logit_rows.empty()) return output;
   // The final norm and LM head run only on the rows whose logits are wanted.
   const int64_t r = static_cast<int64_t>(meta_.logit_rows.size());
@@ -168,6 +170,7 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
   }
   output.logits.resize(r * c.vocab_size);
   be.Linear(head_in, model_.lm_head(), TensorView::Contiguous(output.logits.data(), DType::kF32, {r, c.vocab_size}));
+  KVMESH_RETURN_IF_ERROR(be.TakeError());
   return output;
 }
 
@@ -197,6 +200,7 @@ absl::Status PagedModelRunner::ShardedLmHead(const TensorView& head_in, int64_t 
   local_logits_.resize(r * vl);
   gathered_logits_.resize(n * r * vl);
   model_.backend().Linear(head_in, model_.lm_head(), TensorView::Contiguous(local_logits_.data(), DType::kF32, {r, vl}));
+  KVMESH_RETURN_IF_ERROR(model_.backend().TakeError());
   KVMESH_RETURN_IF_ERROR(comm_->AllGather(local_logits_.data(), gathered_logits_.data(), r * vl, DType::kF32));
   // gathered: [rank, row, vl] -> out: [row, rank * vl + j].
   out.resize(r * vocab);

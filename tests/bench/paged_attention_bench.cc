@@ -5,7 +5,8 @@
 // prefill reports GFLOP/s of one 512-token chunk (4 * H * D flops per causal
 // query-key pair: QK and PV, a multiply-add counted as 2).
 //
-// Usage: paged_attention_bench [--threads N] [--isa auto|avx512|avx2] [--quick]
+// Usage: paged_attention_bench [--threads N] [--isa auto|avx512|avx2] [--quick] [--model SUBSTRING]
+// (--model: only the shapes whose name contains it, e.g. "bf16" for SmolLM2's)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +25,7 @@
 #include "backend/ops.h"
 #include "bench_timer.h"
 #include "kv/kv_layout.h"
+#include "core/dtype.h"
 #include "core/tensor_view.h"
 
 namespace kvmesh::backend {
@@ -40,6 +42,7 @@ struct Model {
   int64_t h;
   int64_t hkv;
   int64_t d;
+  DType kv_dtype = DType::kF32;
 };
 
 constexpr int64_t kBlockSize = 16;
@@ -69,11 +72,18 @@ Setup MakeSetup(const Model& m, int64_t num_seqs, int64_t context, int64_t queri
                                            .num_kv_heads = static_cast<int32_t>(m.hkv),
                                            .head_dim = static_cast<int32_t>(m.d),
                                            .block_size_tokens = static_cast<int32_t>(kBlockSize),
+                                           .dtype = m.kv_dtype,
                                            .num_blocks = static_cast<int32_t>(s.num_blocks)})
                 .value();
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  float* cache = reinterpret_cast<float*>(s.cache->data());
-  for (int64_t i = 0; i < s.num_blocks * 2 * m.hkv * kBlockSize * m.d; ++i) cache[i] = dist(rng);
+  const int64_t elems = s.num_blocks * 2 * m.hkv * kBlockSize * m.d;
+  if (m.kv_dtype == DType::kBF16) {
+    uint16_t* cache = reinterpret_cast<uint16_t*>(s.cache->data());
+    for (int64_t i = 0; i < elems; ++i) cache[i] = F32ToBf16(dist(rng));
+  } else {
+    float* cache = reinterpret_cast<float*>(s.cache->data());
+    for (int64_t i = 0; i < elems; ++i) cache[i] = dist(rng);
+  }
   const int64_t t = num_seqs * queries_per_seq;
   s.q.resize(static_cast<size_t>(t * m.h * m.d));
   for (auto& x : s.q) x = dist(rng);
@@ -100,6 +110,7 @@ int Main(int argc, char** argv) {
   int threads = 0;
   std::string isa = "auto";
   bool quick = false;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
@@ -107,8 +118,10 @@ int Main(int argc, char** argv) {
       isa = argv[++i];
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
+      only = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--threads N] [--isa auto|avx512|avx2] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--threads N] [--isa auto|avx512|avx2] [--quick] [--model SUBSTRING]\n", argv[0]);
       return 2;
     }
   }
@@ -122,17 +135,21 @@ int Main(int argc, char** argv) {
   std::printf("backend %s, threads %d, block size %lld, copy bandwidth %.2f GB/s\n",
               std::string(backend.name()).c_str(), threads, static_cast<long long>(kBlockSize), copy_bw / 1e9);
 
-  const Model models[] = {{"H=8 Hkv=2 D=64", 8, 2, 64}, {"H=32 Hkv=8 D=128", 32, 8, 128}};
+  // The last: SmolLM2-135M's attention with the bf16 KV `kvmesh serve` gives a bf16 model.
+  const Model models[] = {{"H=8 Hkv=2 D=64", 8, 2, 64},
+                          {"H=32 Hkv=8 D=128", 32, 8, 128},
+                          {"H=9 Hkv=3 D=64 bf16", 9, 3, 64, DType::kBF16}};
   std::printf("\ndecode (1 query token per sequence): median time, K+V read bandwidth, fraction of copy bandwidth\n");
   for (const Model& m : models) {
+    if (std::string(m.name).find(only) == std::string::npos) continue;
     for (int64_t batch : {1, 16, 64}) {
       for (int64_t context : {512, 2048, 8192}) {
-        const int64_t kv_bytes = batch * context * 2 * m.hkv * m.d * 4;
+        const int64_t kv_bytes = batch * context * 2 * m.hkv * m.d * DTypeSize(m.kv_dtype);
         if (quick && kv_bytes > (int64_t{1} << 30)) continue;
         Setup s = MakeSetup(m, batch, context, 1, 1);
         const double sec = Run(backend, m, s);
         const double bw = static_cast<double>(kv_bytes) / sec;
-        std::printf("  %-17s batch %3lld ctx %5lld  KV %8.1f MiB  %9.1f us  %7.2f GB/s  %5.1f%% of copy\n", m.name,
+        std::printf("  %-20s batch %3lld ctx %5lld  KV %8.1f MiB  %9.1f us  %7.2f GB/s  %5.1f%% of copy\n", m.name,
                     static_cast<long long>(batch), static_cast<long long>(context), kv_bytes / 1048576.0, sec * 1e6,
                     bw / 1e9, 100.0 * bw / copy_bw);
       }
@@ -140,6 +157,7 @@ int Main(int argc, char** argv) {
   }
   std::printf("\nprefill (one 512-token chunk, causal, with and without a cached prefix): GFLOP/s\n");
   for (const Model& m : models) {
+    if (std::string(m.name).find(only) == std::string::npos) continue;
     for (int64_t prefix : {0, 1536}) {
       const int64_t n = 512;
       Setup s = MakeSetup(m, 1, prefix + n, n, 2);
@@ -147,7 +165,7 @@ int Main(int argc, char** argv) {
       // Causal pairs: row i sees prefix + i + 1 keys.
       const double pairs = static_cast<double>(n) * prefix + n * (n + 1) / 2.0;
       const double flops = pairs * 4.0 * m.h * m.d;
-      std::printf("  %-17s chunk 512 prefix %4lld  %9.1f us  %7.1f GFLOP/s\n", m.name, static_cast<long long>(prefix),
+      std::printf("  %-20s chunk 512 prefix %4lld  %9.1f us  %7.1f GFLOP/s\n", m.name, static_cast<long long>(prefix),
                   sec * 1e6, flops / sec / 1e9);
     }
   }

@@ -20,11 +20,27 @@
 //     probabilities in vector chunks of kLanes keys (then ReduceAdd);
 //  3. acc[c] = acc[c] * Exp(m - m'), then acc[c] = fma(e_s, v_s[c], acc[c]) for
 //     the tile's visible keys s in ascending order;
-//  4. out = acc * (1 / l) after the last tile.
-// Which other query vectors share the item, its row in the batch and the thread
-// count change only which of them are computed together, never these operations,
-// so a token's output is bitwise the same alone, in any batch and however its
-// prompt was chunked. (Results differ between the AVX-512 and AVX2 builds.)
+//  4. Steps 1-3 run separately over each partition of the positions: partition k
+//     is [k * P, (k + 1) * P) with P = kPartitionTokens rounded up to whole tiles,
+//     fixed by absolute position, starting from m = -inf, l = 0, acc = 0. Each
+//     gives (m_k, l_k, acc_k); they are merged in ascending k (MergePartition):
+//     (M, L, A) = partition 0's, then M' = max(M, m_k), cA = Exp(M - M'),
+//     cB = Exp(m_k - M') (1 where the max did not move), L = fma(L, cA, l_k * cB),
+//     A[c] = fma(A[c], cA, acc_k[c] * cB);
+//  5. out = A * (1 / L). (One partition: A = acc, L = l, as without partitions.)
+// Which other query vectors share the item, its row in the batch, the thread
+// count and whether a partition ran in this item or in another (split-K, below)
+// change only which of them are computed together, never these operations, so a
+// token's output is bitwise the same alone, in any batch and however its prompt
+// was chunked. (Results differ between the AVX-512 and AVX2 builds.)
+//
+// Split-K. A decode row's item covers all partitions of its context ("whole"),
+// unless the batch has too few items to keep every thread busy (one long
+// sequence, or a few, with three KV heads: three items for two threads): then
+// each decode item is cut into pieces of whole partitions, each piece writes its
+// partitions' (m_k, l_k, acc_k) to a shared buffer, and after a barrier one merge
+// per (row, head group) runs step 4 over them in ascending k. Prefill rows are
+// never split (they give enough items).
 //
 // Scores want K dimension-major ([D, keys], so that one vector holds kLanes
 // keys' partial dots, with no horizontal sums), which is how the cache stores a
@@ -46,8 +62,10 @@ namespace kvmesh::backend::cpu::KVMESH_CPU_ISA {
 namespace {
 
 constexpr int64_t kMinTileTokens = 32;  // a tile is the fewest whole blocks holding >= this many keys
+constexpr int64_t kPartitionTokens = 512;  // softmax partition (step 4), rounded up to whole tiles
+constexpr int64_t kItemsPerThread = 8;     // split-K until the batch has this many items per thread
 constexpr int kMaxQueryVectors = 32;    // (row, head) pairs per work item
-constexpr int64_t kPrefetchTiles = 1;  // how far ahead K/V tiles are prefetched
+constexpr int64_t kPrefetchTiles = 2;  // how far ahead K/V tiles are prefetched (DRAM-resident KV)
 constexpr int kQkRows = 4;              // query vectors per pass of the score kernel
 #if defined(KVMESH_CPU_AVX512)
 constexpr int kPvRows = 6;  // query vectors whose accumulators stay in registers
@@ -82,6 +100,7 @@ class Scratch {
 
 thread_local Scratch tls_item_scratch;  // per worker thread: one item's tiles and state
 thread_local Scratch tls_plan_scratch;  // calling thread: the work item list
+thread_local Scratch tls_split_scratch;  // calling thread: split-K partials and merge list
 
 KVMESH_VEC_INLINE int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -236,7 +255,30 @@ struct WorkItem {
   int32_t rows;
   int32_t head0;  // first query head
   int32_t heads;  // query heads (all of one KV head's group, or a slice of it)
+  // Split-K pieces only (rows == 1): partitions [part_begin, part_end) of the row's
+  // context, whose raw (m, l, acc) go to slots split_slot + k of the split-K buffer.
+  // split_slot < 0: a whole item (every partition, merged and written here).
+  int32_t part_begin = 0;
+  int32_t part_end = 0;
+  int64_t split_slot = -1;
 };
+
+// The split-K buffer: slot (a partition of one decode row's head group) x query
+// head of the group (SlotHeads, the most an item has) x (acc[d], m, l).
+KVMESH_VEC_INLINE int64_t PartialFloats(int64_t d) { return d + 2; }
+KVMESH_VEC_INLINE int64_t SlotHeads(const PagedAttentionParams& p) { return Min<int64_t>(p.h / p.hkv, kMaxQueryVectors); }
+
+// Step 4: merges partition state (m, l, acc) into the running (M, L, A).
+KVMESH_VEC_INLINE void MergePartition(float* big_m, float* big_l, float* big_a, float m, float l, const float* acc,
+                                      int64_t d) {
+  const float mn = Max(*big_m, m);
+  const float ca = *big_m == mn ? 1.0f : FirstLane(Exp(Set1(*big_m - mn)));
+  const float cb = m == mn ? 1.0f : FirstLane(Exp(Set1(m - mn)));
+  *big_l = __builtin_fmaf(*big_l, ca, l * cb);
+  const V cav = Set1(ca), cbv = Set1(cb);
+  for (int64_t c = 0; c < d; c += kLanes) Store(big_a + c, Fma(Load(big_a + c), cav, Mul(Load(acc + c), cbv)));
+  *big_m = mn;
+}
 
 // Shell sort, heaviest first (ties by position in the list, so the order is fixed).
 void SortByCostDescending(WorkItem* items, int64_t n) {
@@ -255,9 +297,14 @@ int64_t TileTokens(int64_t block_size) {
   return block_size >= kMinTileTokens ? block_size : block_size * CeilDiv(kMinTileTokens, block_size);
 }
 
+int64_t PartitionTokens(int64_t block_size) {
+  const int64_t tile = TileTokens(block_size);
+  return tile * CeilDiv(kPartitionTokens, tile);
+}
+
 // T: the cache's element type (float, or uint16_t for bf16).
 template <typename T>
-void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
+void ProcessItem(const PagedAttentionParams& p, const WorkItem& item, float* partials) {
   const int64_t d = p.d;
   const int64_t bs = p.block_size;
   const int64_t group = p.h / p.hkv;
@@ -269,17 +316,22 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
   const int64_t first_pos = static_cast<int64_t>(p.context_lens[item.seq]) - n + item.row0;  // of the item's row 0
   const int64_t last_pos = first_pos + item.rows - 1;
   const int nq = item.rows * item.heads;
+  const int64_t part = PartitionTokens(bs);
+  const bool split = item.split_slot >= 0;
+  const int64_t t_begin = split ? item.part_begin * part : 0;
+  const int64_t t_end = split ? Min<int64_t>(item.part_end * part, last_pos + 1) : last_pos + 1;  // keys [t_begin, t_end)
 
   // K chunks come straight from the cache when every chunk of kLanes keys lies in
   // one block; otherwise they are gathered into kt.
   const bool direct_k = bs % kLanes == 0;
-  // Scratch: kt [d, ld] | scores [kMaxQueryVectors, ld] | acc [kMaxQueryVectors, d] | key, V row, cache K
-  // chunk and kt chunk pointers (ld each, so the two chunk lists never share storage).
+  // Scratch: kt [d, ld] | scores [kMaxQueryVectors, ld] | acc, merged A [kMaxQueryVectors, d] each | key,
+  // V row, cache K chunk and kt chunk pointers (ld each, so the two chunk lists never share storage).
   float* kt = static_cast<float*>(
-      tls_item_scratch.Get((d * ld + kMaxQueryVectors * ld + kMaxQueryVectors * d) * 4 + 4 * ld * 8));
+      tls_item_scratch.Get((d * ld + kMaxQueryVectors * ld + 2 * kMaxQueryVectors * d) * 4 + 4 * ld * 8));
   float* scores = kt + d * ld;
   float* acc_base = scores + kMaxQueryVectors * ld;
-  const T** kptr = reinterpret_cast<const T**>(acc_base + kMaxQueryVectors * d);
+  float* merged_base = acc_base + kMaxQueryVectors * d;
+  const T** kptr = reinterpret_cast<const T**>(merged_base + kMaxQueryVectors * d);
   const T** vptr = kptr + ld;
   const T** kchunk = vptr + ld;                                         // direct_k: chunks in the cache
   const float** kt_chunk = reinterpret_cast<const float**>(kchunk + ld);  // !direct_k: chunks of kt
@@ -295,6 +347,8 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
   float row_max[kMaxQueryVectors];
   float row_sum[kMaxQueryVectors];
   float correction[kMaxQueryVectors];
+  float merged_max[kMaxQueryVectors];  // step 4's running M, L (A: merged_base)
+  float merged_sum[kMaxQueryVectors];
   static constexpr float kOne[kMaxQueryVectors] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
                                                      1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   for (int i = 0; i < nq; ++i) {
@@ -316,8 +370,34 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
   const T* v_base = cache + (p.hkv + kvh) * head_stride;
   const int64_t block_stride = 2 * p.hkv * head_stride;
 
-  for (int64_t t0 = 0; t0 <= last_pos; t0 += tile) {
-    const int64_t num_keys = Min(tile, last_pos + 1 - t0);
+  // Ends the partition starting at part_start for the query vectors that saw any of
+  // it (a suffix: they are ordered by position): its (m, l, acc) is merged into the
+  // running state (whole item) or stored for the split-K merge; then reset.
+  auto end_partition = [&](int64_t part_start) {
+    const int from = static_cast<int>(Max<int64_t>(0, part_start - first_pos) * item.heads);
+    for (int i = from; i < nq; ++i) {
+      if (split) {
+        float* dst = partials + ((item.split_slot + part_start / part) * SlotHeads(p) + i) * PartialFloats(d);
+        for (int64_t c = 0; c < d; c += kLanes) Store(dst + c, Load(accv[i] + c));
+        dst[d] = row_max[i];
+        dst[d + 1] = row_sum[i];
+      } else if (part_start == 0) {
+        float* a = merged_base + i * d;
+        for (int64_t c = 0; c < d; c += kLanes) Store(a + c, Load(accv[i] + c));
+        merged_max[i] = row_max[i];
+        merged_sum[i] = row_sum[i];
+      } else {
+        MergePartition(merged_max + i, merged_sum + i, merged_base + i * d, row_max[i], row_sum[i], accv[i], d);
+      }
+      row_max[i] = -__builtin_inff();
+      row_sum[i] = 0.0f;
+      for (int64_t c = 0; c < d; c += kLanes) Store(accv[i] + c, Zero());
+    }
+  };
+
+  for (int64_t t0 = t_begin; t0 < t_end; t0 += tile) {
+    if (t0 > t_begin && t0 % part == 0) end_partition(t0 - part);
+    const int64_t num_keys = Min(tile, t_end - t0);
     const int64_t num_chunks = CeilDiv(num_keys, kLanes);
     // Key pointers (K: the key's column of its block's [D][B] K; V: its row);
     // padding past num_keys repeats the last key (finite, masked). A tile is whole
@@ -343,9 +423,9 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
       }
     }
     // Prefetch K and V kPrefetchTiles tiles ahead while this one is computed.
-    if (t0 + kPrefetchTiles * tile <= last_pos) {
+    if (t0 + kPrefetchTiles * tile < t_end) {
       const int64_t ahead = t0 + kPrefetchTiles * tile;
-      const int64_t next_keys = Min(tile, last_pos + 1 - ahead);
+      const int64_t next_keys = Min(tile, t_end - ahead);
       const int32_t* next_blocks = table + ahead / bs;
       for (int64_t s0 = 0; s0 < next_keys; s0 += bs) {
         const int64_t off = static_cast<int64_t>(next_blocks[s0 / bs]) * block_stride;
@@ -403,12 +483,42 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item) {
     }
   }
 
+  end_partition((t_end - 1) / part * part);
+  if (split) return;  // the merge pass writes out
   for (int i = 0; i < nq; ++i) {
     const int64_t r = i / item.heads;
     const int64_t hh = item.head0 + i % item.heads;
     float* o = p.out + ((q_row0 + item.row0 + r) * p.h + hh) * d;
-    const V inv = Set1(1.0f / row_sum[i]);
-    for (int64_t c = 0; c < d; c += kLanes) Store(o + c, Mul(Load(accv[i] + c), inv));
+    const V inv = Set1(1.0f / merged_sum[i]);
+    const float* a = merged_base + i * d;
+    for (int64_t c = 0; c < d; c += kLanes) Store(o + c, Mul(Load(a + c), inv));
+  }
+}
+
+// The split-K merge of one decode row's head group: steps 4-5 over the partials of
+// partitions 0..num_parts-1 in ascending order, as a whole item does them.
+struct SplitGroup {
+  int64_t slot;      // first partition's slot in the partials buffer
+  int32_t num_parts;
+  int32_t out_row;   // query row in the batch
+  int32_t head0;
+  int32_t heads;
+};
+
+// Partition 0's slot becomes the running A.
+void MergeSplitGroup(const PagedAttentionParams& p, const SplitGroup& g, float* partials) {
+  const int64_t d = p.d;
+  const int64_t pf = PartialFloats(d);
+  for (int32_t hh = 0; hh < g.heads; ++hh) {
+    float* a = partials + (g.slot * SlotHeads(p) + hh) * pf;
+    float big_m = a[d], big_l = a[d + 1];
+    for (int32_t k = 1; k < g.num_parts; ++k) {
+      const float* pk = partials + ((g.slot + k) * SlotHeads(p) + hh) * pf;
+      MergePartition(&big_m, &big_l, a, pk[d], pk[d + 1], pk, d);
+    }
+    float* o = p.out + (static_cast<int64_t>(g.out_row) * p.h + g.head0 + hh) * d;
+    const V inv = Set1(1.0f / big_l);
+    for (int64_t c = 0; c < d; c += kLanes) Store(o + c, Mul(Load(a + c), inv));
   }
 }
 
@@ -468,29 +578,73 @@ void PagedAttention(const PagedAttentionParams& p, int num_threads) {
   const int64_t heads_per_item = Min<int64_t>(group, kMaxQueryVectors);
   const int64_t head_chunks = CeilDiv(group, heads_per_item);
   const int64_t rows_per_item = Max<int64_t>(1, kMaxQueryVectors / heads_per_item);
-  int64_t num_items = 0;
+  const int64_t part = PartitionTokens(p.block_size);
+  int64_t whole_items = 0;
+  int64_t decode_parts = 0;  // partitions of all decode rows' contexts (x head chunks), if every one were split
   for (int64_t s = 0; s < p.num_seqs; ++s) {
-    num_items += CeilDiv(p.query_start[s + 1] - p.query_start[s], rows_per_item) * p.hkv * head_chunks;
+    const int64_t n = p.query_start[s + 1] - p.query_start[s];
+    whole_items += CeilDiv(n, rows_per_item) * p.hkv * head_chunks;
+    if (n == 1) decode_parts += CeilDiv(p.context_lens[s], part) * p.hkv * head_chunks;
   }
-  if (num_items == 0) return;
-  WorkItem* items = static_cast<WorkItem*>(tls_plan_scratch.Get(num_items * static_cast<int64_t>(sizeof(WorkItem))));
+  if (whole_items == 0) return;
+  // Split-K (see the top): pieces of parts_per_piece partitions, so that the batch
+  // has about kItemsPerThread items per thread. Only the count of items depends on
+  // the thread count, never a result.
+  const int64_t target_items = kItemsPerThread * Max(1, num_threads);
+  const bool split = num_threads > 1 && whole_items < target_items && decode_parts > whole_items;
+  const int64_t parts_per_piece = split ? Max<int64_t>(1, CeilDiv(decode_parts, target_items)) : 0;
+  int64_t max_items = whole_items;
+  if (split) max_items += decode_parts;  // an upper bound on the pieces
+  int64_t num_slots = split ? decode_parts : 0;
+  WorkItem* items = static_cast<WorkItem*>(tls_plan_scratch.Get(max_items * static_cast<int64_t>(sizeof(WorkItem))));
+  SplitGroup* groups = nullptr;
+  float* partials = nullptr;
+  if (split) {
+    // SplitGroups first (64-byte multiple), then the partials.
+    const int64_t group_bytes = CeilDiv(decode_parts * static_cast<int64_t>(sizeof(SplitGroup)), 64) * 64;
+    char* base = static_cast<char*>(
+        tls_split_scratch.Get(group_bytes + num_slots * heads_per_item * PartialFloats(p.d) * 4));
+    groups = reinterpret_cast<SplitGroup*>(base);
+    partials = reinterpret_cast<float*>(base + group_bytes);
+  }
   int64_t total_cost = 0;
   int64_t count = 0;
+  int64_t num_groups = 0;
+  int64_t next_slot = 0;
   for (int64_t s = 0; s < p.num_seqs; ++s) {
     const int64_t n = p.query_start[s + 1] - p.query_start[s];
     const int64_t first_pos = static_cast<int64_t>(p.context_lens[s]) - n;
+    const int64_t seq_parts = CeilDiv(p.context_lens[s], part);
+    const bool split_seq = split && n == 1 && seq_parts > 1;
     for (int64_t row0 = 0; row0 < n; row0 += rows_per_item) {
       const int64_t rows = Min(rows_per_item, n - row0);
       for (int64_t kvh = 0; kvh < p.hkv; ++kvh) {
         for (int64_t hc = 0; hc < head_chunks; ++hc) {
           const int64_t head0 = kvh * group + hc * heads_per_item;
           const int64_t heads = Min(heads_per_item, (kvh + 1) * group - head0);
-          // Keys of the item's last row (the tile loop's length) x query vectors, plus a fixed overhead.
-          const int64_t cost = (first_pos + row0 + rows) * (rows * heads + 4) + 64;
-          items[count++] = WorkItem{cost, static_cast<int32_t>(s), static_cast<int32_t>(row0),
-                                    static_cast<int32_t>(rows), static_cast<int32_t>(head0),
-                                    static_cast<int32_t>(heads)};
-          total_cost += cost;
+          const WorkItem whole{0, static_cast<int32_t>(s), static_cast<int32_t>(row0), static_cast<int32_t>(rows),
+                               static_cast<int32_t>(head0), static_cast<int32_t>(heads)};
+          if (!split_seq) {
+            // Keys of the item's last row (the tile loop's length) x query vectors, plus a fixed overhead.
+            WorkItem item = whole;
+            item.cost = (first_pos + row0 + rows) * (rows * heads + 4) + 64;
+            items[count++] = item;
+            total_cost += item.cost;
+            continue;
+          }
+          groups[num_groups++] = SplitGroup{next_slot, static_cast<int32_t>(seq_parts),
+                                            p.query_start[s], static_cast<int32_t>(head0), static_cast<int32_t>(heads)};
+          for (int64_t k0 = 0; k0 < seq_parts; k0 += parts_per_piece) {
+            WorkItem item = whole;
+            item.part_begin = static_cast<int32_t>(k0);
+            item.part_end = static_cast<int32_t>(Min(seq_parts, k0 + parts_per_piece));
+            item.split_slot = next_slot;
+            const int64_t keys = Min<int64_t>(item.part_end * part, first_pos + 1) - k0 * part;
+            item.cost = keys * (heads + 4) + 64;
+            items[count++] = item;
+            total_cost += item.cost;
+          }
+          next_slot += seq_parts;
         }
       }
     }
@@ -498,13 +652,19 @@ void PagedAttention(const PagedAttentionParams& p, int num_threads) {
   SortByCostDescending(items, count);
   // A lone short decode stays on this thread.
   const int threads = total_cost * p.d < (1 << 17) ? 1 : static_cast<int>(Min<int64_t>(num_threads, count));
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (int64_t i = 0; i < count; ++i) {
-    if (p.kv_bf16) {
-      ProcessItem<uint16_t>(p, items[i]);
-    } else {
-      ProcessItem<float>(p, items[i]);
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < count; ++i) {
+      if (p.kv_bf16) {
+        ProcessItem<uint16_t>(p, items[i], partials);
+      } else {
+        ProcessItem<float>(p, items[i], partials);
+      }
     }
+    // The implied barrier above: every partial is written.
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < num_groups; ++g) MergeSplitGroup(p, groups[g], partials);
   }
 }
 

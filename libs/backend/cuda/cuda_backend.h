@@ -13,8 +13,8 @@
 // tensor cores with f32 accumulation and an f32 output. f32 weights use an f32 GEMM with
 // TF32 off, so an f32 model matches the CPU backends to f32 rounding.
 //
-// Errors: ops return nothing (ops.h), so the first failed launch or CUDA error is kept
-// and later ops are skipped; TakeError() returns it (and the runner fails its step).
+// Errors: ops.h's contract, clause 2: the first failed launch or CUDA error is kept and
+// later ops are skipped; TakeError() returns it (and the runner fails its step).
 //
 // Thread-safety: not thread-safe; one engine thread drives it. All work is ordered on
 // stream(); the caller synchronizes before reading results on the host.
@@ -71,7 +71,7 @@ class CudaBackend : public Backend {
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
   // The first error since the last call (OK if none), and clears it.
-  absl::Status TakeError();
+  absl::Status TakeError() override;
   // Records a failure of the caller's own CUDA work on stream() the same way.
   void RecordError(cudaError_t err, absl::string_view what);
   // Grows device scratch the ops share (decode attention's split-K partials, activation

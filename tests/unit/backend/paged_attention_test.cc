@@ -278,6 +278,85 @@ TEST(PagedAttentionTest, LongPrefillChunksMatchReference) {
   std::printf("max |cpu - reference| = %.3g\n", worst);
 }
 
+// Contexts past one softmax partition (512 positions): decode rows that the CPU
+// kernel splits across threads (split-K) and a prefill chunk crossing partitions,
+// against the f64 oracle.
+TEST(PagedAttentionTest, LongContextsAcrossPartitionsMatchReference) {
+  std::mt19937 rng(4242);
+  float worst = 0.0f;
+  CheckAgainstOracles({9, 3, 64, 16}, {{2100, 1}, {513, 1}, {1100, 600}, {1024, 1, 0}}, rng, &worst);
+  CheckAgainstOracles({8, 2, 64, 48}, {{1601, 1}}, rng, &worst);
+  CheckAgainstOracles({4, 4, 128, 1}, {{1030, 1}, {40, 1}}, rng, &worst);
+  std::printf("max |cpu - reference| = %.3g\n", worst);
+}
+
+// Split-K keeps batch invariance: a long decode row is bitwise the same computed
+// whole (alone, one thread) or in pieces on 2, 4 or 7 threads beside other
+// sequences, and equals the same position's row of a prefill chunk (which is never
+// split) -- the partition boundaries are fixed by position, not by the split.
+TEST(PagedAttentionTest, SplitKDecodeIsBitwiseIndependentOfThreadsAndBatch) {
+  std::mt19937 rng(31);
+  for (const Config& c : {Config{9, 3, 64, 16}, Config{8, 2, 128, 8}, Config{4, 4, 64, 32}}) {
+    const int64_t len = 1400;  // the prompt; row p of its chunk is position p
+    const int64_t row = c.h * c.d;
+    const std::vector<int64_t> positions = {0, 511, 512, 513, 1023, 1024, 1399};
+    // The prompt's blocks; the decode rows below read the same table (so the same K/V).
+    const Batch batch = MakeBatch({{static_cast<int32_t>(len), static_cast<int32_t>(len)}}, c.block_size, rng);
+    Tensor cache({batch.num_blocks, 2, c.hkv, c.block_size, c.d});
+    cache.Fill(rng, -1.0f, 1.0f);
+    Tensor prompt_q({len, c.h, c.d});
+    prompt_q.Fill(rng, -2.0f, 2.0f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    for (const char* isa : {"avx512", "avx2"}) {
+      auto one_or = CreateCpuBackend({.num_threads = 1, .isa = isa});
+      if (!one_or.ok()) continue;
+      auto& one = *one_or;
+      // (a) The prompt alone, one chunk, one thread.
+      Tensor prefill_out({len, c.h, c.d});
+      {
+        const std::vector<int32_t> qs = {0, static_cast<int32_t>(len)};
+        const std::vector<int32_t> ctx = {static_cast<int32_t>(len)};
+        const std::vector<int32_t> table(batch.table(0), batch.table(0) + batch.max_blocks_per_seq);
+        one->PagedAttention(prompt_q.view, cache.view, {qs, ctx, table, batch.max_blocks_per_seq}, scale,
+                            prefill_out.view);
+      }
+      // The decode rows' queries: the prompt's rows at those positions.
+      const int64_t n = static_cast<int64_t>(positions.size());
+      Tensor decode_q({n, c.h, c.d});
+      for (int64_t i = 0; i < n; ++i) std::memcpy(decode_q.data() + i * row, prompt_q.data() + positions[i] * row, row * 4);
+      for (int threads : {1, 2, 4, 7}) {
+        auto backend = CreateCpuBackend({.num_threads = threads, .isa = isa}).value();
+        // (b) All decode rows in one batch (no prefill: split-K when threads > 1).
+        Batch decodes;
+        decodes.max_blocks_per_seq = batch.max_blocks_per_seq;
+        decodes.query_start.push_back(0);
+        for (int64_t i = 0; i < n; ++i) {
+          decodes.query_start.push_back(static_cast<int32_t>(i + 1));
+          decodes.context_lens.push_back(static_cast<int32_t>(positions[i] + 1));
+          decodes.block_tables.insert(decodes.block_tables.end(), batch.table(0),
+                                      batch.table(0) + batch.max_blocks_per_seq);
+        }
+        Tensor out({n, c.h, c.d});
+        backend->PagedAttention(decode_q.view, cache.view, decodes.view(), scale, out.view);
+        // (c) Each decode row alone.
+        for (int64_t i = 0; i < n; ++i) {
+          const std::vector<int32_t> qs = {0, 1};
+          const std::vector<int32_t> ctx = {decodes.context_lens[i]};
+          const std::vector<int32_t> table(decodes.table(i), decodes.table(i) + decodes.max_blocks_per_seq);
+          Tensor alone({1, c.h, c.d});
+          backend->PagedAttention(TensorView::Contiguous(decode_q.data() + i * row, DType::kF32, {1, c.h, c.d}),
+                                  cache.view, {qs, ctx, table, decodes.max_blocks_per_seq}, scale, alone.view);
+          EXPECT_EQ(std::memcmp(alone.data(), out.data() + i * row, row * 4), 0)
+              << isa << " " << c.name() << " threads " << threads << " position " << positions[i] << " alone vs batch";
+          EXPECT_EQ(std::memcmp(prefill_out.data() + positions[i] * row, out.data() + i * row, row * 4), 0)
+              << isa << " " << c.name() << " threads " << threads << " position " << positions[i]
+              << " decode vs prefill row";
+        }
+      }
+    }
+  }
+}
+
 // A sequence's rows are bitwise the same alone (one thread) as inside a batch
 // (many threads), at any row index.
 TEST(PagedAttentionTest, SequenceAloneEqualsSequenceInBatchBitwise) {
