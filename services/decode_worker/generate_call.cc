@@ -30,6 +30,7 @@ struct PrefillClientCall {
   v1::PrefillRequest request;
   v1::PrefillResponse response;
   std::unique_ptr<v1::Worker::Stub> stub;
+  std::string prefill_address;
 
   std::mutex mu;
   bool ucx_offered = false;  // set before the call starts
@@ -124,6 +125,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     dest->set_transport(v1::KV_TRANSPORT_GRPC_STREAM);
     rpc::SetTimeout(&call->context, state_.lease_timeout_ms());
     call->stub = v1::Worker::NewStub(state_.Channel(prefill_address));
+    call->prefill_address = prefill_address;
     {
       std::lock_guard<std::mutex> lock(mu_);
       prefill_call_ = call;
@@ -193,8 +195,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
       } else if (call->ucx_verdict.has_value() && !call->ucx_verdict->ok() &&
                  (used_ucx || !call->reply.has_value())) {
         // The transport noticed first (the sender died or went quiet): fail now.
-        failure = absl::Status(call->ucx_verdict->code(),
-                               absl::StrCat("KV transfer over UCX failed: ", call->ucx_verdict->message()));
+        // UNAVAILABLE, as a failed Prefill call: the router may retry elsewhere.
+        failure = absl::UnavailableError(absl::StrCat("remote prefill on ", call->prefill_address,
+                                                      " failed: KV transfer over UCX: ", call->ucx_verdict->message()));
         cancel_call = !call->reply.has_value();
       } else if (call->reply.has_value() && !used_ucx) {
         commit = true;  // pushed over the gRPC stream: the imports are done
