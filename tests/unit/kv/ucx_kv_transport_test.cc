@@ -198,6 +198,7 @@ TEST_P(UcxKvTransportTest, SpecMismatchIsRefused) {
   EXPECT_EQ(push.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(push.status().message().find("head_dim"), std::string::npos) << push.status();
   receiver_->CloseLease(grant.lease_token, absl::CancelledError("done"));
+  EXPECT_EQ(lease.Get().first.code(), absl::StatusCode::kCancelled);  // CloseLease is asynchronous
 }
 
 TEST_P(UcxKvTransportTest, MalformedDescriptorsAreRefused) {
@@ -220,6 +221,7 @@ TEST_P(UcxKvTransportTest, MalformedDescriptorsAreRefused) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(sender_->OpenPush(src_pool_, "").status().code(), absl::StatusCode::kInvalidArgument);
   receiver_->CloseLease(grant.lease_token, absl::CancelledError("done"));
+  EXPECT_EQ(lease.Get().first.code(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(DestinationUntouched());
 }
 

@@ -514,7 +514,14 @@ class UcxKvTransport::Impl {
       ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
       ep_params.err_handler.cb = &Impl::OnEpError;
       ep_params.err_handler.arg = this;
-      const ucs_status_t s = ucp_ep_create(worker_, &ep_params, &peer.ep);
+      ucs_status_t s = ucp_ep_create(worker_, &ep_params, &peer.ep);
+      if (s == UCS_ERR_UNREACHABLE) {
+        // NOTE: UCX 1.13's shared-memory transports have no peer failure handling: on
+        // one host the endpoint goes without it, and a dead receiver shows as the
+        // completion's ack timeout (a put into its segment cannot fail).
+        ep_params.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+        s = ucp_ep_create(worker_, &ep_params, &peer.ep);
+      }
       if (s != UCS_OK) {
         peers_.erase(st->peer_key);
         return absl::InvalidArgumentError(absl::StrCat("lease descriptor: worker address refused by UCX: ",
