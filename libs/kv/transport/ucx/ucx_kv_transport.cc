@@ -528,7 +528,20 @@ class UcxKvTransport::Impl {
                                                        ucs_status_string(s)));
       }
     }
-    const ucs_status_t s = ucp_ep_rkey_unpack(peer.ep, st->dest.remote_key.data(), &st->rkey);
+    // NOTE: UCX 1.13's ucp_ep_rkey_unpack crashes on some garbage (its error path
+    // releases keys it never unpacked), so the shape of a packed key is checked first:
+    // a 64-bit memory-domain map, a memory type, then at least a size byte per domain.
+    // The descriptor's checksum is what catches corruption; this catches a well-framed
+    // key that cannot be UCX's.
+    const std::string& key = st->dest.remote_key;
+    uint64_t md_map = 0;
+    if (key.size() >= sizeof(md_map)) std::memcpy(&md_map, key.data(), sizeof(md_map));
+    if (key.size() < sizeof(md_map) + 1 || md_map == 0 ||
+        static_cast<size_t>(__builtin_popcountll(md_map)) > key.size() - sizeof(md_map) - 1) {
+      return absl::InvalidArgumentError(absl::StrCat("lease descriptor: a remote key of ", key.size(),
+                                                     " bytes is not a packed UCX key"));
+    }
+    const ucs_status_t s = ucp_ep_rkey_unpack(peer.ep, key.data(), &st->rkey);
     if (s != UCS_OK) {
       return absl::InvalidArgumentError(absl::StrCat("lease descriptor: remote key refused by UCX: ", ucs_status_string(s)));
     }
