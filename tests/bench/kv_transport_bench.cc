@@ -95,7 +95,8 @@ bool WriteAll(int fd, const void* buf, size_t n) {
 int RunReceiver(const std::string& tls, int shape_index) {
   const Shape shape = Shapes()[shape_index];
   auto storage = kv::KvStorage::Create(WithBlocks(shape.layout, 512));
-  auto transport = kv::UcxKvTransport::Create({.tls = tls, .progress_timeout_ms = 5000});
+  // A refused push must not leave the receiver waiting for ever.
+  auto transport = kv::UcxKvTransport::Create({.tls = tls, .progress_timeout_ms = 5000, .hello_timeout_ms = 5000});
   if (!storage.ok() || !transport.ok()) {
     std::fprintf(stderr, "receiver: %s\n", transport.ok() ? storage.status().ToString().c_str()
                                                            : transport.status().ToString().c_str());
