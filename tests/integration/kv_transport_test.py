@@ -259,6 +259,7 @@ def test_prefill_worker_stopped_or_killed_mid_transfer_fails_the_lease_on_the_de
             assert ended_after < 15, ended_after
         else:
             assert len(result["tokens"]) == 4  # it finished before the fault
+        assert decode.proc.poll() is None, "the decode worker died:\n" + "".join(decode.log[-40:])
         _blocks_used_eventually_zero(decode, "decode worker after the prefill worker's fault")
         if sig == signal.SIGSTOP:
             # Resumed, the prefill worker is refused by the decode side and frees its pins.
