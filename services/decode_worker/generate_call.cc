@@ -17,13 +17,28 @@
 namespace kvmesh::worker {
 namespace {
 
-// One outgoing Prefill call. Shared by its completion callback and the reactor (which
-// cancels it when the request ends first).
+// One outgoing Prefill call. Shared by its completion callback, the UCX lease's
+// callback and the reactor (which cancels it when the request ends first).
+//
+// With UCX the lease ends after two events, in either order: the Prefill reply (the
+// first token, and which transport the prefill worker used) and the transport's verdict
+// on the lease (every (layer, block) landed, or the sender died / went quiet). The lease
+// is committed only when both say OK; the first failure fails it at once (the Prefill
+// call is then cancelled).
 struct PrefillClientCall {
   grpc::ClientContext context;
   v1::PrefillRequest request;
   v1::PrefillResponse response;
   std::unique_ptr<v1::Worker::Stub> stub;
+  std::string prefill_address;
+
+  std::mutex mu;
+  bool ucx_offered = false;  // set before the call starts
+  uint64_t ucx_token = 0;    // set before the call starts
+  std::optional<absl::Status> ucx_verdict;  // guarded by mu
+  kv::KvTransferStats ucx_stats;            // guarded by mu
+  std::optional<absl::Status> reply;        // guarded by mu: the Prefill call's status
+  bool resolved = false;                    // guarded by mu: commit or failure posted
 };
 
 class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateResponse> {
@@ -110,6 +125,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     dest->set_transport(v1::KV_TRANSPORT_GRPC_STREAM);
     rpc::SetTimeout(&call->context, state_.lease_timeout_ms());
     call->stub = v1::Worker::NewStub(state_.Channel(prefill_address));
+    call->prefill_address = prefill_address;
     {
       std::lock_guard<std::mutex> lock(mu_);
       prefill_call_ = call;
@@ -117,36 +133,114 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     const engine::KvTransferId id = lease.transfer_id;
     WorkerState* state = &state_;
     const bool want_logprobs = sampling.has_logprobs();
+    if (kv::KvTransport* transport = state_.kv_transport()) {
+      // Offer UCX: the prefill worker puts straight into these blocks when it has UCX
+      // too, else it pushes over the gRPC stream (the lease above serves that).
+      std::vector<kv::BlockId> ids(lease.block_ids.begin() + lease.num_cached_blocks(), lease.block_ids.end());
+      auto grant = transport->OpenLease(
+          state_.kv_pool(), {.block_ids = std::move(ids)},
+          [call, state, id, want_logprobs](const absl::Status& status, const kv::KvTransferStats& stats) {
+            {
+              std::lock_guard<std::mutex> lock(call->mu);
+              call->ucx_verdict = status;
+              call->ucx_stats = stats;
+            }
+            Resolve(call, *state, id, want_logprobs);
+          });
+      if (grant.ok()) {
+        call->ucx_offered = true;
+        call->ucx_token = grant->lease_token;
+        dest->set_transport(v1::KV_TRANSPORT_UCX);
+        dest->set_kv_lease_descriptor(std::move(grant->descriptor));
+      } else {
+        KVMESH_LOG(kWarning) << "no UCX lease, offering the gRPC stream" << LogKv("status", grant.status().ToString());
+      }
+    }
     // NOTE: the callback captures the state, not the reactor: the reactor may be gone
     // (request aborted) by the time the prefill worker answers.
-    call->stub->async()->Prefill(
-        &call->context, &call->request, &call->response,
-        [call, state, id, transfer_id, prefill_address, want_logprobs](grpc::Status status) {
-          state->RemoveLease(transfer_id);
-          if (!status.ok()) {
-            const absl::Status s = rpc::FromGrpcStatus(status);
-            const absl::Status failure(s.code(), absl::StrCat("remote prefill on ", prefill_address, " failed: ",
-                                                              s.message()));
-            KVMESH_LOG(kWarning) << "remote prefill failed" << LogKv("transfer", transfer_id)
-                                 << LogKv("status", failure.ToString());
-            // FailedPrecondition when the request already ended (aborted): nothing to do.
-            state->engine().Post([id, failure](engine::Engine& e) { (void)e.FailRemotePrefill(id, failure); });
-            return;
-          }
-          std::optional<engine::SampleResult> logprobs;
-          if (want_logprobs) logprobs = rpc::SampleResultFromProto(call->response.first_logprob());
-          const int32_t first = call->response.first_token_id();
-          state->engine().Post([id, first, logprobs](engine::Engine& e) {
-            auto committed = e.CommitRemotePrefill(id, first, logprobs);
-            if (!committed.ok() && !absl::IsFailedPrecondition(committed.status())) {
-              (void)e.FailRemotePrefill(id, committed.status());
-            } else if (!committed.ok()) {
-              // Not all blocks arrived (or the lease ended meanwhile: then this fails too, harmlessly).
-              (void)e.FailRemotePrefill(id, absl::DataLossError(absl::StrCat("KV transfer incomplete: ",
-                                                                             committed.status().message())));
-            }
-          });
-        });
+    call->stub->async()->Prefill(&call->context, &call->request, &call->response,
+                                 [call, state, id, transfer_id, prefill_address, want_logprobs](grpc::Status status) {
+                                   state->RemoveLease(transfer_id);
+                                   absl::Status s = rpc::FromGrpcStatus(status);
+                                   if (!s.ok()) {
+                                     s = absl::Status(s.code(), absl::StrCat("remote prefill on ", prefill_address,
+                                                                             " failed: ", s.message()));
+                                     KVMESH_LOG(kWarning) << "remote prefill failed" << LogKv("transfer", transfer_id)
+                                                          << LogKv("status", s.ToString());
+                                   }
+                                   {
+                                     std::lock_guard<std::mutex> lock(call->mu);
+                                     call->reply = s;
+                                   }
+                                   Resolve(call, *state, id, want_logprobs);
+                                 });
+  }
+
+  // Any thread, after each of the call's events: posts the commit or the failure once it
+  // is decided (see PrefillClientCall).
+  static void Resolve(const std::shared_ptr<PrefillClientCall>& call, WorkerState& state, engine::KvTransferId id,
+                      bool want_logprobs) {
+    std::optional<absl::Status> failure;
+    bool commit = false;
+    bool close_ucx = false;
+    bool cancel_call = false;
+    {
+      std::lock_guard<std::mutex> lock(call->mu);
+      if (call->resolved) return;
+      const bool used_ucx = call->reply.has_value() && call->reply->ok() &&
+                            call->response.kv_transport_used() == v1::KV_TRANSPORT_UCX;
+      if (call->reply.has_value() && !call->reply->ok()) {
+        failure = *call->reply;
+        close_ucx = call->ucx_offered && !call->ucx_verdict.has_value();
+      } else if (call->ucx_verdict.has_value() && !call->ucx_verdict->ok() &&
+                 (used_ucx || !call->reply.has_value())) {
+        // The transport noticed first (the sender died or went quiet): fail now.
+        // UNAVAILABLE, as a failed Prefill call: the router may retry elsewhere.
+        failure = absl::UnavailableError(absl::StrCat("remote prefill on ", call->prefill_address,
+                                                      " failed: KV transfer over UCX: ", call->ucx_verdict->message()));
+        cancel_call = !call->reply.has_value();
+      } else if (call->reply.has_value() && !used_ucx) {
+        commit = true;  // pushed over the gRPC stream: the imports are done
+        close_ucx = call->ucx_offered && !call->ucx_verdict.has_value();
+      } else if (used_ucx && call->ucx_verdict.has_value()) {
+        commit = true;  // every (layer, block) landed and the first token is here
+      } else {
+        return;  // one event still to come
+      }
+      call->resolved = true;
+    }
+    if (KvTransferMetrics* m = state.transfer_metrics(); m != nullptr && call->ucx_offered) {
+      std::lock_guard<std::mutex> lock(call->mu);
+      if (call->ucx_verdict.has_value() && !close_ucx) {
+        const kv::KvTransferStats& st = call->ucx_stats;
+        m->AddBytes(KvTransferMetrics::Direction::kReceived, st.bytes);
+        m->EndTransfer(KvTransferMetrics::Direction::kReceived, KvTransferMetrics::Transport::kUcx, 0, 0,
+                       *call->ucx_verdict);
+      }
+    }
+    if (close_ucx) {
+      state.kv_transport()->CloseLease(call->ucx_token, absl::CancelledError("the KV went another way"));
+    }
+    if (cancel_call) call->context.TryCancel();
+    if (failure.has_value()) {
+      // FailedPrecondition when the request already ended (aborted): nothing to do.
+      state.engine().Post([id, f = *failure](engine::Engine& e) { (void)e.FailRemotePrefill(id, f); });
+      return;
+    }
+    if (!commit) return;
+    std::optional<engine::SampleResult> logprobs;
+    if (want_logprobs) logprobs = rpc::SampleResultFromProto(call->response.first_logprob());
+    const int32_t first = call->response.first_token_id();
+    state.engine().Post([id, first, logprobs](engine::Engine& e) {
+      auto committed = e.CommitRemotePrefill(id, first, logprobs);
+      if (!committed.ok() && !absl::IsFailedPrecondition(committed.status())) {
+        (void)e.FailRemotePrefill(id, committed.status());
+      } else if (!committed.ok()) {
+        // Not all blocks arrived (or the lease ended meanwhile: then this fails too, harmlessly).
+        (void)e.FailRemotePrefill(
+            id, absl::DataLossError(absl::StrCat("KV transfer incomplete: ", committed.status().message())));
+      }
+    });
   }
 
   // Engine thread.
@@ -188,7 +282,13 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     if (metrics) ObserveLatency(*metrics, new_tokens, out.finished);
     // The request ended: a Prefill still running for it is cancelled (a finished call
     // ignores this), so the prefill worker frees its blocks too.
-    if (prefill_call) prefill_call->context.TryCancel();
+    if (prefill_call) {
+      prefill_call->context.TryCancel();
+      // Its UCX lease too: the blocks are gone, the sender is refused from now on.
+      if (prefill_call->ucx_offered) {
+        state_.kv_transport()->CloseLease(prefill_call->ucx_token, absl::CancelledError("the request ended"));
+      }
+    }
     Pump();
     if (out.finished) {
       state_.RemoveLive(request_id_);

@@ -41,9 +41,10 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
     if (!SameSpec(dest.kv_cache_spec(), state_.spec())) {
       return Respond(absl::InvalidArgumentError("destination kv_cache_spec differs from this worker's"));
     }
-    if (dest.transport() == v1::KV_TRANSPORT_UCX) {
-      return Respond(absl::UnimplementedError("KV_TRANSPORT_UCX: this worker pushes over gRPC only"));
-    }
+    // UCX when the decode side offers it and this worker has it; else the gRPC stream
+    // (the decode side learns which from kv_transport_used).
+    const bool offer_ucx = dest.transport() == v1::KV_TRANSPORT_UCX && !dest.kv_lease_descriptor().empty() &&
+                           state_.kv_transport() != nullptr;
     if (dest.blocks_per_rank_size() != 1 || dest.decode_worker_address().empty() || dest.num_skip_blocks() < 0) {
       return Respond(absl::InvalidArgumentError("destination: one rank's blocks and an address are required"));
     }
@@ -62,13 +63,34 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
     r->request_id = engine_id_;
     auto self = shared_from_this();
     r->on_output = [self](const engine::RequestOutput& out) { self->OnOutput(out); };
-    // The stream opens now, so its connection is ready when the first layer is.
+    // The transfer opens now, so its connection is ready when the first layer is.
     start_ = std::chrono::steady_clock::now();
-    push_ = KvPushStream::Start(state_.Channel(dest.decode_worker_address()), dest.transfer_id(),
-                                state_.lease_timeout_ms(),
-                                [self](const absl::Status& status, const v1::KvPushAck&, int64_t bytes) {
-                                  self->OnPushDone(status, bytes);
-                                });
+    if (offer_ucx) {
+      // Blocks for one round trip: the receiver refuses an unknown lease before anything is put.
+      absl::StatusOr<std::unique_ptr<kv::KvPush>> push =
+          state_.kv_transport()->OpenPush(state_.kv_pool(), dest.kv_lease_descriptor());
+      if (push.ok()) {
+        ucx_ = *std::move(push);
+      } else if (!absl::IsUnavailable(push.status())) {
+        if (KvTransferMetrics* m = state_.transfer_metrics()) {
+          m->EndTransfer(KvTransferMetrics::Direction::kSent, KvTransferMetrics::Transport::kUcx, 0, 0,
+                         push.status());
+        }
+        return Respond(absl::Status(push.status().code(),
+                                    absl::StrCat("KV lease from ", dest.decode_worker_address(), ": ",
+                                                 push.status().message())));
+      } else {
+        KVMESH_LOG(kWarning) << "UCX unreachable, pushing KV over gRPC" << LogKv("request", request_.request_id())
+                             << LogKv("status", push.status().ToString());
+      }
+    }
+    if (ucx_ == nullptr) {
+      push_ = KvPushStream::Start(state_.Channel(dest.decode_worker_address()), dest.transfer_id(),
+                                  state_.lease_timeout_ms(),
+                                  [self](const absl::Status& status, const v1::KvPushAck&, int64_t bytes) {
+                                    self->OnPushDone(status, bytes);
+                                  });
+    }
     engine::KvLayerSink sink;
     if (state_.stream_kv_layers()) {
       sink = [self](const engine::KvLayerBlocks& blocks) { self->SendLayer(blocks); };
@@ -79,7 +101,7 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
           return e.AddPrefillOnlyRequest(std::move(req), skip, std::move(sink));
         });
     if (!s.ok()) {
-      push_->Cancel();
+      CancelTransfer();
       Respond(s);
     }
   }
@@ -87,14 +109,41 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
   // The caller went away: stop computing, free the blocks, drop the stream.
   void Cancel() {
     if (!engine_id_.empty()) state_.engine().Abort(engine_id_);
-    if (push_) push_->Cancel();
+    CancelTransfer();
     Respond(absl::CancelledError("the decode side cancelled the prefill"));
   }
 
  private:
-  // Engine thread, between two layers: copies the layer's finished blocks into chunks.
+  void CancelTransfer() {
+    if (ucx_) ucx_->Cancel();
+    if (push_) push_->Cancel();
+  }
+
+  // Engine thread, between two layers: queues one put per merged run (UCX; posted on the
+  // transport's thread), or copies the layer's finished blocks into chunks (gRPC).
   void SendLayer(const engine::KvLayerBlocks& blocks) {
     const v1::KvDestination& dest = request_.destination();
+    if (ucx_) {
+      std::vector<kv::BlockId> ids;
+      ids.reserve(blocks.blocks.size());
+      absl::Status s;
+      for (const std::span<const std::byte>& b : blocks.blocks) {
+        absl::StatusOr<kv::BlockId> id = state_.PoolBlockOf(blocks.layer, b);
+        if (!id.ok()) {
+          s = id.status();
+          break;
+        }
+        ids.push_back(*id);
+      }
+      if (s.ok()) s = ucx_->PutLayer(blocks.layer, blocks.first_block_index - dest.num_skip_blocks(), ids);
+      if (!s.ok()) {
+        // The transfer is over; Finish reports it (and the decode side fails its lease).
+        KVMESH_LOG(kWarning) << "UCX put refused" << LogKv("request", request_.request_id())
+                             << LogKv("status", s.ToString());
+        ucx_->Cancel();
+      }
+      return;
+    }
     const v1::RankBlocks& dest_blocks = dest.blocks_per_rank(0);
     const int32_t skip = dest.num_skip_blocks();
     const size_t block_bytes = static_cast<size_t>(state_.block_spec().block_bytes);
@@ -125,7 +174,7 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
       for (int32_t b = skip; b < num_blocks; ++b) {
         absl::StatusOr<std::span<const std::byte>> span = e.ExportKvBlock(engine_id_, layer, b);
         if (!span.ok()) {
-          push_->Cancel();
+          CancelTransfer();
           return Respond(span.status());
         }
         spans.push_back(*span);
@@ -151,6 +200,14 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
       const int32_t num_blocks = static_cast<int32_t>(out.prefill_result->block_ids.size());
       state_.engine().Post([self, streamed, num_blocks](engine::Engine& e) {
         if (!streamed) self->SendAllLayers(e, num_blocks);
+        if (self->ucx_) {
+          // The puts read the blocks until the flush: they stay pinned until Finish's answer.
+          self->ucx_->Finish([self](const absl::Status& status, const kv::KvTransferStats& stats) {
+            self->state_.engine().Post([self](engine::Engine& e) { (void)e.ReleasePrefill(self->engine_id_); });
+            self->OnUcxDone(status, stats);
+          });
+          return;
+        }
         (void)e.ReleasePrefill(self->engine_id_);
         self->push_->Close();
       });
@@ -163,9 +220,26 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
       computed = result_.has_value();
     }
     if (computed) return;  // the release after the result
-    push_->Cancel();
+    CancelTransfer();
     Respond(out.status.ok() ? absl::AbortedError("the prefill was aborted before its prompt was computed")
                             : out.status);
+  }
+
+  // The transport's thread: every put landed and the receiver counted them (or not).
+  void OnUcxDone(const absl::Status& status, const kv::KvTransferStats& stats) {
+    if (KvTransferMetrics* m = state_.transfer_metrics()) {
+      m->AddBytes(KvTransferMetrics::Direction::kSent, stats.bytes);
+      m->EndStream(KvTransferMetrics::Direction::kSent, stats.seconds, status.ok());
+      m->EndTransfer(KvTransferMetrics::Direction::kSent, KvTransferMetrics::Transport::kUcx, stats.descriptors,
+                     stats.runs, status, stats.seconds > 0 ? static_cast<double>(stats.bytes) / stats.seconds / 1e9 : 0);
+    }
+    if (!status.ok()) {
+      state_.engine().Abort(engine_id_);
+      return Respond(absl::Status(status.code(), absl::StrCat("putting KV over UCX to ",
+                                                              request_.destination().decode_worker_address(), ": ",
+                                                              status.message())));
+    }
+    RespondComputed(stats.bytes, v1::KV_TRANSPORT_UCX, stats.descriptors);
   }
 
   // gRPC thread: the receiver imported everything (or the push failed).
@@ -174,6 +248,7 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
       m->AddBytes(KvTransferMetrics::Direction::kSent, bytes);
       m->EndStream(KvTransferMetrics::Direction::kSent,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(), status.ok());
+      m->EndTransfer(KvTransferMetrics::Direction::kSent, KvTransferMetrics::Transport::kGrpc, 0, 0, status);
     }
     if (!status.ok()) {
       state_.engine().Abort(engine_id_);
@@ -181,6 +256,11 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
                                                               request_.destination().decode_worker_address(), ": ",
                                                               status.message())));
     }
+    RespondComputed(bytes, v1::KV_TRANSPORT_GRPC_STREAM, 0);
+  }
+
+  // The KV is on the decode side: answer with the first token.
+  void RespondComputed(int64_t bytes, v1::KvTransport transport, int64_t descriptors) {
     std::optional<engine::PrefillResult> result;
     std::chrono::steady_clock::time_point computed_at;
     {
@@ -192,6 +272,9 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
     // The transfer time the prefill did not hide: from the prompt computed to every
     // block imported on the decode side (what layered streaming shrinks).
     const auto now = std::chrono::steady_clock::now();
+    if (KvTransferMetrics* m = state_.transfer_metrics()) {
+      m->ObserveTail(std::chrono::duration<double>(now - computed_at).count());
+    }
     KVMESH_LOG(kDebug) << "prefill pushed" << LogKv("request", request_.request_id()) << LogKv("bytes", bytes)
                        << LogKv("push_ms", std::chrono::duration<double, std::milli>(now - start_).count())
                        << LogKv("tail_ms", std::chrono::duration<double, std::milli>(now - computed_at).count());
@@ -202,6 +285,8 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
       }
       response_->set_num_cached_tokens(result->num_cached_tokens);
       response_->set_kv_bytes_sent(bytes);
+      response_->set_kv_transport_used(transport);
+      response_->set_kv_descriptors(descriptors);
     });
   }
 
@@ -220,7 +305,8 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
   v1::PrefillResponse* response_;  // written only inside Respond, before Finish
   std::string engine_id_;          // set in Start, before any callback can run
   std::chrono::steady_clock::time_point start_;
-  std::shared_ptr<KvPushStream> push_;  // set in Start, before the engine sees the request
+  std::shared_ptr<KvPushStream> push_;  // gRPC: set in Start, before the engine sees the request
+  std::unique_ptr<kv::KvPush> ucx_;     // UCX: set in Start, before the engine sees the request
   std::atomic<bool> responded_{false};
   std::mutex mu_;
   std::optional<engine::PrefillResult> result_;  // guarded by mu_

@@ -4,6 +4,15 @@
 //   kvmesh_kv_transfer_bytes_total{direction="sent"|"received"}     KV payload bytes
 //   kvmesh_kv_transfer_seconds_total{direction="sent"|"received"}   time push streams were open
 //   kvmesh_kv_transfer_failures_total{direction="sent"|"received"}  push streams that ended in error
+//   kvmesh_kv_transfers_total{direction, transport="ucx"|"grpc", result="ok"|<status code>}
+//                                                                   transfers by transport and outcome
+//                                                                   (failures by cause)
+//   kvmesh_kv_transfer_descriptors_total{direction, transport}      puts posted (UCX: one per layer and run)
+//   kvmesh_kv_transfer_runs{direction, transport}                   histogram: merged runs per transfer
+//   kvmesh_kv_transfer_tail_seconds                                 histogram (prefill side): the prompt
+//                                                                   computed -> the KV acknowledged on the
+//                                                                   decode side (what overlap did not hide)
+//   kvmesh_kv_transfer_gbps{direction, transport}                   histogram: achieved GB/s per transfer
 //
 // "sent" is the prefill side (its PushKvBlocks client streams), "received" the decode
 // side (its PushKvBlocks server streams).
@@ -15,7 +24,10 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/status/status.h"
 #include "metrics/counter.h"
+#include "metrics/family.h"
+#include "metrics/histogram.h"
 #include "metrics/registry.h"
 
 namespace kvmesh::worker {
@@ -27,6 +39,7 @@ class KvTransferMetrics {
   static absl::StatusOr<std::unique_ptr<KvTransferMetrics>> Create(metrics::Registry& registry);
 
   enum class Direction : uint8_t { kSent, kReceived };
+  enum class Transport : uint8_t { kUcx, kGrpc };
   // Payload bytes: the receiver adds each accepted chunk's, the sender a stream's
   // written bytes when it ends (a failed stream's bytes count too).
   void AddBytes(Direction direction, int64_t bytes) { side(direction).bytes->Increment(bytes); }
@@ -36,6 +49,12 @@ class KvTransferMetrics {
     s.seconds->Increment(seconds);
     if (!ok) s.failures->Increment();
   }
+  // One transfer ended with `status`; `descriptors` and `runs` as KvTransferStats's (0
+  // for the gRPC stream); `gbps` its achieved rate (<= 0: not observed).
+  void EndTransfer(Direction direction, Transport transport, int64_t descriptors, int64_t runs,
+                   const absl::Status& status, double gbps = 0);
+  // Prefill side: the transfer tail of one prompt.
+  void ObserveTail(double seconds) { tail_->Observe(seconds); }
 
  private:
   struct Side {
@@ -48,6 +67,11 @@ class KvTransferMetrics {
 
   Side sent_;
   Side received_;
+  metrics::CounterFamily* transfers_ = nullptr;
+  metrics::CounterFamily* descriptors_ = nullptr;
+  metrics::HistogramFamily* runs_ = nullptr;
+  metrics::HistogramFamily* gbps_ = nullptr;
+  metrics::Histogram* tail_ = nullptr;
 };
 
 }  // namespace kvmesh::worker

@@ -29,6 +29,7 @@
 #include "rpc/grpc_server.h"
 #include "rpc/kv_conversions.h"
 #include "serving/serving_metrics.h"
+#include "kv/transport/ucx/ucx_kv_transport.h"
 #include "worker/heartbeater.h"
 #include "worker/kv_transfer_metrics.h"
 #include "worker/worker_health.h"
@@ -64,6 +65,18 @@ ABSL_FLAG(int64_t, kv_lease_timeout_ms, 30000,
           "Decode side: a remote prefill must deliver its KV within this; prefill side: pinned blocks are "
           "released after this.");
 KVMESH_FLAG_RANGE(kv_lease_timeout_ms, 1, 86400000);
+
+// NOTE: grpc stays the default until the UCX path passes all its fault tests (a dead
+// receiver on shm is not yet detected by the sender).
+ABSL_FLAG(std::string, kv_transport, "grpc",
+          "How prefill -> decode KV moves: grpc (the PushKvBlocks byte stream; the default), ucx (one-sided UCX "
+          "puts into the decode worker's leased blocks; fails to start without UCX), or auto: UCX when this "
+          "worker can start it (and the peer has it too), else gRPC.");
+ABSL_FLAG(std::string, ucx_tls, "",
+          "UCX transports for KV (UCX_TLS syntax: \"sm\", \"tcp\", \"shm,cma,tcp\"); empty: the UCX_TLS "
+          "environment variable, else UCX's choice.");
+ABSL_FLAG(int64_t, kv_progress_timeout_ms, 1000,
+          "Decode side: a UCX KV sender not heard from for this long (dead or stopped) fails its lease.");
 
 namespace kvmesh::worker {
 namespace {
@@ -162,6 +175,36 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
     eos_token_ids.push_back(*id);
   }
 
+  // The KV data plane: UCX over this worker's whole pool, registered once.
+  const std::string kv_transport = absl::GetFlag(FLAGS_kv_transport);
+  if (kv_transport != "ucx" && kv_transport != "grpc" && kv_transport != "auto") {
+    return Fail(process, "--kv-transport must be ucx, grpc or auto");
+  }
+  std::unique_ptr<kv::UcxKvTransport> ucx;
+  kv::KvPoolHandle ucx_pool;
+  kv::KvStorage* storage = runner->kv_storage();
+  if (kv_transport != "grpc" && *role != v1::WORKER_ROLE_BOTH) {
+    absl::Status s = storage == nullptr ? absl::FailedPreconditionError("the model runner has no host KV pool")
+                                        : absl::OkStatus();
+    if (s.ok()) {
+      auto created_ucx = kv::UcxKvTransport::Create(
+          {.tls = absl::GetFlag(FLAGS_ucx_tls), .progress_timeout_ms = absl::GetFlag(FLAGS_kv_progress_timeout_ms)});
+      s = created_ucx.status();
+      if (created_ucx.ok()) {
+        auto pool = (*created_ucx)->RegisterPool(storage->data(), storage->layout());
+        s = pool.status();
+        if (pool.ok()) {
+          ucx = *std::move(created_ucx);
+          ucx_pool = *pool;
+        }
+      }
+    }
+    if (!s.ok()) {
+      if (kv_transport == "ucx") return Fail(process, absl::StrCat("--kv-transport ucx: ", s.message()));
+      KVMESH_LOG(kWarning) << "UCX unavailable, KV moves over gRPC" << LogKv("status", s.ToString());
+    }
+  }
+
   engine::AsyncEngine async_engine(*std::move(created));
   WorkerState state(async_engine, absl::GetFlag(FLAGS_worker_id), spec, *block_spec, eos_token_ids,
                     absl::GetFlag(FLAGS_kv_lease_timeout_ms));
@@ -174,6 +217,7 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
   if (!transfer_metrics.ok()) return Fail(process, std::string(transfer_metrics.status().message()));
   state.SetMetrics(serving_metrics->get(), transfer_metrics->get());
   state.SetStreamKvLayers(absl::GetFlag(FLAGS_kv_stream_layers));
+  if (ucx) state.SetKvTransport(ucx.get(), ucx_pool, storage->data(), storage->layout());
   // The probes' view (worker_health.h); with --scheduler, ready once registered.
   WorkerHealth health(/*needs_registration=*/!absl::GetFlag(FLAGS_scheduler).empty());
   std::unique_ptr<http::HttpServer> metrics_server;
@@ -207,7 +251,8 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
   if (worker_id.empty()) worker_id = absl::StrCat("worker-", address);
   state.SetIdentity(worker_id, address);
   KVMESH_LOG(kInfo) << "worker listening on " << address << LogKv("role", absl::GetFlag(FLAGS_role))
-                    << LogKv("worker_id", worker_id) << LogKv("kv_blocks", runner->num_blocks());
+                    << LogKv("worker_id", worker_id) << LogKv("kv_blocks", runner->num_blocks())
+                    << LogKv("kv_transport", ucx ? "ucx" : "grpc");
 
   std::unique_ptr<Heartbeater> heartbeater;
   if (const std::string scheduler = absl::GetFlag(FLAGS_scheduler); !scheduler.empty()) {
@@ -234,6 +279,8 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
   if (heartbeater) heartbeater->Stop();
   (*server)->Shutdown(/*deadline_ms=*/5000);
   if (metrics_server) metrics_server->Shutdown(std::chrono::milliseconds(1000));
+  // Before the state and the engine its callbacks post to: open leases and pushes end.
+  ucx.reset();
   KVMESH_LOG(kInfo) << "stopped";
   return 0;
 }

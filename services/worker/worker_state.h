@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,8 @@
 #include "absl/status/statusor.h"
 #include "engine/async_engine.h"
 #include "kv/kv_block_spec.h"
+#include "kv/kv_layout.h"
+#include "kv/transport/kv_transport.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
 #include "rpc/channel.h"
 #include "rpc/sampling_conversions.h"
@@ -64,6 +67,30 @@ class WorkerState {
   void SetStreamKvLayers(bool stream) { stream_kv_layers_ = stream; }
   bool stream_kv_layers() const { return stream_kv_layers_; }
   KvTransferMetrics* transfer_metrics() const { return transfer_metrics_; }
+
+  // The one-sided KV transport (UCX) and this worker's registered pool; none: the gRPC
+  // stream only. Both must outlive this. Set once, before serving.
+  void SetKvTransport(kv::KvTransport* transport, kv::KvPoolHandle pool, const std::byte* pool_base,
+                      const kv::KvLayout& layout) {
+    kv_transport_ = transport;
+    kv_pool_ = pool;
+    kv_pool_base_ = pool_base;
+    kv_pool_layout_.emplace(layout);
+  }
+  kv::KvTransport* kv_transport() const { return kv_transport_; }
+  kv::KvPoolHandle kv_pool() const { return kv_pool_; }
+  // The pool block id of `block`, one layer-`layer` block of this worker's pool (the spans
+  // a KvLayerSink gets); InvalidArgument when it is not one.
+  absl::StatusOr<kv::BlockId> PoolBlockOf(int32_t layer, std::span<const std::byte> block) const {
+    if (!kv_pool_layout_.has_value()) return absl::FailedPreconditionError("no registered KV pool");
+    const kv::KvLayout& l = *kv_pool_layout_;
+    const int64_t offset = block.data() - kv_pool_base_ - l.BlockOffset(layer, kv::BlockId{0});
+    if (offset < 0 || offset % l.BlockBytes() != 0 || offset / l.BlockBytes() >= l.num_blocks() ||
+        static_cast<int64_t>(block.size()) != l.BlockBytes()) {
+      return absl::InvalidArgumentError("a KV block outside the registered pool");
+    }
+    return kv::BlockId{static_cast<int32_t>(offset / l.BlockBytes())};
+  }
 
   // A channel per peer address, reused.
   std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
@@ -141,6 +168,10 @@ class WorkerState {
   serving::ServingMetrics* serving_metrics_ = nullptr;  // set once before serving
   KvTransferMetrics* transfer_metrics_ = nullptr;       // set once before serving
   bool stream_kv_layers_ = true;                        // set once before serving
+  kv::KvTransport* kv_transport_ = nullptr;             // set once before serving
+  kv::KvPoolHandle kv_pool_;                            // set once before serving
+  const std::byte* kv_pool_base_ = nullptr;             // set once before serving
+  std::optional<kv::KvLayout> kv_pool_layout_;          // set once before serving
 
   std::mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_;

@@ -1,0 +1,988 @@
+#include "kv/transport/ucx/ucx_kv_transport.h"
+
+#include <sched.h>
+#include <ucp/api/ucp.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "core/status_macros.h"
+#include "kv/kv_block_spec.h"
+#include "kv/transport/kv_lease_descriptor.h"
+#include "kv/transport/kv_runs.h"
+
+namespace kvmesh::kv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Active-message ids. To the receiver: Hello, Progress, Done, Abort. Back to the
+// sender: HelloAck, DoneAck, Refused.
+enum AmId : unsigned { kHello = 1, kProgress, kDone, kAbort, kHelloAck, kDoneAck, kRefused };
+
+// Every message starts with the lease token and the sender's push id.
+struct MsgHead {
+  uint64_t lease_token;
+  uint64_t push_id;
+};
+// Done: then the counts, then num_checksums RunChecksum records.
+struct DoneBody {
+  int64_t blocks;
+  int64_t bytes;
+  uint32_t num_checksums;
+};
+struct RunChecksum {
+  int32_t layer;
+  int32_t first_index;
+  int32_t num_blocks;
+  uint64_t xxh64;
+};
+// Answers: then a status code and its message's bytes.
+struct AnswerBody {
+  int32_t code;
+  uint32_t message_bytes;
+};
+
+template <typename T>
+void Append(std::string& out, const T& value) {
+  out.append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+template <typename T>
+bool Take(std::string_view& in, T& value) {
+  if (in.size() < sizeof(T)) return false;
+  std::memcpy(&value, in.data(), sizeof(T));
+  in.remove_prefix(sizeof(T));
+  return true;
+}
+
+absl::Status UcsError(const char* what, ucs_status_t status) {
+  return absl::InternalError(absl::StrCat(what, ": ", ucs_status_string(status)));
+}
+
+int64_t MsSince(Clock::time_point t, Clock::time_point now) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(now - t).count();
+}
+
+struct Pool {
+  std::byte* base = nullptr;
+  KvLayout layout;
+  ucp_mem_h memh = nullptr;
+  std::string rkey;
+};
+
+// The receiver's record of one lease (worker thread only).
+struct Lease {
+  KvPoolHandle pool;
+  std::vector<BlockId> block_ids;
+  KvLeaseDoneFn on_done;
+  Clock::time_point last_heard;
+  bool has_sender = false;
+  uint64_t sender_push_id = 0;
+  ucp_ep_h reply_ep = nullptr;
+};
+
+// A connection to one remote worker, shared by the pushes to it (worker thread only).
+struct Peer {
+  ucp_ep_h ep = nullptr;
+  bool failed = false;
+  absl::Status error;
+};
+
+}  // namespace
+
+// The push's shared state: PutLayer's checks happen under mu on the caller's thread;
+// everything UCX happens on the worker thread.
+struct PushState {
+  uint64_t id = 0;
+  KvLeaseDescriptor dest;
+  std::byte* local_base = nullptr;
+  std::optional<KvLayout> local_layout;
+  Clock::time_point start;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<bool> sent;  // [layer * num_lease_blocks + index]
+  bool finishing = false;
+  bool cancelled = false;
+  absl::Status error;  // first failure
+  std::optional<absl::Status> hello;  // the HelloAck's answer
+  KvTransferStats stats;
+  std::vector<RunChecksum> checksums;
+  KvPushDoneFn on_done;
+  std::optional<absl::Status> done_answer;  // the DoneAck's answer
+  bool done = false;
+
+  // Worker thread only.
+  std::string peer_key;     // the receiver's worker address
+  ucp_ep_h ep = nullptr;
+  ucp_rkey_h rkey = nullptr;
+  int64_t inflight = 0;     // puts and flushes not yet completed
+  bool flush_posted = false;
+  bool done_sent = false;
+  bool cancelled_on_worker = false;
+  Clock::time_point last_keepalive;
+  Clock::time_point ack_deadline;
+};
+
+class UcxKvTransport::Impl {
+ public:
+  explicit Impl(const UcxKvTransportOptions& options) : options_(options) {
+    std::random_device rd;
+    token_salt_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+
+  absl::Status Init() {
+    ucp_config_t* config = nullptr;
+    ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+    if (s != UCS_OK) return UcsError("ucp_config_read", s);
+    if (!options_.tls.empty()) {
+      s = ucp_config_modify(config, "TLS", options_.tls.c_str());
+      if (s != UCS_OK) {
+        ucp_config_release(config);
+        return absl::InvalidArgumentError(absl::StrCat("UCX_TLS '", options_.tls, "': ", ucs_status_string(s)));
+      }
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+    params.name = "kvmesh-kv";
+    s = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    if (s != UCS_OK) return UcsError("ucp_init", s);
+    ucp_worker_params_t wparams{};
+    wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wparams.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it
+    s = ucp_worker_create(context_, &wparams, &worker_);
+    if (s != UCS_OK) return UcsError("ucp_worker_create", s);
+    ucp_address_t* address = nullptr;
+    size_t address_bytes = 0;
+    s = ucp_worker_get_address(worker_, &address, &address_bytes);
+    if (s != UCS_OK) return UcsError("ucp_worker_get_address", s);
+    worker_address_.assign(reinterpret_cast<const char*>(address), address_bytes);
+    ucp_worker_release_address(worker_, address);
+    for (unsigned id = kHello; id <= kRefused; ++id) {
+      ucp_am_handler_param_t h{};
+      h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+      h.id = id;
+      h.cb = &Impl::OnAm;
+      am_args_[id] = AmArg{this, id};
+      h.arg = &am_args_[id];
+      s = ucp_worker_set_am_recv_handler(worker_, &h);
+      if (s != UCS_OK) return UcsError("ucp_worker_set_am_recv_handler", s);
+    }
+    thread_ = std::thread([this] { Loop(); });
+    return absl::OkStatus();
+  }
+
+  ~Impl() {
+    if (thread_.joinable()) {
+      RunSync([this] { Shutdown(); });
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+      }
+      cv_.notify_all();
+      thread_.join();
+    }
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    for (Pool& p : pools_) {
+      if (p.memh != nullptr) ucp_mem_unmap(context_, p.memh);
+    }
+    if (context_ != nullptr) ucp_cleanup(context_);
+  }
+
+  // ---- Receiver ----
+
+  absl::StatusOr<KvPoolHandle> RegisterPool(std::byte* base, const KvLayout& layout) {
+    if (base == nullptr || layout.TotalBytes() <= 0) return absl::InvalidArgumentError("RegisterPool: empty pool");
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = base;
+    mp.length = static_cast<size_t>(layout.TotalBytes());
+    ucp_mem_h memh = nullptr;
+    ucs_status_t s = ucp_mem_map(context_, &mp, &memh);
+    if (s != UCS_OK) return UcsError("ucp_mem_map", s);
+    void* rkey_buffer = nullptr;
+    size_t rkey_bytes = 0;
+    s = ucp_rkey_pack(context_, memh, &rkey_buffer, &rkey_bytes);
+    if (s != UCS_OK) {
+      ucp_mem_unmap(context_, memh);
+      return UcsError("ucp_rkey_pack", s);
+    }
+    std::string rkey(static_cast<const char*>(rkey_buffer), rkey_bytes);
+    ucp_rkey_buffer_release(rkey_buffer);
+    std::lock_guard<std::mutex> lock(pools_mu_);
+    pools_.push_back(Pool{.base = base, .layout = layout, .memh = memh, .rkey = std::move(rkey)});
+    return KvPoolHandle{static_cast<int32_t>(pools_.size() - 1)};
+  }
+
+  absl::StatusOr<KvLeaseGrant> OpenLease(KvPoolHandle pool, KvLeaseOptions options, KvLeaseDoneFn on_done) {
+    KvLeaseDescriptor d;
+    {
+      std::lock_guard<std::mutex> lock(pools_mu_);
+      if (pool.value < 0 || pool.value >= static_cast<int32_t>(pools_.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("OpenLease: unknown pool ", pool.value));
+      }
+      const Pool& p = pools_[pool.value];
+      d.spec = KvBlockSpecOf(p.layout);
+      d.pool_num_blocks = p.layout.num_blocks();
+      d.remote_base = reinterpret_cast<uint64_t>(p.base);
+      d.remote_key = p.rkey;
+    }
+    std::vector<bool> seen(d.pool_num_blocks, false);
+    for (const BlockId id : options.block_ids) {
+      if (id.value < 0 || id.value >= d.pool_num_blocks || seen[id.value]) {
+        return absl::InvalidArgumentError(absl::StrCat("OpenLease: block ", id.value, " out of range or repeated"));
+      }
+      seen[id.value] = true;
+    }
+    d.lease_token = token_salt_ ^ (next_token_.fetch_add(1) * 0x9E3779B97F4A7C15ULL);
+    d.block_ids = options.block_ids;
+    d.worker_address = worker_address_;
+    KvLeaseGrant grant{.lease_token = d.lease_token, .descriptor = EncodeKvLeaseDescriptor(d)};
+    Post([this, pool, token = d.lease_token, ids = std::move(options.block_ids), on_done = std::move(on_done)]() mutable {
+      leases_[token] = Lease{.pool = pool, .block_ids = std::move(ids), .on_done = std::move(on_done),
+                             .last_heard = Clock::now()};
+      num_leases_.store(static_cast<int64_t>(leases_.size()));
+    });
+    return grant;
+  }
+
+  void CloseLease(uint64_t token, absl::Status status) {
+    Post([this, token, status = std::move(status)] {
+      auto it = leases_.find(token);
+      if (it == leases_.end()) return;
+      if (it->second.has_sender && it->second.reply_ep != nullptr) {
+        SendAnswer(it->second.reply_ep, kRefused, token, it->second.sender_push_id, status);
+      }
+      EndLease(token, status, {});
+    });
+  }
+
+  // ---- Sender ----
+
+  absl::StatusOr<std::shared_ptr<PushState>> OpenPush(KvPoolHandle pool, std::string_view descriptor) {
+    auto st = std::make_shared<PushState>();
+    KVMESH_ASSIGN_OR_RETURN(st->dest, DecodeKvLeaseDescriptor(descriptor));
+    {
+      std::lock_guard<std::mutex> lock(pools_mu_);
+      if (pool.value < 0 || pool.value >= static_cast<int32_t>(pools_.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("OpenPush: unknown pool ", pool.value));
+      }
+      st->local_base = pools_[pool.value].base;
+      st->local_layout = pools_[pool.value].layout;
+    }
+    KVMESH_RETURN_IF_ERROR(CheckKvBlockSpecsMatch(KvBlockSpecOf(*st->local_layout), st->dest.spec));
+    st->id = next_push_id_.fetch_add(1) + 1;
+    st->sent.assign(static_cast<size_t>(st->dest.spec.num_layers) * st->dest.block_ids.size(), false);
+    st->start = Clock::now();
+    absl::Status opened = RunSync([&] { return Connect(st); });
+    KVMESH_RETURN_IF_ERROR(opened);
+    // The receiver answers Hello with whether it knows the lease.
+    std::unique_lock<std::mutex> lock(st->mu);
+    const bool answered = st->cv.wait_for(lock, std::chrono::milliseconds(options_.ack_timeout_ms),
+                                          [&] { return st->hello.has_value() || !st->error.ok(); });
+    absl::Status result;
+    if (!st->error.ok()) {
+      result = st->error;
+    } else if (!answered) {
+      result = absl::UnavailableError(absl::StrCat("KV receiver did not answer within ", options_.ack_timeout_ms, " ms"));
+    } else {
+      result = *st->hello;
+    }
+    if (!result.ok()) {
+      if (st->error.ok()) st->error = result;
+      st->done = true;  // nothing was put: no on_done to run
+      lock.unlock();
+      Post([this, st] { Retire(st); });
+      return result;
+    }
+    return st;
+  }
+
+  absl::Status PutLayer(const std::shared_ptr<PushState>& st, int32_t layer, int32_t first_index,
+                        std::span<const BlockId> src) {
+    const int32_t n_lease = static_cast<int32_t>(st->dest.block_ids.size());
+    const KvLayout& local = *st->local_layout;
+    if (layer < 0 || layer >= st->dest.spec.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("PutLayer: layer ", layer, " outside [0, ", st->dest.spec.num_layers, ")"));
+    }
+    if (first_index < 0 || static_cast<int64_t>(first_index) + static_cast<int64_t>(src.size()) > n_lease) {
+      return absl::InvalidArgumentError(absl::StrCat("PutLayer: blocks [", first_index, ", ", first_index + src.size(),
+                                                     ") outside the lease's ", n_lease));
+    }
+    for (const BlockId id : src) {
+      if (id.value < 0 || id.value >= local.num_blocks()) {
+        return absl::InvalidArgumentError(absl::StrCat("PutLayer: local block ", id.value, " outside the pool"));
+      }
+    }
+    std::span<const BlockId> dst(st->dest.block_ids.data() + first_index, src.size());
+    std::vector<KvRun> runs = MergeKvRuns(src, dst);
+    const int64_t block_bytes = local.BlockBytes();
+    std::vector<RunChecksum> sums;
+    if (options_.checksum_runs) {
+      for (const KvRun& r : runs) {
+        sums.push_back(RunChecksum{.layer = layer, .first_index = first_index + r.first_index, .num_blocks = r.num_blocks,
+                                   .xxh64 = XXH64(st->local_base + local.BlockOffset(layer, r.src_first),
+                                                  static_cast<size_t>(r.num_blocks * block_bytes), 0)});
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (!st->error.ok()) return st->error;
+      if (st->finishing || st->cancelled) return absl::FailedPreconditionError("PutLayer after Finish or Cancel");
+      const size_t base = static_cast<size_t>(layer) * n_lease + first_index;
+      for (size_t i = 0; i < src.size(); ++i) {
+        if (st->sent[base + i]) {
+          return absl::InvalidArgumentError(absl::StrCat("PutLayer: layer ", layer, " block ", first_index + i, " already put"));
+        }
+      }
+      for (size_t i = 0; i < src.size(); ++i) st->sent[base + i] = true;
+      st->stats.blocks += static_cast<int64_t>(src.size());
+      st->stats.bytes += static_cast<int64_t>(src.size()) * block_bytes;
+      st->stats.descriptors += static_cast<int64_t>(runs.size());
+      st->stats.runs = std::max<int64_t>(st->stats.runs, static_cast<int64_t>(runs.size()));
+      st->checksums.insert(st->checksums.end(), sums.begin(), sums.end());
+    }
+    Post([this, st, layer, runs = std::move(runs), block_bytes] {
+      const KvLayout& local = *st->local_layout;
+      const uint64_t remote_layer_bytes = static_cast<uint64_t>(st->dest.pool_num_blocks) * block_bytes;
+      for (const KvRun& r : runs) {
+        if (st->ep == nullptr || st->cancelled_on_worker) return;
+        const uint64_t remote = st->dest.remote_base + static_cast<uint64_t>(layer) * remote_layer_bytes +
+                                static_cast<uint64_t>(r.dst_first.value) * block_bytes;
+        PostPut(st, st->local_base + local.BlockOffset(layer, r.src_first), static_cast<size_t>(r.num_blocks * block_bytes),
+                remote);
+      }
+    });
+    return absl::OkStatus();
+  }
+
+  void Finish(const std::shared_ptr<PushState>& st, KvPushDoneFn on_done) {
+    {
+      std::unique_lock<std::mutex> lock(st->mu);
+      if (st->finishing) return;
+      st->finishing = true;
+      if (st->done) {  // already over (cancelled): report it now
+        const absl::Status status = st->error;
+        const KvTransferStats stats = st->stats;
+        lock.unlock();
+        on_done(status, stats);
+        return;
+      }
+      st->on_done = std::move(on_done);
+    }
+    Post([this, st] { MaybeFlush(st); });
+  }
+
+  void Cancel(const std::shared_ptr<PushState>& st) {
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (st->done || st->cancelled) return;
+      st->cancelled = true;
+    }
+    Post([this, st] {
+      st->cancelled_on_worker = true;
+      if (st->ep != nullptr) SendMsg(st->ep, kAbort, MsgHead{st->dest.lease_token, st->id}, {});
+      Fail(st, absl::CancelledError("the KV push was cancelled"));
+    });
+  }
+
+  int64_t num_open_leases() const { return num_leases_.load(); }
+  int64_t num_open_pushes() const { return num_pushes_.load(); }
+
+ private:
+  // ---- The worker thread ----
+
+  void Post(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+  // Runs `fn` on the worker thread and waits for it (inline when already there).
+  template <typename Fn>
+  auto RunSync(Fn fn) -> decltype(fn()) {
+    if (std::this_thread::get_id() == thread_.get_id()) return fn();
+    std::packaged_task<decltype(fn())()> task(std::move(fn));
+    auto future = task.get_future();
+    Post([&task] { task(); });
+    return future.get();
+  }
+
+  void Loop() {
+    Clock::time_point last_busy = Clock::now();
+    Clock::time_point last_timers = last_busy;
+    while (true) {
+      std::deque<std::function<void()>> tasks;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) return;
+        tasks.swap(tasks_);
+      }
+      bool busy = !tasks.empty();
+      for (auto& t : tasks) t();
+      int events = 0;
+      while (ucp_worker_progress(worker_) != 0 && events < 1024) ++events;
+      busy = busy || events > 0 || inflight_ > 0;
+      const Clock::time_point now = Clock::now();
+      if (now - last_timers >= std::chrono::milliseconds(1)) {
+        last_timers = now;
+        CheckTimers(now);
+      }
+      if (busy) {
+        last_busy = now;
+        continue;
+      }
+      // Spin a little after activity (the next put or message is usually close), then
+      // sleep in short steps: the receiver of a tcp put must progress to land it.
+      if (now - last_busy < std::chrono::milliseconds(2)) {
+        sched_yield();
+        continue;
+      }
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::microseconds(500), [&] { return stop_ || !tasks_.empty(); });
+    }
+  }
+
+  void CheckTimers(Clock::time_point now) {
+    // Receiver: leases whose sender went quiet.
+    std::vector<uint64_t> expired;
+    for (const auto& [token, lease] : leases_) {
+      // Before the Hello the control plane's deadline owns the lease (the sender may be
+      // queued, or may push another way), unless hello_timeout_ms says otherwise.
+      const int64_t limit = lease.has_sender ? options_.progress_timeout_ms : options_.hello_timeout_ms;
+      if (limit > 0 && MsSince(lease.last_heard, now) > limit) expired.push_back(token);
+    }
+    for (const uint64_t token : expired) {
+      const bool had_sender = leases_[token].has_sender;
+      EndLease(token,
+               absl::DeadlineExceededError(absl::StrCat(
+                   had_sender ? "the KV sender went quiet: no message for " : "no KV sender arrived within ",
+                   had_sender ? options_.progress_timeout_ms : options_.hello_timeout_ms, " ms")),
+               {});
+    }
+    // Sender: keepalives and answers that did not come.
+    std::vector<std::shared_ptr<PushState>> pushes;
+    for (const auto& [id, st] : pushes_) pushes.push_back(st);
+    for (const auto& st : pushes) {
+      if (st->done_sent) {
+        if (now > st->ack_deadline) {
+          Fail(st, absl::UnavailableError(absl::StrCat("the KV receiver did not acknowledge the completion within ",
+                                                       options_.ack_timeout_ms, " ms")));
+        }
+        continue;
+      }
+      if (st->ep != nullptr && MsSince(st->last_keepalive, now) >= options_.keepalive_interval_ms) {
+        st->last_keepalive = now;
+        SendMsg(st->ep, kProgress, MsgHead{st->dest.lease_token, st->id}, {});
+      }
+    }
+  }
+
+  absl::Status Connect(const std::shared_ptr<PushState>& st) {
+    st->peer_key = st->dest.worker_address;
+    Peer& peer = peers_[st->peer_key];
+    if (peer.failed) {
+      // A peer that failed once is reconnected (the receiver may have restarted).
+      peers_.erase(st->peer_key);
+      return Connect(st);
+    }
+    if (peer.ep == nullptr) {
+      ucp_ep_params_t ep_params{};
+      ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                             UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      ep_params.address = reinterpret_cast<const ucp_address_t*>(st->dest.worker_address.data());
+      ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      ep_params.err_handler.cb = &Impl::OnEpError;
+      ep_params.err_handler.arg = this;
+      ucs_status_t s = ucp_ep_create(worker_, &ep_params, &peer.ep);
+      if (s == UCS_ERR_UNREACHABLE) {
+        // NOTE: UCX 1.13's shared-memory transports have no peer failure handling: on
+        // one host the endpoint goes without it, and a dead receiver shows as the
+        // completion's ack timeout (a put into its segment cannot fail).
+        ep_params.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+        s = ucp_ep_create(worker_, &ep_params, &peer.ep);
+      }
+      if (s != UCS_OK) {
+        peers_.erase(st->peer_key);
+        return absl::InvalidArgumentError(absl::StrCat("lease descriptor: worker address refused by UCX: ",
+                                                       ucs_status_string(s)));
+      }
+    }
+    // NOTE: UCX 1.13's ucp_ep_rkey_unpack crashes on some garbage (its error path
+    // releases keys it never unpacked), so the shape of a packed key is checked first:
+    // a 64-bit memory-domain map, a memory type, then at least a size byte per domain.
+    // The descriptor's checksum is what catches corruption; this catches a well-framed
+    // key that cannot be UCX's.
+    const std::string& key = st->dest.remote_key;
+    uint64_t md_map = 0;
+    if (key.size() >= sizeof(md_map)) std::memcpy(&md_map, key.data(), sizeof(md_map));
+    if (key.size() < sizeof(md_map) + 1 || md_map == 0 ||
+        static_cast<size_t>(__builtin_popcountll(md_map)) > key.size() - sizeof(md_map) - 1) {
+      return absl::InvalidArgumentError(absl::StrCat("lease descriptor: a remote key of ", key.size(),
+                                                     " bytes is not a packed UCX key"));
+    }
+    const ucs_status_t s = ucp_ep_rkey_unpack(peer.ep, key.data(), &st->rkey);
+    if (s != UCS_OK) {
+      return absl::InvalidArgumentError(absl::StrCat("lease descriptor: remote key refused by UCX: ", ucs_status_string(s)));
+    }
+    st->ep = peer.ep;
+    st->last_keepalive = Clock::now();
+    pushes_[st->id] = st;
+    num_pushes_.store(static_cast<int64_t>(pushes_.size()));
+    SendMsg(st->ep, kHello, MsgHead{st->dest.lease_token, st->id}, {});
+    return absl::OkStatus();
+  }
+
+  struct OpContext {
+    Impl* impl;
+    std::shared_ptr<PushState> st;
+  };
+
+  void PostPut(const std::shared_ptr<PushState>& st, const std::byte* local, size_t bytes, uint64_t remote) {
+    ucp_request_param_t p{};
+    auto* ctx = new OpContext{this, st};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &Impl::OnOpDone;
+    p.user_data = ctx;
+    ucs_status_ptr_t r = ucp_put_nbx(st->ep, local, bytes, remote, st->rkey, &p);
+    TrackOp(ctx, r, "ucp_put_nbx");
+  }
+
+  // A put's or flush's request: completed now, failed now, or in flight.
+  void TrackOp(OpContext* ctx, ucs_status_ptr_t r, const char* what) {
+    if (r == nullptr) {
+      delete ctx;
+      return;
+    }
+    if (UCS_PTR_IS_ERR(r)) {
+      Fail(ctx->st, absl::UnavailableError(absl::StrCat(what, ": ", ucs_status_string(UCS_PTR_STATUS(r)))));
+      delete ctx;
+      return;
+    }
+    ++ctx->st->inflight;
+    ++inflight_;
+  }
+
+  static void OnOpDone(void* request, ucs_status_t status, void* user_data) {
+    auto* ctx = static_cast<OpContext*>(user_data);
+    Impl* self = ctx->impl;
+    --ctx->st->inflight;
+    --self->inflight_;
+    if (status != UCS_OK) {
+      self->Fail(ctx->st, absl::UnavailableError(absl::StrCat("KV put to the receiver failed: ", ucs_status_string(status))));
+    }
+    const std::shared_ptr<PushState> st = std::move(ctx->st);
+    delete ctx;
+    ucp_request_free(request);
+    self->MaybeFlush(st);
+  }
+
+  // Once Finish was called and every put completed: flush the endpoint, then (in the
+  // flush's callback) send Done.
+  void MaybeFlush(const std::shared_ptr<PushState>& st) {
+    bool finishing;
+    bool failed;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      finishing = st->finishing && !st->done;
+      failed = !st->error.ok();
+    }
+    if (failed || st->ep == nullptr) return Complete(st);
+    if (!finishing) return;
+    if (!st->flush_posted) {
+      st->flush_posted = true;
+      ucp_request_param_t p{};
+      auto* ctx = new OpContext{this, st};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      p.cb.send = &Impl::OnOpDone;
+      p.user_data = ctx;
+      TrackOp(ctx, ucp_ep_flush_nbx(st->ep, &p), "ucp_ep_flush_nbx");
+    }
+    if (st->inflight > 0 || st->done_sent || st->ep == nullptr) return;
+    // Every put is remotely complete: the completion may go.
+    std::string body;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (st->done) return;
+      Append(body, DoneBody{.blocks = st->stats.blocks,
+                            .bytes = st->stats.bytes,
+                            .num_checksums = static_cast<uint32_t>(st->checksums.size())});
+      for (const RunChecksum& c : st->checksums) Append(body, c);
+    }
+    st->done_sent = true;
+    st->ack_deadline = Clock::now() + std::chrono::milliseconds(options_.ack_timeout_ms);
+    SendMsg(st->ep, kDone, MsgHead{st->dest.lease_token, st->id}, body);
+  }
+
+  // Ends a push with `status` (its first error wins); on_done runs once nothing is in
+  // flight any more (the caller unpins the source blocks in it).
+  void Fail(const std::shared_ptr<PushState>& st, const absl::Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (st->error.ok()) st->error = status;
+    }
+    st->cv.notify_all();
+    Complete(st);
+  }
+
+  // Runs on_done when the push ended (an error, or the DoneAck) and no put is in
+  // flight; a cancelled push nobody finishes is forgotten then.
+  void Complete(const std::shared_ptr<PushState>& st) {
+    KvPushDoneFn done;
+    absl::Status status;
+    KvTransferStats stats;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (st->done) return;
+      const bool ended = !st->error.ok() || st->done_answer.has_value();
+      if (!ended || st->inflight > 0) return;
+      if (st->on_done == nullptr && !st->cancelled) return;  // Finish will come and report it
+      st->done = true;
+      status = st->error.ok() ? *st->done_answer : st->error;
+      st->stats.seconds = std::chrono::duration<double>(Clock::now() - st->start).count();
+      stats = st->stats;
+      done = std::move(st->on_done);
+    }
+    Retire(st);
+    if (done) done(status, stats);
+  }
+
+  // Forgets a finished push (worker thread).
+  void Retire(const std::shared_ptr<PushState>& st) {
+    if (st->rkey != nullptr) {
+      ucp_rkey_destroy(st->rkey);
+      st->rkey = nullptr;
+    }
+    st->ep = nullptr;
+    pushes_.erase(st->id);
+    num_pushes_.store(static_cast<int64_t>(pushes_.size()));
+  }
+
+  static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* self = static_cast<Impl*>(arg);
+    const absl::Status error = absl::UnavailableError(absl::StrCat("the KV peer was lost: ", ucs_status_string(status)));
+    for (auto& [key, peer] : self->peers_) {
+      if (peer.ep == ep) {
+        peer.failed = true;
+        peer.error = error;
+      }
+    }
+    std::vector<std::shared_ptr<PushState>> hit;
+    for (const auto& [id, st] : self->pushes_) {
+      if (st->ep == ep) hit.push_back(st);
+    }
+    for (const auto& st : hit) self->Fail(st, error);
+  }
+
+  // ---- Messages ----
+
+  struct SendContext {
+    std::string bytes;
+  };
+
+  void SendMsg(ucp_ep_h ep, unsigned id, const MsgHead& head, std::string_view body) {
+    auto* ctx = new SendContext;
+    Append(ctx->bytes, head);
+    ctx->bytes.append(body);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    p.cb.send = [](void* request, ucs_status_t, void* user_data) {
+      delete static_cast<SendContext*>(user_data);
+      ucp_request_free(request);
+    };
+    p.user_data = ctx;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, nullptr, 0, ctx->bytes.data(), ctx->bytes.size(), &p);
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) delete ctx;  // sent, or failed: the endpoint's error handler reports it
+  }
+
+  void SendAnswer(ucp_ep_h ep, unsigned id, uint64_t token, uint64_t push_id, const absl::Status& status) {
+    if (ep == nullptr) return;
+    std::string body;
+    const std::string_view message = ToStd(status.message());
+    Append(body, AnswerBody{.code = static_cast<int32_t>(status.code()),
+                            .message_bytes = static_cast<uint32_t>(message.size())});
+    body.append(message);
+    SendMsg(ep, id, MsgHead{token, push_id}, body);
+  }
+
+  static absl::Status ReadAnswer(std::string_view in) {
+    AnswerBody a{};
+    if (!Take(in, a) || in.size() < a.message_bytes) return absl::InternalError("malformed answer from the KV peer");
+    const int32_t code = std::clamp<int32_t>(a.code, 0, 16);
+    return absl::Status(static_cast<absl::StatusCode>(code), ToAbsl(in.substr(0, a.message_bytes)));
+  }
+
+  struct AmArg {
+    Impl* impl = nullptr;
+    unsigned id = 0;
+  };
+
+  static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                           const ucp_am_recv_param_t* param) {
+    const auto* a = static_cast<const AmArg*>(arg);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_OK;  // we send eager only
+    std::string_view in(static_cast<const char*>(data), length);
+    MsgHead head{};
+    if (!Take(in, head)) return UCS_OK;
+    const ucp_ep_h reply = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+    // NOTE: answers go out from the loop, not from inside UCX's callback.
+    std::string body(in);
+    a->impl->Post([impl = a->impl, id = a->id, head, body = std::move(body), reply] {
+      impl->OnMessage(id, head, body, reply);
+    });
+    return UCS_OK;
+  }
+
+  void OnMessage(unsigned id, const MsgHead& head, std::string_view body, ucp_ep_h reply) {
+    switch (id) {
+      case kHello:
+      case kProgress:
+      case kDone:
+      case kAbort:
+        return OnReceiverMessage(id, head, body, reply);
+      default:
+        break;
+    }
+    auto it = pushes_.find(head.push_id);
+    if (it == pushes_.end()) return;
+    const std::shared_ptr<PushState> st = it->second;
+    const absl::Status answer = ReadAnswer(body);
+    if (id == kHelloAck) {
+      {
+        std::lock_guard<std::mutex> lock(st->mu);
+        st->hello = answer;
+      }
+      st->cv.notify_all();
+    } else if (id == kDoneAck) {
+      {
+        std::lock_guard<std::mutex> lock(st->mu);
+        st->done_answer = answer;
+      }
+      Complete(st);
+    } else if (id == kRefused) {
+      Fail(st, answer);
+    }
+  }
+
+  void OnReceiverMessage(unsigned id, const MsgHead& head, std::string_view body, ucp_ep_h reply) {
+    auto it = leases_.find(head.lease_token);
+    if (it == leases_.end()) {
+      const absl::Status unknown = absl::NotFoundError(
+          absl::StrCat("KV lease ", head.lease_token, " is not open here (never granted, expired or closed)"));
+      if (id == kHello) SendAnswer(reply, kHelloAck, head.lease_token, head.push_id, unknown);
+      if (id == kProgress) SendAnswer(reply, kRefused, head.lease_token, head.push_id, unknown);
+      if (id == kDone) SendAnswer(reply, kDoneAck, head.lease_token, head.push_id, unknown);
+      return;
+    }
+    Lease& lease = it->second;
+    if (id == kHello) {
+      if (lease.has_sender && lease.sender_push_id != head.push_id) {
+        return SendAnswer(reply, kHelloAck, head.lease_token, head.push_id,
+                          absl::FailedPreconditionError("KV lease already has a sender"));
+      }
+      lease.has_sender = true;
+      lease.sender_push_id = head.push_id;
+      lease.reply_ep = reply;
+      lease.last_heard = Clock::now();
+      return SendAnswer(reply, kHelloAck, head.lease_token, head.push_id, absl::OkStatus());
+    }
+    if (!lease.has_sender || lease.sender_push_id != head.push_id) {
+      return SendAnswer(reply, kRefused, head.lease_token, head.push_id,
+                        absl::FailedPreconditionError("KV lease belongs to another sender"));
+    }
+    lease.last_heard = Clock::now();
+    if (id == kProgress) return;
+    if (id == kAbort) {
+      EndLease(head.lease_token, absl::AbortedError("the KV sender abandoned the transfer"), {});
+      return;
+    }
+    KvTransferStats stats;
+    const absl::Status verdict = CheckDone(lease, body, stats);
+    EndLease(head.lease_token, verdict, stats);
+    SendAnswer(reply, kDoneAck, head.lease_token, head.push_id, verdict);
+  }
+
+  // The completion's claims against the lease: every (layer, block) put once (the
+  // sender refuses repeats), and with checksums, the bytes that landed.
+  absl::Status CheckDone(const Lease& lease, std::string_view in, KvTransferStats& stats) {
+    DoneBody d{};
+    if (!Take(in, d)) return absl::DataLossError("malformed KV completion");
+    const Pool* pool;
+    {
+      std::lock_guard<std::mutex> lock(pools_mu_);
+      pool = &pools_[lease.pool.value];
+    }
+    const KvLayout& layout = pool->layout;
+    const int64_t expected = static_cast<int64_t>(layout.num_layers()) * static_cast<int64_t>(lease.block_ids.size());
+    stats.blocks = d.blocks;
+    stats.bytes = d.bytes;
+    if (d.blocks != expected || d.bytes != expected * layout.BlockBytes()) {
+      return absl::DataLossError(absl::StrCat("the KV sender put ", d.blocks, " of the lease's ", expected,
+                                              " (layer, block) pairs"));
+    }
+    for (uint32_t i = 0; i < d.num_checksums; ++i) {
+      RunChecksum c{};
+      if (!Take(in, c)) return absl::DataLossError("malformed KV completion checksums");
+      const int64_t n_lease = static_cast<int64_t>(lease.block_ids.size());
+      if (c.layer < 0 || c.layer >= layout.num_layers() || c.first_index < 0 || c.num_blocks <= 0 ||
+          static_cast<int64_t>(c.first_index) + c.num_blocks > n_lease) {
+        return absl::DataLossError("KV completion names a run outside the lease");
+      }
+      for (int32_t k = 1; k < c.num_blocks; ++k) {
+        if (lease.block_ids[c.first_index + k].value != lease.block_ids[c.first_index].value + k) {
+          return absl::DataLossError("KV completion names a run that is not contiguous here");
+        }
+      }
+      const std::byte* at = pool->base + layout.BlockOffset(c.layer, lease.block_ids[c.first_index]);
+      if (XXH64(at, static_cast<size_t>(c.num_blocks * layout.BlockBytes()), 0) != c.xxh64) {
+        return absl::DataLossError(absl::StrCat("KV run layer ", c.layer, " blocks [", c.first_index, ", ",
+                                                c.first_index + c.num_blocks, ") landed with a different checksum"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void EndLease(uint64_t token, const absl::Status& status, const KvTransferStats& stats) {
+    auto it = leases_.find(token);
+    if (it == leases_.end()) return;
+    Lease lease = std::move(it->second);
+    leases_.erase(it);
+    num_leases_.store(static_cast<int64_t>(leases_.size()));
+    if (lease.on_done) lease.on_done(status, stats);
+  }
+
+  // Worker thread, at destruction: every lease and push ends, every endpoint closes.
+  void Shutdown() {
+    std::vector<uint64_t> tokens;
+    for (const auto& [token, lease] : leases_) tokens.push_back(token);
+    for (const uint64_t t : tokens) EndLease(t, absl::CancelledError("the KV transport is shutting down"), {});
+    std::vector<std::shared_ptr<PushState>> pushes;
+    for (const auto& [id, st] : pushes_) pushes.push_back(st);
+    for (const auto& st : pushes) {
+      st->cancelled = true;
+      Fail(st, absl::CancelledError("the KV transport is shutting down"));
+    }
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(1);
+    for (auto& [key, peer] : peers_) {
+      if (peer.ep == nullptr) continue;
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t r = ucp_ep_close_nbx(peer.ep, &p);
+      if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
+        while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker_);
+        ucp_request_free(r);
+      }
+      peer.ep = nullptr;
+    }
+    for (const auto& st : pushes) {
+      std::lock_guard<std::mutex> lock(st->mu);
+      st->inflight = 0;
+    }
+    inflight_ = 0;
+    pushes_.clear();
+    peers_.clear();
+  }
+
+  const UcxKvTransportOptions options_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string worker_address_;
+  uint64_t token_salt_ = 0;
+  std::atomic<uint64_t> next_token_{1};
+  std::atomic<uint64_t> next_push_id_{0};
+  std::atomic<int64_t> num_leases_{0};
+  std::atomic<int64_t> num_pushes_{0};
+
+  mutable std::mutex pools_mu_;
+  std::deque<Pool> pools_;  // guarded by pools_mu_; a deque: entries never move
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;  // guarded by mu_
+  bool stop_ = false;                        // guarded by mu_
+  std::thread thread_;
+
+  // Worker thread only.
+  absl::flat_hash_map<uint64_t, Lease> leases_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<PushState>> pushes_;
+  absl::flat_hash_map<std::string, Peer> peers_;
+  int64_t inflight_ = 0;
+  AmArg am_args_[kRefused + 1];
+};
+
+namespace {
+
+class UcxPush : public KvPush {
+ public:
+  UcxPush(UcxKvTransport::Impl& impl, std::shared_ptr<PushState> st) : impl_(impl), st_(std::move(st)) {}
+  // Dropped without Finish: the transfer is abandoned.
+  ~UcxPush() override {
+    bool finishing;
+    {
+      std::lock_guard<std::mutex> lock(st_->mu);
+      finishing = st_->finishing;
+    }
+    if (!finishing) impl_.Cancel(st_);
+  }
+  absl::Status PutLayer(int32_t layer, int32_t first_index, std::span<const BlockId> src_blocks) override {
+    return impl_.PutLayer(st_, layer, first_index, src_blocks);
+  }
+  void Finish(KvPushDoneFn on_done) override { impl_.Finish(st_, std::move(on_done)); }
+  void Cancel() override { impl_.Cancel(st_); }
+
+ private:
+  UcxKvTransport::Impl& impl_;
+  const std::shared_ptr<PushState> st_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UcxKvTransport>> UcxKvTransport::Create(const UcxKvTransportOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  KVMESH_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<UcxKvTransport>(new UcxKvTransport(std::move(impl)));
+}
+
+UcxKvTransport::UcxKvTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+UcxKvTransport::~UcxKvTransport() = default;
+
+absl::StatusOr<KvPoolHandle> UcxKvTransport::RegisterPool(std::byte* base, const KvLayout& layout) {
+  return impl_->RegisterPool(base, layout);
+}
+absl::StatusOr<KvLeaseGrant> UcxKvTransport::OpenLease(KvPoolHandle pool, KvLeaseOptions options,
+                                                       KvLeaseDoneFn on_done) {
+  return impl_->OpenLease(pool, std::move(options), std::move(on_done));
+}
+void UcxKvTransport::CloseLease(uint64_t lease_token, absl::Status status) {
+  impl_->CloseLease(lease_token, std::move(status));
+}
+absl::StatusOr<std::unique_ptr<KvPush>> UcxKvTransport::OpenPush(KvPoolHandle pool, std::string_view descriptor) {
+  KVMESH_ASSIGN_OR_RETURN(std::shared_ptr<PushState> st, impl_->OpenPush(pool, descriptor));
+  return std::unique_ptr<KvPush>(new UcxPush(*impl_, std::move(st)));
+}
+int64_t UcxKvTransport::num_open_leases() const { return impl_->num_open_leases(); }
+int64_t UcxKvTransport::num_open_pushes() const { return impl_->num_open_pushes(); }
+
+}  // namespace kvmesh::kv

@@ -1,0 +1,89 @@
+// UcxKvTransport: KvTransport over UCX (Debian's libucx 1.13: tcp, shm — posix/sysv —
+// and cma; no CUDA transports, so device pools are staged through host memory by their
+// owner). One ucp_context and one ucp_worker per transport (one per process, or per TP
+// rank), progressed on the transport's own thread: the engine thread only checks and
+// queues puts, it never posts a descriptor.
+//
+// Data path: each pool is registered once (ucp_mem_map of its whole buffer) and a lease
+// descriptor carries the pool's packed rkey, base address and block ids, plus this
+// worker's address. The sender puts each merged run of a layer with ONE ucp_put_nbx
+// (source and destination blocks both consecutive), then ucp_ep_flush_nbx, then sends
+// the completion (an active message counting the (layer, block) pairs it put, and with
+// checksum_runs the XXH64 of every run); the receiver checks the count (and the
+// checksums against what landed) before it reports the lease done.
+//
+// Control messages (active messages on the sender's endpoint; the receiver answers on
+// the reply endpoint): Hello (opens the push: refused for an unknown lease), Progress
+// (the sender's keepalive, every keepalive_interval_ms while a push is open), Done,
+// Abort (sender cancelled); HelloAck, DoneAck and Refused (lease unknown or failed:
+// the sender stops) back.
+//
+// Faults: endpoints use UCP_ERR_HANDLING_MODE_PEER, so a dead receiver fails the
+// sender's puts (cma, tcp) or its completion times out (ack_timeout_ms, shm where a put
+// into a dead peer's segment cannot fail); a sender that dies or stops (SIGKILL,
+// SIGSTOP) stops sending Progress and its lease fails after progress_timeout_ms.
+// Shutting a transport down ends its leases (Cancelled) and pushes (Cancelled).
+//
+// NOTE: a one-sided put cannot be refused by the receiver once the rkey is handed out.
+// What keeps a late put out of reused blocks is the protocol: a push starts only after
+// the receiver's HelloAck, stops on Refused, and the receiver's caller frees a failed
+// lease's blocks only after on_done, which for a live sender follows its Abort or the
+// progress deadline.
+//
+// Thread-safety: thread-safe. Callbacks run on the transport's thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "kv/transport/kv_transport.h"
+
+namespace kvmesh::kv {
+
+struct UcxKvTransportOptions {
+  // UCX_TLS for this context ("shm,cma", "tcp", ...); empty: the UCX_TLS environment
+  // variable, else UCX's choice.
+  std::string tls;
+  // Receiver: a lease whose sender (after its Hello) was not heard from for this long
+  // fails (DeadlineExceeded): how a dead or stopped sender is noticed.
+  int64_t progress_timeout_ms = 1000;
+  // Receiver: a lease with no Hello this long after OpenLease fails; 0: no limit (the
+  // control plane's own deadline and the engine's lease timeout cover that wait).
+  int64_t hello_timeout_ms = 0;
+  // Sender: Progress messages this often while a push is open.
+  int64_t keepalive_interval_ms = 200;
+  // Sender: how long the HelloAck and the DoneAck may take (Unavailable past it).
+  int64_t ack_timeout_ms = 2000;
+  // Sender: XXH64 of every run goes with the completion and the receiver verifies it
+  // (DataLoss on a mismatch). Costs a read of the bytes on both sides.
+  bool checksum_runs = false;
+};
+
+class UcxKvTransport : public KvTransport {
+ public:
+  // Internal when UCX cannot be initialised (e.g. no transport of `tls` is usable).
+  static absl::StatusOr<std::unique_ptr<UcxKvTransport>> Create(const UcxKvTransportOptions& options);
+  ~UcxKvTransport() override;
+
+  std::string_view name() const override { return "ucx"; }
+  absl::StatusOr<KvPoolHandle> RegisterPool(std::byte* base, const KvLayout& layout) override;
+  absl::StatusOr<KvLeaseGrant> OpenLease(KvPoolHandle pool, KvLeaseOptions options, KvLeaseDoneFn on_done) override;
+  void CloseLease(uint64_t lease_token, absl::Status status) override;
+  absl::StatusOr<std::unique_ptr<KvPush>> OpenPush(KvPoolHandle pool, std::string_view descriptor) override;
+
+  // Leases still open here (receiver) and pushes not yet done (sender): what a stranded
+  // -blocks gauge reads.
+  int64_t num_open_leases() const;
+  int64_t num_open_pushes() const;
+
+  class Impl;
+
+ private:
+  explicit UcxKvTransport(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvmesh::kv

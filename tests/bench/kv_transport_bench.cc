@@ -1,0 +1,388 @@
+// kv_transport_bench: moves the KV of a 4k-token prompt (256 blocks of 16 tokens, every
+// layer) from a sender process to a receiver process
+//   1. through UcxKvTransport (libs/kv/transport): lease, OpenPush, one PutLayer per
+//      layer, Finish, the receiver's verdict — the real path's whole transfer;
+//   2. with `ucx_perftest -t ucp_put_bw` (ucx-utils) in client/server mode, same
+//      UCX_TLS, message size = one layer's run (the size of our puts): the bound;
+//   3. through the gRPC stream path (KvPushStream, services/prefill_worker, into a
+//      PushKvBlocks receiver that checks XXH64 and copies into a pool as the decode
+//      worker's does), on loopback TCP;
+// and prints GB/s with the ratios. Shapes: the tiny test model's KV (8 layers, 2 KV
+// heads, head_dim 64, f32) and a SmolLM2-135M-like one (30 layers, 3 KV heads,
+// head_dim 64, bf16).
+//
+//   kv_transport_bench [--tls sm,tcp] [--iters 20] [--perftest /usr/bin/ucx_perftest]
+//
+// The receiver is this binary re-executed with --receiver (a fresh process, no UCX
+// state inherited through fork).
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_split.h"
+#include "kv/kv_layout.h"
+#include "kv/transport/ucx/ucx_kv_transport.h"
+#include "kvmesh/v1/worker.grpc.pb.h"
+#include "prefill_worker/kv_push_stream.h"
+#include "rpc/channel.h"
+
+extern char** environ;
+
+namespace kvmesh {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int32_t kPromptBlocks = 256;  // 4096 tokens
+constexpr int32_t kDstFirst = 100;      // destination blocks [100, 356) of a 512-block pool
+
+struct Shape {
+  const char* name;
+  kv::KvLayoutOptions layout;
+};
+
+std::vector<Shape> Shapes() {
+  return {
+      {"tiny (8L, 2 kv heads, d64, f32)",
+       {.num_layers = 8, .num_kv_heads = 2, .head_dim = 64, .block_size_tokens = 16, .dtype = DType::kF32}},
+      {"SmolLM2-135M-like (30L, 3 kv heads, d64, bf16)",
+       {.num_layers = 30, .num_kv_heads = 3, .head_dim = 64, .block_size_tokens = 16, .dtype = DType::kBF16}},
+  };
+}
+
+kv::KvLayoutOptions WithBlocks(kv::KvLayoutOptions o, int32_t n) {
+  o.num_blocks = n;
+  return o;
+}
+
+bool ReadAll(int fd, void* buf, size_t n) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t r = read(fd, p, n);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+bool WriteAll(int fd, const void* buf, size_t n) {
+  const auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    const ssize_t w = write(fd, p, n);
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// ---- The receiver process: per 'o' on stdin, opens a lease over blocks [100, 356),
+// writes its descriptor, then the lease's status code when it ends.
+int RunReceiver(const std::string& tls, int shape_index) {
+  const Shape shape = Shapes()[shape_index];
+  auto storage = kv::KvStorage::Create(WithBlocks(shape.layout, 512));
+  // A refused push must not leave the receiver waiting for ever.
+  auto transport = kv::UcxKvTransport::Create({.tls = tls, .progress_timeout_ms = 5000, .hello_timeout_ms = 5000});
+  if (!storage.ok() || !transport.ok()) {
+    std::fprintf(stderr, "receiver: %s\n", transport.ok() ? storage.status().ToString().c_str()
+                                                           : transport.status().ToString().c_str());
+    return 1;
+  }
+  auto pool = (*transport)->RegisterPool((*storage)->data(), (*storage)->layout());
+  if (!pool.ok()) return 1;
+  std::vector<kv::BlockId> ids;
+  for (int32_t i = 0; i < kPromptBlocks; ++i) ids.push_back(kv::BlockId{kDstFirst + i});
+  char cmd = 0;
+  while (ReadAll(0, &cmd, 1) && cmd == 'o') {
+    std::promise<absl::Status> done;
+    auto grant = (*transport)->OpenLease(*pool, {.block_ids = ids},
+                                         [&](const absl::Status& s, const kv::KvTransferStats&) { done.set_value(s); });
+    if (!grant.ok()) return 1;
+    const uint32_t n = static_cast<uint32_t>(grant->descriptor.size());
+    if (!WriteAll(1, &n, 4) || !WriteAll(1, grant->descriptor.data(), n)) return 1;
+    const int32_t code = static_cast<int32_t>(done.get_future().get().code());
+    if (!WriteAll(1, &code, 4)) return 1;
+  }
+  return 0;
+}
+
+struct Child {
+  pid_t pid = -1;
+  int to = -1;    // its stdin
+  int from = -1;  // its stdout
+};
+
+Child SpawnReceiver(const std::string& tls, int shape_index) {
+  int in[2], out[2];
+  if (pipe(in) != 0 || pipe(out) != 0) return {};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addclose(&fa, in[1]);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  const std::string shape = std::to_string(shape_index);
+  std::vector<std::string> args = {"/proc/self/exe", "--receiver", tls, shape};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  Child c;
+  if (posix_spawn(&c.pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ) != 0) c.pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  close(out[1]);
+  c.to = in[1];
+  c.from = out[0];
+  return c;
+}
+
+void StopReceiver(Child& c) {
+  const char q = 'q';
+  (void)WriteAll(c.to, &q, 1);
+  close(c.to);
+  close(c.from);
+  int status = 0;
+  waitpid(c.pid, &status, 0);
+}
+
+struct Result {
+  double median_gbps = 0;
+  double best_gbps = 0;
+  int64_t descriptors = 0;
+  int failures = 0;
+};
+
+Result BenchUcx(const std::string& tls, int shape_index, int iters) {
+  const Shape shape = Shapes()[shape_index];
+  auto storage = kv::KvStorage::Create(WithBlocks(shape.layout, kPromptBlocks)).value();
+  for (int64_t i = 0; i < storage->size_bytes(); ++i) storage->data()[i] = static_cast<std::byte>(i * 131 + 7);
+  auto transport = kv::UcxKvTransport::Create({.tls = tls}).value();
+  const kv::KvPoolHandle pool = transport->RegisterPool(storage->data(), storage->layout()).value();
+  std::vector<kv::BlockId> src;
+  for (int32_t i = 0; i < kPromptBlocks; ++i) src.push_back(kv::BlockId{i});
+  Child child = SpawnReceiver(tls, shape_index);
+  Result result;
+  std::vector<double> gbps;
+  for (int it = 0; it < iters + 1; ++it) {  // the first is a warm-up (connection set-up)
+    const char o = 'o';
+    uint32_t n = 0;
+    if (!WriteAll(child.to, &o, 1) || !ReadAll(child.from, &n, 4)) break;
+    std::string desc(n, '\0');
+    if (!ReadAll(child.from, desc.data(), n)) break;
+    const auto start = Clock::now();
+    auto push = transport->OpenPush(pool, desc);
+    if (!push.ok()) {
+      std::fprintf(stderr, "OpenPush: %s\n", push.status().ToString().c_str());
+      ++result.failures;
+      break;
+    }
+    for (int32_t layer = 0; layer < storage->layout().num_layers(); ++layer) (void)(*push)->PutLayer(layer, 0, src);
+    std::promise<std::pair<absl::Status, kv::KvTransferStats>> done;
+    (*push)->Finish([&](const absl::Status& s, const kv::KvTransferStats& st) { done.set_value({s, st}); });
+    const auto [status, stats] = done.get_future().get();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    int32_t code = -1;
+    (void)ReadAll(child.from, &code, 4);
+    if (!status.ok() || code != 0) {
+      std::fprintf(stderr, "transfer: %s (receiver code %d)\n", status.ToString().c_str(), code);
+      ++result.failures;
+      continue;
+    }
+    result.descriptors = stats.descriptors;
+    if (it > 0) gbps.push_back(static_cast<double>(stats.bytes) / seconds / 1e9);
+  }
+  StopReceiver(child);
+  if (!gbps.empty()) {
+    std::sort(gbps.begin(), gbps.end());
+    result.median_gbps = gbps[gbps.size() / 2];
+    result.best_gbps = gbps.back();
+  }
+  return result;
+}
+
+// ucx_perftest ucp_put_bw between two processes on `tls`, `bytes` per put; GB/s (1e9).
+double BenchPerftest(const std::string& perftest, const std::string& tls, int64_t bytes, int iters, int port) {
+  const std::string env = "UCX_TLS=" + tls;
+  const std::string server = env + " " + perftest + " -p " + std::to_string(port) + " >/dev/null 2>&1 &";
+  if (std::system(server.c_str()) != 0) return 0;
+  usleep(300 * 1000);
+  const std::string client = env + " " + perftest + " 127.0.0.1 -p " + std::to_string(port) +
+                             " -t ucp_put_bw -s " + std::to_string(bytes) + " -n " + std::to_string(iters) +
+                             " -w " + std::to_string(std::max(2, iters / 10)) + " -f -v 2>/dev/null";
+  FILE* f = popen(client.c_str(), "r");
+  if (f == nullptr) return 0;
+  char line[512];
+  double mbps = 0;
+  while (fgets(line, sizeof(line), f) != nullptr) {
+    std::vector<std::string> cols = absl::StrSplit(line, ',');
+    // iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr
+    if (cols.size() >= 6 && !cols[0].empty() && cols[0].find("iterations") == std::string::npos) {
+      mbps = std::atof(cols[5].c_str());
+    }
+  }
+  pclose(f);
+  return mbps * 1024.0 * 1024.0 / 1e9;  // ucx_perftest's MB is 2^20 bytes
+}
+
+// ---- The gRPC stream path: a PushKvBlocks receiver as the decode worker's (XXH64 per
+// chunk, copy into the pool), fed by the prefill worker's KvPushStream.
+class PushReceiver : public grpc::ServerReadReactor<v1::KvBlockChunk> {
+ public:
+  PushReceiver(kv::KvStorage& pool, v1::KvPushAck* ack) : pool_(pool), ack_(ack) { StartRead(&chunk_); }
+  void OnReadDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status::OK);
+    const std::string& p = chunk_.payload();
+    if (XXH64(p.data(), p.size(), 0) != chunk_.checksum_xxh64()) {
+      return Finish(grpc::Status(grpc::StatusCode::DATA_LOSS, "checksum"));
+    }
+    const size_t bb = static_cast<size_t>(pool_.layout().BlockBytes());
+    for (int i = 0; i < chunk_.block_ids_size(); ++i) {
+      std::memcpy(pool_.BlockData(chunk_.layer(), kv::BlockId{chunk_.block_ids(i)}).data(), p.data() + i * bb, bb);
+    }
+    ack_->set_num_bytes(ack_->num_bytes() + static_cast<int64_t>(p.size()));
+    StartRead(&chunk_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  kv::KvStorage& pool_;
+  v1::KvPushAck* ack_;
+  v1::KvBlockChunk chunk_;
+};
+
+class PushService : public v1::Worker::CallbackService {
+ public:
+  explicit PushService(kv::KvStorage& pool) : pool_(pool) {}
+  grpc::ServerReadReactor<v1::KvBlockChunk>* PushKvBlocks(grpc::CallbackServerContext*, v1::KvPushAck* ack) override {
+    return new PushReceiver(pool_, ack);
+  }
+
+ private:
+  kv::KvStorage& pool_;
+};
+
+double BenchGrpc(int shape_index, int iters) {
+  const Shape shape = Shapes()[shape_index];
+  auto src = kv::KvStorage::Create(WithBlocks(shape.layout, kPromptBlocks)).value();
+  auto dst = kv::KvStorage::Create(WithBlocks(shape.layout, 512)).value();
+  PushService service(*dst);
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.RegisterService(&service);
+  auto server = builder.BuildAndStart();
+  auto channel = rpc::CreateChannel("127.0.0.1:" + std::to_string(port));
+  const size_t bb = static_cast<size_t>(src->layout().BlockBytes());
+  const size_t per_chunk = std::max<size_t>(1, (4u << 20) / bb);  // prefill_call.cc's kMaxChunkBytes
+  std::vector<double> gbps;
+  for (int it = 0; it < iters + 1; ++it) {
+    std::promise<absl::Status> done;
+    const auto start = Clock::now();
+    auto stream = worker::KvPushStream::Start(channel, "t" + std::to_string(it), 0,
+                                              [&](const absl::Status& s, const v1::KvPushAck&, int64_t) {
+                                                done.set_value(s);
+                                              });
+    int64_t bytes = 0;
+    for (int32_t layer = 0; layer < src->layout().num_layers(); ++layer) {
+      for (int32_t first = 0; first < kPromptBlocks; first += static_cast<int32_t>(per_chunk)) {
+        const int32_t n = std::min<int32_t>(static_cast<int32_t>(per_chunk), kPromptBlocks - first);
+        v1::KvBlockChunk chunk;  // built as PrefillJob::SendLayer does
+        chunk.set_transfer_id("t");
+        chunk.set_layer(layer);
+        std::string* payload = chunk.mutable_payload();
+        payload->reserve(n * bb);
+        for (int32_t b = first; b < first + n; ++b) {
+          chunk.add_block_ids(kDstFirst + b);
+          const auto span = src->BlockData(layer, kv::BlockId{b});
+          payload->append(reinterpret_cast<const char*>(span.data()), span.size());
+        }
+        bytes += static_cast<int64_t>(payload->size());
+        stream->Write(std::move(chunk));
+      }
+    }
+    stream->Close();
+    const absl::Status s = done.get_future().get();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (!s.ok()) {
+      std::fprintf(stderr, "gRPC push: %s\n", s.ToString().c_str());
+      return 0;
+    }
+    if (it > 0) gbps.push_back(static_cast<double>(bytes) / seconds / 1e9);
+  }
+  server->Shutdown();
+  std::sort(gbps.begin(), gbps.end());
+  return gbps.empty() ? 0 : gbps[gbps.size() / 2];
+}
+
+int Main(int argc, char** argv) {
+  std::string tls_list = "sm,tcp";
+  std::string perftest = "ucx_perftest";
+  int iters = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--tls") tls_list = argv[i + 1];
+    else if (flag == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
+    else if (flag == "--perftest") perftest = argv[i + 1];
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      return 2;
+    }
+  }
+  std::printf("KV of a 4096-token prompt (256 blocks x 16 tokens, every layer), sender -> receiver process\n");
+  std::printf("%-48s %-5s %10s %12s %12s %8s %12s %10s\n", "shape", "tls", "MB", "ucx GB/s", "perftest", "ratio",
+              "descriptors", "failures");
+  const std::vector<Shape> shapes = Shapes();
+  int port = 14000 + static_cast<int>(getpid() % 1000);
+  std::vector<std::pair<int, double>> ucx_sm;
+  const std::vector<std::string> tlss = absl::StrSplit(tls_list, ',');
+  for (const std::string& tls : tlss) {
+    for (int s = 0; s < static_cast<int>(shapes.size()); ++s) {
+      const auto layout = kv::KvLayout::Create(WithBlocks(shapes[s].layout, kPromptBlocks)).value();
+      const Result r = BenchUcx(tls, s, iters);
+      const int64_t run_bytes = layout.LayerBytes();  // one put: a layer's 256 contiguous blocks
+      const double bound = BenchPerftest(perftest, tls, run_bytes, std::max(20, iters * layout.num_layers()), port++);
+      std::printf("%-48s %-5s %10.1f %12.2f %12.2f %7.0f%% %12lld %10d\n", shapes[s].name, tls.c_str(),
+                  static_cast<double>(layout.TotalBytes()) / 1e6, r.median_gbps, bound,
+                  bound > 0 ? 100.0 * r.median_gbps / bound : 0.0, static_cast<long long>(r.descriptors), r.failures);
+      if (tls == "sm") ucx_sm.push_back({s, r.median_gbps});
+    }
+  }
+  std::printf("\ngRPC stream path (KvPushStream -> PushKvBlocks, loopback TCP, 4 MB chunks, XXH64):\n");
+  for (int s = 0; s < static_cast<int>(shapes.size()); ++s) {
+    const double g = BenchGrpc(s, std::max(3, iters / 4));
+    double ucx = 0;
+    for (const auto& [i, v] : ucx_sm) {
+      if (i == s) ucx = v;
+    }
+    std::printf("%-48s grpc %8.2f GB/s   ucx sm / grpc: %.1fx (target >= 5x)\n", shapes[s].name, g,
+                g > 0 ? ucx / g : 0.0);
+  }
+  std::printf("\nucx GB/s: median over %d transfers, each lease -> OpenPush (Hello round trip) -> puts -> flush ->"
+              " completion acknowledged.\nperftest: ucx_perftest -t ucp_put_bw, same UCX_TLS, message = one layer's run;"
+              " target ucx >= 80%% of it.\n",
+              iters);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvmesh
+
+int main(int argc, char** argv) {
+  if (argc >= 4 && std::string(argv[1]) == "--receiver") return kvmesh::RunReceiver(argv[2], std::atoi(argv[3]));
+  return kvmesh::Main(argc, argv);
+}
