@@ -77,6 +77,7 @@ ABSL_FLAG(std::string, ucx_tls, "",
           "environment variable, else UCX's choice.");
 ABSL_FLAG(int64_t, kv_progress_timeout_ms, 1000,
           "Decode side: a UCX KV sender not heard from for this long (dead or stopped) fails its lease.");
+KVMESH_FLAG_RANGE(kv_progress_timeout_ms, 1, 3600000);
 
 namespace kvmesh::worker {
 namespace {
