@@ -569,7 +569,15 @@ absl::StatusOr<std::string> GrpcInferenceService::RenderChat(const v1::ChatPromp
   }
   if (chat.messages().empty()) return Invalid("chat.messages", "at least one message is required");
   std::vector<model::ChatMessage> messages;
-  for (const v1::ChatMessage& m : chat.messages()) messages.push_back({std::string(ChatRole(m.role())), m.content()});
+  for (const v1::ChatMessage& m : chat.messages()) {
+    // The OpenAI roles, as REST accepts them: a template may render any role, but a
+    // typo must be the client's error, not silently become a prompt.
+    if (m.role() != "system" && m.role() != "developer" && m.role() != "user" && m.role() != "assistant" &&
+        m.role() != "tool") {
+      return Invalid("chat.messages", absl::StrCat("unknown role '", m.role(), "'"));
+    }
+    messages.push_back({std::string(ChatRole(m.role())), m.content()});
+  }
   const auto bos = tokenizer_.bos_token_id();
   const auto eos = tokenizer_.eos_token_id();
   absl::StatusOr<std::string> text =

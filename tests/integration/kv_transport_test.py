@@ -165,7 +165,7 @@ def test_greedy_tokens_over_each_transport_equal_aggregated(reference_tokens, tr
 
 def test_auto_prefers_ucx_and_falls_back_to_grpc_against_a_grpc_only_peer(reference_tokens):
     prefill = Worker(PREFILL, "--kv-transport=grpc")
-    decode = Worker(DECODE)  # auto
+    decode = Worker(DECODE, "--kv-transport=auto")
     try:
         assert decode.transport == "ucx"
         assert _generate(decode, prefill.address, PROMPT, request_id="fallback") == reference_tokens
