@@ -38,6 +38,28 @@ std::optional<Scored> Best(const std::vector<Scored>& pool) {
   return best;
 }
 
+// The pick of `strategy` among `pool` (one role's candidates, in worker-id order).
+std::optional<Scored> Pick(const std::vector<Scored>& pool, PlacementStrategy strategy,
+                           std::atomic<uint64_t>& round_robin_next) {
+  if (pool.empty()) return std::nullopt;
+  switch (strategy) {
+    case PlacementStrategy::kKvAware:
+      return Best(pool);
+    case PlacementStrategy::kRoundRobin:
+      return pool[round_robin_next.fetch_add(1, std::memory_order_relaxed) % pool.size()];
+    case PlacementStrategy::kLeastLoaded: {
+      const Scored* least = &pool.front();
+      for (const Scored& s : pool) {
+        if (s.pending < least->pending || (s.pending == least->pending && s.score.kv_usage < least->score.kv_usage)) {
+          least = &s;
+        }
+      }
+      return *least;
+    }
+  }
+  return Best(pool);
+}
+
 std::string Describe(const Scored& s) {
   const PrefixMatch& m = s.candidate->prefix;
   return absl::StrFormat("%s(score=%.3f cached=%d tiers=%d/%d/%d saved=%.2f%s pending=%.2f kv=%.2f%s)",
@@ -128,7 +150,7 @@ absl::StatusOr<Placement> PlacementPolicy::Choose(int32_t prompt_length_tokens, 
     if (CanPrefill(c.worker.registration.role)) prefill_pool.push_back(s);
   }
   // 1. The decode worker.
-  const std::optional<Scored> decode = Best(decode_pool);
+  const std::optional<Scored> decode = Pick(decode_pool, options_.strategy, round_robin_next_[0]);
   if (!decode.has_value()) {
     return absl::UnavailableError(absl::StrCat("no decode-capable worker among ", candidates.size(), " live workers"));
   }
@@ -151,7 +173,7 @@ absl::StatusOr<Placement> PlacementPolicy::Choose(int32_t prompt_length_tokens, 
     return local(absl::StrCat("uncached ", uncached, " tokens < threshold ", options_.disaggregation_threshold_tokens));
   }
   // 3. The prefill worker.
-  const std::optional<Scored> prefill = Best(prefill_pool);
+  const std::optional<Scored> prefill = Pick(prefill_pool, options_.strategy, round_robin_next_[1]);
   if (!prefill.has_value()) return local("no prefill-capable worker");
   const WorkerRegistration& p = prefill->candidate->worker.registration;
   if (p.worker_id == d.worker_id) return local("the best prefill worker is the decode worker");
@@ -160,6 +182,14 @@ absl::StatusOr<Placement> PlacementPolicy::Choose(int32_t prompt_length_tokens, 
   placement.prefill_cached_tokens = prefill->score.cached_tokens;
   placement.reason = absl::StrCat("prefill=", Describe(*prefill), "; decode=", Describe(*decode));
   return placement;
+}
+
+absl::StatusOr<PlacementStrategy> ParsePlacementStrategy(absl::string_view name) {
+  if (name == "kv-aware") return PlacementStrategy::kKvAware;
+  if (name == "round-robin") return PlacementStrategy::kRoundRobin;
+  if (name == "least-loaded") return PlacementStrategy::kLeastLoaded;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--placement-strategy must be kv-aware, round-robin or least-loaded, got '", name, "'"));
 }
 
 absl::StatusOr<Placement> PlacementPolicy::Place(const PlacementRequest& request, WorkerRegistry& registry) const {

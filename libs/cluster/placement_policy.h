@@ -29,21 +29,38 @@
 // measured both its tier's bandwidth and its prefill speed, the constant
 // host_tier_weight / disk_tier_weight stand in (NOTE: fallback only).
 //
-// Thread-safety: immutable after construction; Place() is safe from any thread.
+// The baselines (PlacementStrategy) replace only the choice among the candidates: round
+// robin over the live workers of a role, or the least pending work; the conditional
+// disaggregation rule is the same for all three. They exist to be measured against
+// (tools/bench-placement), as llm-d and Dynamo compare their routers with them.
+//
+// Thread-safety: immutable after construction except the round-robin cursor (atomic);
+// Place() is safe from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "cluster/worker_registry.h"
 #include "kv/kv_types.h"
 
 namespace kvmesh::cluster {
 
+enum class PlacementStrategy {
+  kKvAware,      // the score above: prefix hits weighed by tier, load, KV usage
+  kRoundRobin,   // the next live worker of the role, in worker-id order
+  kLeastLoaded,  // the fewest pending requests (then KV usage, then worker id)
+};
+// "kv-aware", "round-robin", "least-loaded" (the scheduler's --placement-strategy).
+absl::StatusOr<PlacementStrategy> ParsePlacementStrategy(absl::string_view name);
+
 struct PlacementOptions {
+  PlacementStrategy strategy = PlacementStrategy::kKvAware;
   double overlap_weight = 1.0;
   double queue_weight = 0.5;
   double kv_usage_weight = 0.5;
@@ -128,6 +145,7 @@ class PlacementPolicy {
 
  private:
   const PlacementOptions options_;
+  mutable std::atomic<uint64_t> round_robin_next_[2] = {0, 0};  // per role: decode, prefill
 };
 
 }  // namespace kvmesh::cluster

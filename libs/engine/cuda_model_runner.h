@@ -7,7 +7,9 @@
 // without nvcc links engine/no_cuda.cc, whose factory says so.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -44,5 +46,16 @@ struct CudaModelRunnerOptions {
 // when the device cannot hold the pool.
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& model,
                                                                    const CudaModelRunnerOptions& options);
+
+// Memory for a CUDA worker's host KV tier (EngineKvTierOptions::host_allocate): pinned
+// with cudaHostAlloc (portable, so any context's kernels read it in place), or with
+// `managed` (--kv-host-memory=uvm) cudaMallocManaged, advised to live in host memory and
+// to be accessed by `device` in place, and prefetched there once so the pages exist.
+// FailedPrecondition in a build without CUDA; the allocator returns nullptr on failure.
+struct CudaHostTierMemory {
+  std::function<std::byte*(int64_t bytes)> allocate;
+  std::function<void(std::byte*)> deallocate;
+};
+absl::StatusOr<CudaHostTierMemory> MakeCudaHostTierMemory(int device, bool managed);
 
 }  // namespace kvmesh::engine

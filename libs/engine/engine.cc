@@ -68,8 +68,10 @@ absl::Status AttachKvTiers(const EngineOptions& options, ModelRunner& runner, kv
                                                           .dtype = static_cast<int32_t>(layout.dtype()),
                                                           .block_size_tokens = layout.block_size_tokens()}));
   }
-  return kv.AttachTiers(std::make_unique<kv::KvTiers>(std::move(host), std::move(disk), kv.block_size_tokens(),
-                                                      options.kv.record_events));
+  auto tiers = std::make_unique<kv::KvTiers>(std::move(host), std::move(disk), kv.block_size_tokens(),
+                                             options.kv.record_events);
+  tiers->set_write_through(options.tiers.write_through);
+  return kv.AttachTiers(std::move(tiers));
 }
 
 }  // namespace

@@ -60,6 +60,9 @@ struct EngineKvTierOptions {
   // Fingerprint of the model the KV belongs to: the disk tier's records carry it and
   // records of another model are skipped at start-up.
   uint64_t model_identity = 0;
+  // --kv-offload-policy=write-through: every block tier 0 caches is copied to the host
+  // tier at once, instead of when it is evicted (write-back, the default).
+  bool write_through = false;
 };
 
 struct EngineOptions {

@@ -10,4 +10,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& /
       "this kvmesh was built without CUDA (no nvcc at configure time); rebuild with -DKVMESH_CUDA=ON for --device cuda");
 }
 
+absl::StatusOr<CudaHostTierMemory> MakeCudaHostTierMemory(int /*device*/, bool /*managed*/) {
+  return absl::FailedPreconditionError(
+      "this kvmesh was built without CUDA (no nvcc at configure time): no pinned or managed host KV tier");
+}
+
 }  // namespace kvmesh::engine

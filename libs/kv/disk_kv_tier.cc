@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <list>
 #include <system_error>
+#include <thread>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -22,6 +23,8 @@
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "core/logging.h"
 
 namespace kvmesh::kv {
@@ -110,6 +113,7 @@ class DiskKvTier::Impl {
   ~Impl() {
     if (ring_ready_) {
       Drain();
+      StopReaper();
       io_uring_queue_exit(&ring_);
     }
     for (int fd : fds_) ::close(fd);
@@ -166,7 +170,20 @@ class DiskKvTier::Impl {
   // An SQE whose user data names the op and its link in the chain (0..2).
   io_uring_sqe* GetSqe(uint64_t op_id, uint32_t link, Op& op, uint32_t len);
   std::vector<DiskIoCompletion> Reap(bool wait);
-  void HandleCqe(io_uring_cqe* cqe, std::vector<DiskIoCompletion>* out, Clock::time_point now);
+  // A completion as the reaper thread took it off the ring, with the time it did.
+  struct ReapedCqe {
+    uint64_t data = 0;
+    int32_t res = 0;
+    Clock::time_point at;
+  };
+  // The reaper thread waits on the completion queue and timestamps what completes, so
+  // the bandwidth figures are the disk's, not the rate at which the engine polls (once
+  // per step). The engine thread still handles every completion (Poll), so all state
+  // but `reaped_` stays the engine thread's.
+  void StartReaper();
+  void StopReaper();
+  void ReaperLoop();
+  void HandleCqe(const ReapedCqe& cqe, std::vector<DiskIoCompletion>* out);
   void FinishOp(uint64_t op_id, Op& op, std::vector<DiskIoCompletion>* out, Clock::time_point now);
   void Emit(KvEvent::Kind kind, const Slot& s) {
     events_.push_back(KvEvent{.kind = kind, .block_hash = s.hash, .parent_hash = s.parent, .tier = Tier::kDisk,
@@ -181,6 +198,12 @@ class DiskKvTier::Impl {
   bool direct_io_ = false;
   io_uring ring_{};
   bool ring_ready_ = false;
+  static constexpr uint64_t kStopReaperData = ~uint64_t{0};
+  std::thread reaper_;
+  absl::Mutex reaped_mu_;
+  std::vector<ReapedCqe> reaped_ ABSL_GUARDED_BY(reaped_mu_);
+  bool reaper_failed_ ABSL_GUARDED_BY(reaped_mu_) = false;
+  Clock::time_point last_read_done_{}, last_write_done_{};
 
   std::vector<Slot> slots_;
   absl::flat_hash_map<BlockHash, int32_t> index_;  // kWriting and kHeld slots
@@ -206,7 +229,7 @@ class DiskKvTier::Impl {
   static constexpr std::chrono::milliseconds kBandwidthWindow{5};
   static void FoldBandwidth(BandwidthWindow& w, int64_t bytes, bool idle, Clock::time_point now, double& estimate) {
     w.bytes += bytes;
-    if (w.bytes == 0 || (!idle && now - w.start < kBandwidthWindow)) return;
+    if (w.bytes == 0 || now <= w.start || (!idle && now - w.start < kBandwidthWindow)) return;
     RecordBandwidth(estimate, w.bytes, std::chrono::duration<double>(now - w.start).count());
     w = BandwidthWindow{.start = now, .bytes = 0};
   }
@@ -252,6 +275,7 @@ absl::Status DiskKvTier::Impl::Init() {
     return absl::InternalError(absl::StrCat("disk KV tier: io_uring_queue_init: ", std::strerror(-err)));
   }
   ring_ready_ = true;
+  StartReaper();
   Recover();
   Preallocate();
   return absl::OkStatus();
@@ -613,56 +637,96 @@ absl::StatusOr<int64_t> DiskKvTier::Impl::StartRead(const BlockHash& hash, std::
   return static_cast<int64_t>(id);
 }
 
+void DiskKvTier::Impl::StartReaper() {
+  reaper_ = std::thread([this] { ReaperLoop(); });
+}
+
+void DiskKvTier::Impl::ReaperLoop() {
+  while (true) {
+    io_uring_cqe* cqe = nullptr;
+    const int err = io_uring_wait_cqe(&ring_, &cqe);
+    if (err == -EINTR) continue;
+    if (err < 0 || cqe == nullptr) {
+      KVMESH_LOG(kError) << "disk KV tier: io_uring_wait_cqe: " << std::strerror(-err);
+      absl::MutexLock lock(&reaped_mu_);
+      reaper_failed_ = true;
+      return;
+    }
+    const ReapedCqe reaped{.data = io_uring_cqe_get_data64(cqe), .res = cqe->res, .at = Clock::now()};
+    io_uring_cqe_seen(&ring_, cqe);
+    if (reaped.data == kStopReaperData) return;
+    absl::MutexLock lock(&reaped_mu_);
+    reaped_.push_back(reaped);
+  }
+}
+
+void DiskKvTier::Impl::StopReaper() {
+  if (!reaper_.joinable()) return;
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) {
+    io_uring_submit(&ring_);
+    sqe = io_uring_get_sqe(&ring_);
+  }
+  if (sqe == nullptr) {  // cannot happen once Drain emptied the ring
+    KVMESH_LOG(kError) << "disk KV tier: no submission entry to stop the reaper; leaving it";
+    reaper_.detach();
+    return;
+  }
+  io_uring_prep_nop(sqe);
+  io_uring_sqe_set_data64(sqe, kStopReaperData);
+  io_uring_submit(&ring_);
+  reaper_.join();
+}
+
 std::vector<DiskIoCompletion> DiskKvTier::Impl::Reap(bool wait) {
   std::vector<DiskIoCompletion> out;
   if (!ring_ready_) return out;
   const int64_t read_bytes_before = stats_.bytes_onboarded, write_bytes_before = stats_.bytes_offloaded;
   while (true) {
-    io_uring_cqe* cqe = nullptr;
-    int err = io_uring_peek_cqe(&ring_, &cqe);
-    if (err == -EAGAIN || cqe == nullptr) {
-      if (!wait || ops_.empty()) break;
-      err = io_uring_wait_cqe(&ring_, &cqe);
-      if (err == -EINTR) continue;
-      if (err < 0 || cqe == nullptr) {
-        KVMESH_LOG(kError) << "disk KV tier: io_uring_wait_cqe: " << std::strerror(-err);
-        break;
+    std::vector<ReapedCqe> batch;
+    {
+      absl::MutexLock lock(&reaped_mu_);
+      if (wait && !ops_.empty() && reaped_.empty() && !reaper_failed_) {
+        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(reaped_mu_) { return !reaped_.empty() || reaper_failed_; };
+        if (!reaped_mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(60))) {
+          KVMESH_LOG(kError) << "disk KV tier: I/O did not complete within 60 s" << LogKv("ops", ops_.size());
+        }
       }
+      batch.swap(reaped_);
     }
-    HandleCqe(cqe, &out, Clock::now());
-    io_uring_cqe_seen(&ring_, cqe);
+    for (const ReapedCqe& c : batch) HandleCqe(c, &out);
+    if (!wait || batch.empty() || ops_.empty()) break;
   }
-  // Bandwidth: payload bytes reaped over the time the kind has been busy, folded in
-  // once a window spans kBandwidthWindow or the kind goes idle. With many I/Os
-  // overlapping this is the disk's throughput, not one I/O's latency; a window (not
-  // each completion) keeps bursts of completions reaped microseconds apart from
-  // reading as absurd rates. Reap time bounds the resolution: the engine's step-rate
-  // Poll measures what it can actually get.
-  const auto now = Clock::now();
-  FoldBandwidth(read_window_, stats_.bytes_onboarded - read_bytes_before, reads_in_flight_ == 0, now,
+  // Bandwidth: payload bytes completed over the time the kind has been busy (from its
+  // first submission while idle to its latest completion, as the reaper stamped it),
+  // folded in once a window spans kBandwidthWindow or the kind goes idle. With many
+  // I/Os overlapping this is the disk's throughput, not one I/O's latency.
+  FoldBandwidth(read_window_, stats_.bytes_onboarded - read_bytes_before, reads_in_flight_ == 0, last_read_done_,
                 stats_.read_bytes_per_second);
-  FoldBandwidth(write_window_, stats_.bytes_offloaded - write_bytes_before, writes_in_flight_ == 0, now,
+  FoldBandwidth(write_window_, stats_.bytes_offloaded - write_bytes_before, writes_in_flight_ == 0, last_write_done_,
                 stats_.write_bytes_per_second);
   stats_.in_flight = user_ops_in_flight_;
   return out;
 }
 
-void DiskKvTier::Impl::HandleCqe(io_uring_cqe* cqe, std::vector<DiskIoCompletion>* out, Clock::time_point now) {
+void DiskKvTier::Impl::HandleCqe(const ReapedCqe& cqe, std::vector<DiskIoCompletion>* out) {
   --sqes_in_flight_;
-  const uint64_t data = io_uring_cqe_get_data64(cqe);
+  const uint64_t data = cqe.data;
   const uint64_t id = data >> 2;
   const size_t link = data & 3;
   auto it = ops_.find(id);
   if (it == ops_.end()) return;
   Op& op = it->second;
-  if (cqe->res < 0) {
+  if (cqe.res < 0) {
     // A failed or short link cancels the rest of its chain: those arrive as -ECANCELED.
-    if (cqe->res != -ECANCELED && op.first_error == 0) op.first_error = -cqe->res;
-  } else if (link < op.lens.size() && static_cast<uint32_t>(cqe->res) < op.lens[link]) {
+    if (cqe.res != -ECANCELED && op.first_error == 0) op.first_error = -cqe.res;
+  } else if (link < op.lens.size() && static_cast<uint32_t>(cqe.res) < op.lens[link]) {
     op.short_io = true;
   }
   if (--op.pending_cqes > 0) return;
-  FinishOp(id, op, out, now);
+  if (op.kind == OpKind::kRead) last_read_done_ = std::max(last_read_done_, cqe.at);
+  if (op.kind == OpKind::kWrite) last_write_done_ = std::max(last_write_done_, cqe.at);
+  FinishOp(id, op, out, cqe.at);
 }
 
 void DiskKvTier::Impl::FinishOp(uint64_t op_id, Op& op, std::vector<DiskIoCompletion>* out, Clock::time_point now) {

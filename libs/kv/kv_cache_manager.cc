@@ -214,7 +214,7 @@ absl::Status KvCacheManager::MarkComputed(RequestId id, std::span<const int32_t>
     // False when an equal block is cached already: keep ours, register nothing (vLLM
     // does the same; swapping tables under a running request is not worth it).
     KVMESH_ASSIGN_OR_RETURN(const bool stored, pool_->CacheBlock(state.blocks[i], state.block_hashes[i], parent));
-    (void)stored;
+    if (stored && tiers_ != nullptr) tiers_->OnDeviceCache(state.blocks[i], state.block_hashes[i], parent);
   }
   state.num_registered_blocks = num_full;
   return absl::OkStatus();

@@ -12,6 +12,10 @@ KvTiers::KvTiers(std::unique_ptr<HostKvTier> host, std::unique_ptr<DiskKvTier> d
     : host_(std::move(host)), disk_(std::move(disk)), block_size_tokens_(block_size_tokens),
       record_events_(record_events) {}
 
+void KvTiers::OnDeviceCache(BlockId block, const BlockHash& hash, const BlockHash& parent_hash) {
+  if (write_through_) OnDeviceEvict(block, hash, parent_hash);  // a full cached block never changes: copy it now
+}
+
 void KvTiers::OnDeviceEvict(BlockId block, const BlockHash& hash, const BlockHash& parent_hash) {
   if (host_->Contains(hash)) return;  // already offloaded (or on its way)
   absl::StatusOr<HostSlot> slot = host_->BeginStore(hash, parent_hash);

@@ -77,6 +77,12 @@ class KvTiers {
 
   // Tier 0 is about to reuse `block`, which held `hash`: queue its offload.
   void OnDeviceEvict(BlockId block, const BlockHash& hash, const BlockHash& parent_hash);
+  // Tier 0 has just registered the full block `block` as holding `hash`. Under
+  // write-through (set_write_through) its offload is queued now, so a later eviction
+  // finds it in the host tier and copies nothing; under write-back (the default) this
+  // does nothing. The measured choice between them is in docs/architecture.md §3.
+  void OnDeviceCache(BlockId block, const BlockHash& hash, const BlockHash& parent_hash);
+  void set_write_through(bool on) { write_through_ = on; }
 
   // Continues a prefix whose first `first` blocks tier 0 holds: appends the host hits of
   // hashes[first..limit) to `host_slots` (verified and pinned; stops at the first miss,
@@ -162,6 +168,7 @@ class KvTiers {
   absl::flat_hash_set<BlockHash> loading_;
   double prefill_tokens_per_second_ = 0;
   int32_t lookup_pins_ = 0;
+  bool write_through_ = false;
   KvTiersStats stats_;
 };
 

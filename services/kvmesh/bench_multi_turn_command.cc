@@ -9,13 +9,16 @@
 // the history. At most --concurrency turns run at once; a session's next turn queues
 // behind every other session's (round robin), so each session's prefix has gone cold
 // in tier 0 by the time it comes back when the working set is larger than the pool.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <deque>
+#include <map>
 #include <filesystem>
 #include <random>
 #include <sstream>
@@ -24,6 +27,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -40,8 +44,10 @@ ABSL_FLAG(int, max_history, 4096, "multi-turn: longest initial history, tokens."
 ABSL_FLAG(int, turn_output_len, 16, "multi-turn: generated tokens per turn.");
 ABSL_FLAG(int, turn_concurrency, 8, "multi-turn: turns in flight at once.");
 ABSL_FLAG(std::string, tier_modes, "off,host,host+disk",
-          "multi-turn: the configurations to run, comma-separated: off, host, host+disk.");
+          "multi-turn: the configurations to run, comma-separated: off, host, host+disk, host-write-through.");
 ABSL_FLAG(int, multi_turn_seed, 1, "multi-turn: seed of the histories and turns.");
+ABSL_FLAG(int, multi_turn_repeats, 1,
+          "multi-turn: runs of every mode, interleaved (off, host, host+disk, off, ...); the summary quotes medians.");
 KVMESH_FLAG_RANGE(sessions, 1, 1 << 20);
 KVMESH_FLAG_RANGE(turns, 1, 1 << 16);
 KVMESH_FLAG_RANGE(turn_tokens, 1, 1 << 24);
@@ -50,6 +56,7 @@ KVMESH_FLAG_RANGE(max_history, 1, 1 << 24);
 KVMESH_FLAG_RANGE(turn_output_len, 1, 1 << 24);
 KVMESH_FLAG_RANGE(turn_concurrency, 1, 1 << 16);
 KVMESH_FLAG_RANGE(multi_turn_seed, 0, 1 << 30);
+KVMESH_FLAG_RANGE(multi_turn_repeats, 1, 1000);
 
 namespace kvmesh::cli {
 namespace {
@@ -97,6 +104,47 @@ double MemcpyGbps(int64_t slot_bytes, int blocks) {
   return Percentile(gbps, 50);
 }
 
+// Median GB/s of sequential O_DIRECT reads (4 MiB each, one at a time) of a `bytes`-long
+// file in `dir`: the bound the disk tier's reads are compared with, on the same
+// filesystem. The file is written with O_DIRECT too, so none of it is in the page cache.
+absl::StatusOr<double> DiskSequentialReadGbps(const std::string& dir, int64_t bytes) {
+  constexpr size_t kChunk = size_t{4} << 20;
+  const int64_t chunks = std::max<int64_t>(1, bytes / static_cast<int64_t>(kChunk));
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/sequential-read-baseline";
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0600);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("open ", path, " with O_DIRECT: ", std::strerror(errno)));
+  void* raw = nullptr;
+  if (posix_memalign(&raw, 4096, kChunk) != 0) {
+    close(fd);
+    return absl::ResourceExhaustedError("posix_memalign");
+  }
+  std::unique_ptr<void, decltype(&std::free)> buffer(raw, &std::free);
+  std::memset(raw, 0x5a, kChunk);
+  absl::Status status;
+  for (int64_t c = 0; c < chunks && status.ok(); ++c) {
+    if (pwrite(fd, raw, kChunk, c * static_cast<off_t>(kChunk)) != static_cast<ssize_t>(kChunk)) {
+      status = absl::UnavailableError(absl::StrCat("write ", path, ": ", std::strerror(errno)));
+    }
+  }
+  if (status.ok() && fsync(fd) != 0) status = absl::UnavailableError(absl::StrCat("fsync ", path));
+  std::vector<double> gbps;
+  for (int rep = 0; rep < 3 && status.ok(); ++rep) {
+    const auto t0 = Clock::now();
+    for (int64_t c = 0; c < chunks && status.ok(); ++c) {
+      if (pread(fd, raw, kChunk, c * static_cast<off_t>(kChunk)) != static_cast<ssize_t>(kChunk)) {
+        status = absl::UnavailableError(absl::StrCat("read ", path, ": ", std::strerror(errno)));
+      }
+    }
+    gbps.push_back(static_cast<double>(chunks) * kChunk / std::chrono::duration<double>(Clock::now() - t0).count() /
+                   1e9);
+  }
+  close(fd);
+  std::filesystem::remove(path);
+  if (!status.ok()) return status;
+  return Percentile(gbps, 50);
+}
+
 absl::StatusOr<ModeResult> RunMode(engine::LlamaModel& model, const std::string& mode, const Trace& trace,
                                    int64_t working_set_bytes, const std::string& disk_dir) {
   KVMESH_ASSIGN_OR_RETURN(EngineFromFlags built, BuildEngineFromFlags(model));
@@ -108,6 +156,11 @@ absl::StatusOr<ModeResult> RunMode(engine::LlamaModel& model, const std::string&
     // Room for the whole working set: nothing needs recomputing.
     if (options.tiers.host_cache_bytes == 0) options.tiers.host_cache_bytes = working_set_bytes * 5 / 4;
     options.tiers.disk_cache_dir.clear();
+  } else if (mode == "host-write-through") {
+    // As "host", with blocks copied down as tier 0 caches them rather than as it evicts them.
+    if (options.tiers.host_cache_bytes == 0) options.tiers.host_cache_bytes = working_set_bytes * 5 / 4;
+    options.tiers.disk_cache_dir.clear();
+    options.tiers.write_through = true;
   } else if (mode == "host+disk") {
     // A host tier no larger than the pool, so the disk tier must hold the rest.
     if (options.tiers.host_cache_bytes == 0) options.tiers.host_cache_bytes = pool_bytes;
@@ -227,43 +280,91 @@ int RunBenchMultiTurn(int argc, char** argv) {
   std::printf("KV               pool %.1f MiB (%lld blocks), working set %.1f MiB = %.1fx the pool; %s\n",
               pool_bytes / 1048576.0, static_cast<long long>(pool_bytes / slot_bytes), working_set_bytes / 1048576.0,
               static_cast<double>(working_set_bytes) / pool_bytes, std::string(loaded->backend->name()).c_str());
-  std::vector<ModeResult> results;
-  for (const absl::string_view mode : absl::StrSplit(absl::GetFlag(FLAGS_tier_modes), ',')) {
-    std::filesystem::remove_all(disk_dir);
-    absl::StatusOr<ModeResult> r = RunMode(model, std::string(mode), trace, working_set_bytes, disk_dir);
-    std::filesystem::remove_all(disk_dir);
-    if (!r.ok()) return Fail(std::string(r.status().message()));
-    results.push_back(std::move(r).value());
-    const ModeResult& m = results.back();
-    const engine::EngineStats& s = m.stats;
-    const int64_t host_hits = s.prefix_cache_host_hit_tokens;
-    std::printf(
-        "%-10s TTFT p50 %8.1f ms  p90 %8.1f ms | %7.1f output tok/s | prefill %lld tokens computed | hits: "
-        "tier0 %lld, host %lld tokens | host tier %.2f GB/s out, %.2f GB/s in | disk %.2f GB/s write, %.2f GB/s "
-        "read, %lld records | load %lld / recompute %lld | stranded %lld\n",
-        m.mode.c_str(), 1e3 * Percentile(m.ttft, 50), 1e3 * Percentile(m.ttft, 90), m.output_tokens / m.seconds,
-        static_cast<long long>(s.num_prefill_tokens),
-        static_cast<long long>(s.prefix_cache_hit_tokens - host_hits), static_cast<long long>(host_hits),
-        s.host_tier.write_bytes_per_second / 1e9, s.host_tier.read_bytes_per_second / 1e9,
-        s.disk_tier.write_bytes_per_second / 1e9, s.disk_tier.read_bytes_per_second / 1e9,
-        static_cast<long long>(s.disk_tier_records), static_cast<long long>(s.tiers.load_decisions),
-        static_cast<long long>(s.tiers.recompute_decisions), static_cast<long long>(s.num_kv_blocks_stranded));
+  // One line per run; then, per mode, the medians over --multi-turn-repeats interleaved runs.
+  std::vector<std::string> modes;
+  for (const absl::string_view mode : absl::StrSplit(absl::GetFlag(FLAGS_tier_modes), ',')) modes.emplace_back(mode);
+  std::map<std::string, std::vector<ModeResult>> runs;
+  for (int rep = 0; rep < absl::GetFlag(FLAGS_multi_turn_repeats); ++rep) {
+    for (const std::string& mode : modes) {
+      std::filesystem::remove_all(disk_dir);
+      absl::StatusOr<ModeResult> r = RunMode(model, mode, trace, working_set_bytes, disk_dir);
+      std::filesystem::remove_all(disk_dir);
+      if (!r.ok()) return Fail(std::string(r.status().message()));
+      const ModeResult& m = *r;
+      const engine::EngineStats& s = m.stats;
+      const int64_t host_hits = s.prefix_cache_host_hit_tokens;
+      std::printf(
+          "%-10s TTFT p50 %8.1f ms  p90 %8.1f ms | %7.1f output tok/s | prefill %lld tokens computed | hits: "
+          "tier0 %lld, host %lld tokens | host tier %.2f GB/s out, %.2f GB/s in | disk %.2f GB/s write, %.2f GB/s "
+          "read, %lld records | load %lld / recompute %lld | stranded %lld\n",
+          m.mode.c_str(), 1e3 * Percentile(m.ttft, 50), 1e3 * Percentile(m.ttft, 90), m.output_tokens / m.seconds,
+          static_cast<long long>(s.num_prefill_tokens),
+          static_cast<long long>(s.prefix_cache_hit_tokens - host_hits), static_cast<long long>(host_hits),
+          s.host_tier.write_bytes_per_second / 1e9, s.host_tier.read_bytes_per_second / 1e9,
+          s.disk_tier.write_bytes_per_second / 1e9, s.disk_tier.read_bytes_per_second / 1e9,
+          static_cast<long long>(s.disk_tier_records), static_cast<long long>(s.tiers.load_decisions),
+          static_cast<long long>(s.tiers.recompute_decisions), static_cast<long long>(s.num_kv_blocks_stranded));
+      std::fflush(stdout);
+      runs[mode].push_back(std::move(r).value());
+    }
   }
   const double memcpy_gbps = MemcpyGbps(slot_bytes, 256);
   std::printf("memcpy           %.2f GB/s for %lld-byte blocks (the host tier's bound)\n", memcpy_gbps,
               static_cast<long long>(slot_bytes));
-  if (results.size() > 1 && results[0].mode == "off") {
-    const ModeResult& off = results[0];
-    for (size_t i = 1; i < results.size(); ++i) {
-      const ModeResult& m = results[i];
-      std::printf("%-10s vs off: TTFT p50 %.2fx better, p90 %.2fx better, throughput %.2fx; host copies at %.0f%% / "
-                  "%.0f%% of memcpy (out / in)\n",
-                  m.mode.c_str(), Percentile(off.ttft, 50) / std::max(1e-9, Percentile(m.ttft, 50)),
-                  Percentile(off.ttft, 90) / std::max(1e-9, Percentile(m.ttft, 90)),
-                  (m.output_tokens / m.seconds) / (off.output_tokens / off.seconds),
-                  100 * m.stats.host_tier.write_bytes_per_second / 1e9 / memcpy_gbps,
-                  100 * m.stats.host_tier.read_bytes_per_second / 1e9 / memcpy_gbps);
+  double sequential_gbps = 0;
+  if (runs.contains("host+disk")) {
+    // A file as large as the disk tier's share of the working set, on the tier's filesystem.
+    const int64_t baseline_bytes = std::min<int64_t>(working_set_bytes, int64_t{4} << 30);
+    absl::StatusOr<double> seq = DiskSequentialReadGbps(disk_dir, baseline_bytes);
+    std::filesystem::remove_all(disk_dir);
+    if (!seq.ok()) return Fail(std::string(seq.status().message()));
+    sequential_gbps = *seq;
+    std::printf("disk             %.2f GB/s sequential O_DIRECT reads of a %.1f MiB file in %s (the disk tier's bound)\n",
+                sequential_gbps, baseline_bytes / 1048576.0,
+                std::filesystem::path(disk_dir).parent_path().string().c_str());
+  }
+  struct Summary {
+    double ttft_p50 = 0, ttft_p90 = 0, tokens_per_second = 0, host_out = 0, host_in = 0, disk_read = 0;
+  };
+  auto summarize = [&](const std::vector<ModeResult>& v) {
+    std::vector<double> p50, p90, tps, out, in, disk;
+    for (const ModeResult& m : v) {
+      p50.push_back(Percentile(m.ttft, 50));
+      p90.push_back(Percentile(m.ttft, 90));
+      tps.push_back(m.output_tokens / m.seconds);
+      out.push_back(m.stats.host_tier.write_bytes_per_second / 1e9);
+      in.push_back(m.stats.host_tier.read_bytes_per_second / 1e9);
+      disk.push_back(m.stats.disk_tier.read_bytes_per_second / 1e9);
     }
+    return Summary{Percentile(p50, 50), Percentile(p90, 50), Percentile(tps, 50),
+                   Percentile(out, 50), Percentile(in, 50),  Percentile(disk, 50)};
+  };
+  std::printf("medians of %d run(s) per mode:\n", absl::GetFlag(FLAGS_multi_turn_repeats));
+  const bool have_off = runs.contains("off");
+  const Summary off = have_off ? summarize(runs["off"]) : Summary{};
+  for (const std::string& mode : modes) {
+    if (!runs.contains(mode)) continue;
+    const Summary m = summarize(runs[mode]);
+    runs.erase(mode);  // a mode named twice is summarized once
+    std::string line = absl::StrCat(mode, std::string(mode.size() < 10 ? 10 - mode.size() : 0, ' '),
+                                    " TTFT p50 ", absl::StrFormat("%.1f", 1e3 * m.ttft_p50), " ms, p90 ",
+                                    absl::StrFormat("%.1f", 1e3 * m.ttft_p90), " ms, ",
+                                    absl::StrFormat("%.1f", m.tokens_per_second), " output tok/s");
+    if (have_off && mode != "off") {
+      absl::StrAppend(&line, absl::StrFormat(" | vs off: TTFT p50 %.2fx better, p90 %.2fx better, throughput %.3fx",
+                                             off.ttft_p50 / std::max(1e-9, m.ttft_p50),
+                                             off.ttft_p90 / std::max(1e-9, m.ttft_p90),
+                                             m.tokens_per_second / std::max(1e-9, off.tokens_per_second)));
+    }
+    if (mode != "off") {
+      absl::StrAppend(&line, absl::StrFormat(" | host copies at %.0f%% / %.0f%% of memcpy (out / in)",
+                                             100 * m.host_out / memcpy_gbps, 100 * m.host_in / memcpy_gbps));
+    }
+    if (mode == "host+disk" && sequential_gbps > 0) {
+      absl::StrAppend(&line, absl::StrFormat(" | disk reads at %.0f%% of sequential O_DIRECT",
+                                             100 * m.disk_read / sequential_gbps));
+    }
+    std::printf("%s\n", line.c_str());
   }
   return 0;
 }

@@ -46,6 +46,9 @@ ABSL_FLAG(int64_t, kv_host_cache_bytes, 0,
 ABSL_FLAG(std::string, kv_host_memory, "auto",
           "Memory of the host KV tier: auto (huge pages on a CPU worker, pinned on --device cuda) or uvm (CUDA managed "
           "memory with advise/prefetch; --device cuda only).");
+ABSL_FLAG(std::string, kv_offload_policy, "write-back",
+          "When a block goes down to the host tier: write-back (as tier 0 evicts it) or write-through (as soon as tier 0 "
+          "caches it).");
 ABSL_FLAG(std::string, kv_disk_cache_dir, "",
           "Directory of the disk KV tier (io_uring, survives restarts); needs --kv-host-cache-bytes. Empty: off.");
 ABSL_FLAG(int64_t, kv_disk_cache_bytes, int64_t{16} << 30, "Capacity of the disk KV tier in bytes.");
@@ -149,11 +152,12 @@ absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model) 
   out.options.kv.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   out.options.kv.record_events = false;  // nothing consumes KV events in one process
   out.options.max_model_len = max_model_len;
-  KVMESH_ASSIGN_OR_RETURN(out.options.tiers, KvTierOptionsFromFlags(model, cuda_device >= 0));
+  KVMESH_ASSIGN_OR_RETURN(out.options.tiers, KvTierOptionsFromFlags(model, cuda_device));
   return out;
 }
 
-absl::StatusOr<engine::EngineKvTierOptions> KvTierOptionsFromFlags(const engine::LlamaModel& model, bool on_cuda) {
+absl::StatusOr<engine::EngineKvTierOptions> KvTierOptionsFromFlags(const engine::LlamaModel& model, int cuda_device) {
+  const bool on_cuda = cuda_device >= 0;
   engine::EngineKvTierOptions tiers;
   tiers.host_cache_bytes = absl::GetFlag(FLAGS_kv_host_cache_bytes);
   if (tiers.host_cache_bytes < 0) {
@@ -168,6 +172,19 @@ absl::StatusOr<engine::EngineKvTierOptions> KvTierOptionsFromFlags(const engine:
         "--kv-host-memory=uvm needs --device cuda: managed memory is a CUDA feature; a CPU worker's host tier is "
         "plain huge-page memory");
   }
+  if (on_cuda && tiers.host_cache_bytes > 0) {
+    // The runner's swap kernel reads and writes the slots in place: pinned or managed.
+    KVMESH_ASSIGN_OR_RETURN(engine::CudaHostTierMemory memory,
+                            engine::MakeCudaHostTierMemory(cuda_device, /*managed=*/memory == "uvm"));
+    tiers.host_allocate = std::move(memory.allocate);
+    tiers.host_deallocate = std::move(memory.deallocate);
+  }
+  const std::string policy = absl::GetFlag(FLAGS_kv_offload_policy);
+  if (policy != "write-back" && policy != "write-through") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-offload-policy must be write-back or write-through, got '", policy, "'"));
+  }
+  tiers.write_through = policy == "write-through";
   tiers.disk_cache_dir = absl::GetFlag(FLAGS_kv_disk_cache_dir);
   tiers.disk_cache_bytes = absl::GetFlag(FLAGS_kv_disk_cache_bytes);
   if (!tiers.disk_cache_dir.empty() && tiers.disk_cache_bytes <= 0) {

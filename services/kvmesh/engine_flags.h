@@ -31,8 +31,10 @@ struct EngineFromFlags {
 absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model);
 
 // --kv-host-cache-bytes, --kv-host-memory, --kv-disk-cache-dir, --kv-disk-cache-bytes.
-// InvalidArgument naming the flag for a negative size or uvm without --device cuda.
-absl::StatusOr<engine::EngineKvTierOptions> KvTierOptionsFromFlags(const engine::LlamaModel& model, bool on_cuda);
+// InvalidArgument naming the flag for a negative size or uvm without --device cuda. On
+// `cuda_device` >= 0 the host tier's memory is pinned (or managed, with uvm) so the CUDA
+// runner's swap kernel reads and writes it in place; -1 is a CPU worker.
+absl::StatusOr<engine::EngineKvTierOptions> KvTierOptionsFromFlags(const engine::LlamaModel& model, int cuda_device);
 
 // --kv-cache-dtype: f32, bf16, or auto (bf16 for a model whose weights are bf16, as
 // vLLM's "auto" follows the model's dtype; else f32). InvalidArgument otherwise.

@@ -42,6 +42,9 @@ KVMESH_FLAG_RANGE(worker_ttl_ms, 1, 86400000);
 ABSL_FLAG(int32_t, disaggregation_threshold_tokens, 256,
           "Prompts with fewer uncached tokens are prefilled on the decode worker (0: always disaggregate)");
 KVMESH_FLAG_RANGE(disaggregation_threshold_tokens, 0, 1 << 24);
+ABSL_FLAG(std::string, placement_strategy, "kv-aware",
+          "How a worker is chosen: kv-aware (prefix hits by tier, load, KV usage), or the baselines round-robin and "
+          "least-loaded (fewest pending requests)");
 ABSL_FLAG(double, overlap_weight, 1.0, "Placement score weight of the cached prompt fraction");
 KVMESH_FLAG_RANGE(overlap_weight, 0, 1000);
 ABSL_FLAG(double, queue_weight, 0.5, "Placement score weight of pending requests / max_num_seqs");
@@ -119,6 +122,14 @@ int Run(int argc, char** argv) {
   options.placement.queue_weight = absl::GetFlag(FLAGS_queue_weight);
   options.placement.kv_usage_weight = absl::GetFlag(FLAGS_kv_usage_weight);
   options.placement.overload_kv_usage = absl::GetFlag(FLAGS_overload_kv_usage);
+  if (absl::StatusOr<cluster::PlacementStrategy> strategy =
+          cluster::ParsePlacementStrategy(absl::GetFlag(FLAGS_placement_strategy));
+      strategy.ok()) {
+    options.placement.strategy = *strategy;
+  } else {
+    std::fprintf(stderr, "kvmesh-scheduler: %s\n", std::string(strategy.status().message()).c_str());
+    return 2;
+  }
   if (options.heartbeat_interval_ms <= 0 || options.worker_ttl_ms <= options.heartbeat_interval_ms) {
     std::fprintf(stderr, "kvmesh-scheduler: need 0 < --heartbeat_interval_ms < --worker_ttl_ms\n");
     return 2;

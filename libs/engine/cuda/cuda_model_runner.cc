@@ -15,6 +15,7 @@
 #include "engine/cuda_model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -34,6 +35,7 @@
 #include "argmax/argmax.h"
 #include "gather_rows/gather_rows.h"
 #include "kv/kv_layout.h"
+#include "swap_blocks/swap_blocks.h"
 
 namespace kvmesh::engine {
 namespace {
@@ -68,6 +70,10 @@ class CudaModelRunner : public ModelRunner {
   int32_t num_blocks() const override { return layout_.num_blocks(); }
   absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override;
   bool returns_argmax() const override { return true; }
+  // A host-tier slot holds a block's every layer, layer-major (model_runner.h).
+  int64_t kv_swap_bytes_per_block() const override {
+    return static_cast<int64_t>(layout_.num_layers()) * layout_.BlockBytes();
+  }
 
  private:
   struct Graph {
@@ -77,6 +83,10 @@ class CudaModelRunner : public ModelRunner {
 
   absl::Status UploadWeights();
   absl::Status RunBlockCopies(const std::vector<KvBlockCopy>& copies);
+  // Moves whole blocks between the device pool and host-tier slots (pool -> host when
+  // `to_host`), then waits for them: the engine checksums a slot as soon as Execute
+  // returns. Returns the seconds the copies took.
+  absl::StatusOr<double> RunSwaps(const std::vector<KvBlockSwap>& swaps, bool to_host);
   // Queues the forward pass over the metadata at meta_device_ on the backend's stream.
   void Forward(const ForwardShape& f);
   // Captures Forward(shape) into graph->exec. On failure the stream is out of capture mode
@@ -214,6 +224,50 @@ absl::Status CudaModelRunner::RunBlockCopies(const std::vector<KvBlockCopy>& cop
   return absl::OkStatus();
 }
 
+absl::StatusOr<double> CudaModelRunner::RunSwaps(const std::vector<KvBlockSwap>& swaps, bool to_host) {
+  if (swaps.empty()) return 0.0;
+  const auto start = std::chrono::steady_clock::now();
+  const kernels::BlockPoolShape pool_shape{
+      .num_layers = layout_.num_layers(), .layer_bytes = layout_.LayerBytes(), .block_bytes = layout_.BlockBytes()};
+  // A slot seen as a pool of one block per layer: the same kernel copies it.
+  const kernels::BlockPoolShape slot_shape{
+      .num_layers = layout_.num_layers(), .layer_bytes = layout_.BlockBytes(), .block_bytes = layout_.BlockBytes()};
+  // The pairs live in the pinned metadata buffer, which the device reads directly
+  // (mapped under UVA); RunBlockCopies reuses it, so the swaps are waited for below.
+  const size_t capacity = (meta_layout_.total - meta_layout_.block_copies) / (2 * sizeof(int32_t));
+  int32_t* pairs = HostMeta<int32_t>(meta_layout_.block_copies);
+  for (size_t begin = 0; begin < swaps.size(); begin += capacity) {
+    if (begin > 0) KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(be_.stream()), "swapping KV blocks");
+    const size_t n = std::min(capacity, swaps.size() - begin);
+    for (size_t i = 0; i < n; ++i) {
+      const KvBlockSwap& swap = swaps[begin + i];
+      if (swap.block < 0 || swap.block >= num_blocks() || swap.host == nullptr)
+        return absl::InvalidArgumentError(absl::StrCat("a KV swap names block ", swap.block, " outside the pool ",
+                                                       "or no host slot"));
+      pairs[2 * i] = to_host ? swap.block : 0;
+      pairs[2 * i + 1] = to_host ? 0 : swap.block;
+      // Pinned (cudaHostAlloc) and managed (--kv-host-memory=uvm) slots are read and written
+      // by the kernel in place; pageable memory (a host tier given another allocator) is
+      // copied with cudaMemcpyAsync instead, which the kernel cannot address.
+      cudaPointerAttributes attributes{};
+      const bool device_visible = cudaPointerGetAttributes(&attributes, swap.host) == cudaSuccess &&
+                                  (attributes.type == cudaMemoryTypeHost || attributes.type == cudaMemoryTypeManaged);
+      (void)cudaGetLastError();  // an unregistered pointer is not an error to keep
+      const void* src = to_host ? pool_.get() : static_cast<const void*>(swap.host);
+      void* dst = to_host ? static_cast<void*>(swap.host) : pool_.get();
+      const kernels::BlockPoolShape& src_shape = to_host ? pool_shape : slot_shape;
+      const kernels::BlockPoolShape& dst_shape = to_host ? slot_shape : pool_shape;
+      KVMESH_RETURN_IF_CUDA_ERROR(
+          device_visible ? kernels::LaunchSwapBlocks(src, dst, src_shape, dst_shape, pairs + 2 * i, 1, be_.stream())
+                         : kernels::LaunchSwapBlocksMemcpy(src, dst, src_shape, dst_shape, pairs + 2 * i, 1,
+                                                           be_.stream()),
+          to_host ? "offloading a KV block to the host tier" : "onboarding a KV block from the host tier");
+    }
+  }
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(be_.stream()), "swapping KV blocks");
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 void CudaModelRunner::Forward(const ForwardShape& f) {
   const model::ModelConfig& c = model_.config();
   const int64_t t = f.rows, r = f.logit_rows;
@@ -317,6 +371,13 @@ absl::Status CudaModelRunner::Capture(const ForwardShape& shape, Graph* graph) {
 
 absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
   ModelOutput output;
+  if (!batch.swap_out.empty() || !batch.swap_in.empty()) {
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(be_.device()), "selecting the runner's GPU");
+    // Order (model_runner.h): swap_out first (a block offloaded as it is evicted may be
+    // reused by a chunk of this step), then swap_in.
+    KVMESH_ASSIGN_OR_RETURN(output.swap_out_seconds, RunSwaps(batch.swap_out, /*to_host=*/true));
+    KVMESH_ASSIGN_OR_RETURN(output.swap_in_seconds, RunSwaps(batch.swap_in, /*to_host=*/false));
+  }
   if (batch.chunks.empty()) return output;
   if (batch.on_layer_kv_written)
     return absl::FailedPreconditionError(
@@ -452,6 +513,48 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& m
   auto runner = std::make_unique<CudaModelRunner>(model, *backend, kv_layout, options);
   KVMESH_RETURN_IF_ERROR(runner->Init());
   return runner;
+}
+
+absl::StatusOr<CudaHostTierMemory> MakeCudaHostTierMemory(int device, bool managed) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || device < 0 || device >= count) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat("no CUDA device ", device, " for the host KV tier"));
+  }
+  CudaHostTierMemory memory;
+  if (!managed) {
+    memory.allocate = [device](int64_t bytes) -> std::byte* {
+      void* p = nullptr;
+      if (cudaSetDevice(device) != cudaSuccess ||
+          cudaHostAlloc(&p, static_cast<size_t>(bytes), cudaHostAllocPortable) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return nullptr;
+      }
+      return static_cast<std::byte*>(p);
+    };
+    memory.deallocate = [](std::byte* p) { cudaFreeHost(p); };
+    return memory;
+  }
+  memory.allocate = [device](int64_t bytes) -> std::byte* {
+    void* p = nullptr;
+    const size_t n = static_cast<size_t>(bytes);
+    if (cudaSetDevice(device) != cudaSuccess || cudaMallocManaged(&p, n, cudaMemAttachGlobal) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    // Host-resident, read and written by the GPU in place (no migration on each swap);
+    // advice is a hint, so a device without it still works, only slower.
+    cudaMemLocation host{.type = cudaMemLocationTypeHost, .id = 0};
+    cudaMemLocation gpu{.type = cudaMemLocationTypeDevice, .id = device};
+    (void)cudaMemAdvise(p, n, cudaMemAdviseSetPreferredLocation, host);
+    (void)cudaMemAdvise(p, n, cudaMemAdviseSetAccessedBy, gpu);
+    (void)cudaMemPrefetchAsync(p, n, host, 0, nullptr);
+    (void)cudaDeviceSynchronize();
+    (void)cudaGetLastError();
+    return static_cast<std::byte*>(p);
+  };
+  memory.deallocate = [](std::byte* p) { cudaFree(p); };
+  return memory;
 }
 
 }  // namespace kvmesh::engine

@@ -321,6 +321,47 @@ TEST(PlacementPolicyScoreTest, DeviceBeatsHostBeatsDiskBeatsRecompute) {
   EXPECT_NEAR(none.expected_prefill_seconds, 0.256, 1e-9);
 }
 
+TEST_F(PlacementPolicyTest, RoundRobinIgnoresPrefixesAndCyclesThroughTheWorkers) {
+  AddWorker("d1", WorkerRole::kDecode);
+  AddWorker("d2", WorkerRole::kDecode);
+  AddWorker("d3", WorkerRole::kDecode);
+  const auto prompt = Prompt(512);
+  Report("d2", prompt, 32);  // kv-aware would always pick d2
+  PlacementPolicy policy({.strategy = PlacementStrategy::kRoundRobin, .disaggregation_threshold_tokens = 64});
+  std::vector<std::string> chosen;
+  for (int i = 0; i < 6; ++i) {
+    const auto placement = policy.Place(Request(prompt), registry_);
+    ASSERT_TRUE(placement.ok()) << placement.status();
+    chosen.push_back(placement->decode_worker_id);
+  }
+  EXPECT_EQ(chosen, (std::vector<std::string>{"d1", "d2", "d3", "d1", "d2", "d3"}));
+  PlacementPolicy kv_aware({.disaggregation_threshold_tokens = 64});
+  const auto placement = kv_aware.Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  EXPECT_EQ(placement->decode_worker_id, "d2");
+}
+
+TEST_F(PlacementPolicyTest, LeastLoadedPicksTheFewestPendingRequests) {
+  AddWorker("d1", WorkerRole::kDecode);
+  AddWorker("d2", WorkerRole::kDecode);
+  const auto prompt = Prompt(512);
+  Report("d1", prompt, 32, WorkerLoad{.num_waiting_seqs = 5});
+  Report("d2", Prompt(16, 9000), 1, WorkerLoad{.num_waiting_seqs = 1});
+  PlacementPolicy policy({.strategy = PlacementStrategy::kLeastLoaded, .disaggregation_threshold_tokens = 64});
+  const auto placement = policy.Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  EXPECT_EQ(placement->decode_worker_id, "d2");
+}
+
+TEST(PlacementStrategyTest, ParsesTheFlagsNamesAndRefusesOthers) {
+  EXPECT_EQ(*ParsePlacementStrategy("kv-aware"), PlacementStrategy::kKvAware);
+  EXPECT_EQ(*ParsePlacementStrategy("round-robin"), PlacementStrategy::kRoundRobin);
+  EXPECT_EQ(*ParsePlacementStrategy("least-loaded"), PlacementStrategy::kLeastLoaded);
+  const auto bad = ParsePlacementStrategy("random");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--placement-strategy"), std::string::npos);
+}
+
 TEST_F(PlacementPolicyTest, ExpiredWorkersAreNotPlaced) {
   AddWorker("d1", WorkerRole::kDecode);
   AddWorker("d2", WorkerRole::kDecode);

@@ -15,6 +15,8 @@
 #include "engine/cuda_model_runner.h"
 
 #include <algorithm>
+#include <cstring>
+#include <functional>
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
@@ -294,6 +296,69 @@ TEST_P(CudaModelRunnerModelTest, RejectsBadBatchesWithoutBreakingTheRunner) {
   ModelBatch good;
   good.chunks.push_back({{1, 2, 3}, 0, {4}, true});
   RunAndCompare(good, "after rejected batches");
+}
+
+// The host KV tier's copies (ModelBatch::swap_out / swap_in) through kernels/swap_blocks:
+// a block offloaded to a pinned, a managed (--kv-host-memory=uvm) or a pageable slot and
+// onboarded into another block holds the same bytes, so decoding over it gives the same
+// logits bit for bit as over the original.
+TEST_P(CudaModelRunnerModelTest, SwappedBlocksComeBackByteForByte) {
+  const int64_t slot_bytes = gpu_runner_->kv_swap_bytes_per_block();
+  ASSERT_GT(slot_bytes, 0);
+  const std::vector<int32_t> table = TakeBlocks(3);
+  std::vector<int32_t> prompt(40);
+  std::iota(prompt.begin(), prompt.end(), 3);
+  ModelBatch prefill;
+  prefill.chunks.push_back({prompt, 0, table, true});
+  ASSERT_TRUE(gpu_runner_->Execute(prefill).ok());
+  ModelBatch decode;
+  decode.chunks.push_back({{7}, 40, table, true});
+  auto want = gpu_runner_->Execute(decode);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  for (const char* memory : {"pinned", "managed", "pageable"}) {
+    std::byte* slot = nullptr;
+    std::function<void(std::byte*)> release;
+    std::vector<std::byte> pageable;
+    if (std::string(memory) == "pageable") {
+      pageable.resize(static_cast<size_t>(2 * slot_bytes));
+      slot = pageable.data();
+    } else {
+      auto host = MakeCudaHostTierMemory(0, /*managed=*/std::string(memory) == "managed");
+      ASSERT_TRUE(host.ok()) << host.status();
+      slot = host->allocate(2 * slot_bytes);
+      ASSERT_NE(slot, nullptr) << memory;
+      release = host->deallocate;
+    }
+    // Block table[1] -> slot -> a fresh block -> slot + slot_bytes.
+    const int32_t fresh = TakeBlocks(1)[0];
+    ModelBatch out;
+    out.swap_out.push_back({table[1], slot});
+    auto r = gpu_runner_->Execute(out);
+    ASSERT_TRUE(r.ok()) << memory << ": " << r.status();
+    ModelBatch in;
+    in.swap_in.push_back({fresh, slot});
+    ASSERT_TRUE(gpu_runner_->Execute(in).ok()) << memory;
+    ModelBatch again;
+    again.swap_out.push_back({fresh, slot + slot_bytes});
+    ASSERT_TRUE(gpu_runner_->Execute(again).ok()) << memory;
+    EXPECT_EQ(std::memcmp(slot, slot + slot_bytes, static_cast<size_t>(slot_bytes)), 0) << memory;
+    // Decoding over the onboarded copy is decoding over the original.
+    std::vector<int32_t> swapped = table;
+    swapped[1] = fresh;
+    ModelBatch over_copy;
+    over_copy.chunks.push_back({{7}, 40, swapped, true});
+    auto got = gpu_runner_->Execute(over_copy);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->logits.size(), want->logits.size());
+    EXPECT_EQ(std::memcmp(got->logits.data(), want->logits.data(), want->logits.size() * sizeof(float)), 0) << memory;
+    if (release) release(slot);
+  }
+  // A swap naming a block outside the pool is refused, and the runner keeps working.
+  std::vector<std::byte> slot(static_cast<size_t>(slot_bytes));
+  ModelBatch bad;
+  bad.swap_out.push_back({kNumBlocks, slot.data()});
+  EXPECT_EQ(gpu_runner_->Execute(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(TestModels, CudaModelRunnerModelTest,

@@ -165,6 +165,19 @@ TEST_P(EngineTiersTest, PrefixFromEveryTierGivesBitIdenticalOutput) {
         << "the prompt's 6 full blocks should come back from the host tier";
     ExpectIdentical(from_host, recomputed, "host-tier prefix vs recompute");
   }
+  // Write-through: blocks reach the host tier as tier 0 caches them, before any eviction.
+  {
+    EngineKvTierOptions write_through{.host_cache_bytes = 64 * slot_bytes, .write_through = true};
+    Worker tiered = MakeWorker(16, write_through);
+    const Generation first = Generate(*tiered.engine, "p", prompt, 12);
+    ExpectIdentical(first, recomputed, "first run with write-through vs recompute");
+    EXPECT_GE(tiered.engine->stats().host_tier.blocks_offloaded, 6) << "cached blocks are copied down at once";
+    for (size_t i = 0; i < fillers.size(); ++i) Generate(*tiered.engine, absl::StrCat("f", i), fillers[i], 4);
+    const EngineStats before = tiered.engine->stats();
+    const Generation from_host = Generate(*tiered.engine, "p3", prompt, 12);
+    EXPECT_GE(tiered.engine->stats().prefix_cache_host_hit_tokens - before.prefix_cache_host_hit_tokens, 6 * kBlock);
+    ExpectIdentical(from_host, recomputed, "write-through host-tier prefix vs recompute");
+  }
   // Disk: a restart with a fresh host tier; the disk tier's index is rebuilt from its files.
   {
     Worker restarted = MakeWorker(16, tiers);
