@@ -54,19 +54,20 @@ absl::Status AttachKvTiers(const EngineOptions& options, ModelRunner& runner, kv
                                                   .record_events = options.kv.record_events}));
   std::unique_ptr<kv::DiskKvTier> disk;
   if (!t.disk_cache_dir.empty()) {
-    const kv::KvStorage* storage = runner.kv_storage();
-    if (storage == nullptr) {
-      return absl::FailedPreconditionError("--kv-disk-cache-dir: this model runner exposes no KV layout");
+    const KvSlotShape shape = runner.kv_slot_shape();
+    if (static_cast<int64_t>(shape.num_layers) * shape.block_bytes != slot_bytes) {
+      return absl::InternalError(absl::StrCat("--kv-disk-cache-dir: the runner's slot shape (", shape.num_layers,
+                                              " x ", shape.block_bytes, " bytes) is not its ", slot_bytes,
+                                              "-byte swap unit"));
     }
-    const kv::KvLayout& layout = storage->layout();
     KVMESH_ASSIGN_OR_RETURN(disk, kv::DiskKvTier::Create({.directory = t.disk_cache_dir,
                                                           .capacity_bytes = t.disk_cache_bytes,
                                                           .record_payload_bytes = slot_bytes,
                                                           .salt = t.model_identity ^ options.kv.salt,
-                                                          .num_layers = layout.num_layers(),
-                                                          .block_bytes = layout.BlockBytes(),
-                                                          .dtype = static_cast<int32_t>(layout.dtype()),
-                                                          .block_size_tokens = layout.block_size_tokens()}));
+                                                          .num_layers = shape.num_layers,
+                                                          .block_bytes = shape.block_bytes,
+                                                          .dtype = shape.dtype,
+                                                          .block_size_tokens = runner.block_size_tokens()}));
   }
   auto tiers = std::make_unique<kv::KvTiers>(std::move(host), std::move(disk), kv.block_size_tokens(),
                                              options.kv.record_events);

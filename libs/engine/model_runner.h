@@ -46,6 +46,16 @@ struct KvBlockSwap {
   std::byte* host = nullptr;  // kv_swap_bytes_per_block() bytes, valid until Execute returns
 };
 
+// The shape of a KvBlockSwap's host range, which the disk tier records in each block's
+// header (records of another shape are foreign): `num_layers` ranges of `block_bytes`
+// of `dtype`. Under tensor parallelism every rank's layers, rank-major, so a TP=2 slot
+// (2 * layers ranges of half the heads) never reads as a TP=1 one.
+struct KvSlotShape {
+  int32_t num_layers = 0;
+  int64_t block_bytes = 0;
+  int32_t dtype = 0;  // DType as an integer
+};
+
 struct ModelBatch {
   std::vector<SequenceChunk> chunks;
   // Execute's order within a step: swap_out (pool -> host: a block offloaded as it is
@@ -98,6 +108,8 @@ class ModelRunner {
   // Bytes of one block over every layer (and every TP rank): the size of a KvBlockSwap's
   // host range. 0 when the runner cannot swap blocks (then the engine runs no lower tier).
   virtual int64_t kv_swap_bytes_per_block() const { return 0; }
+  // num_layers * block_bytes == kv_swap_bytes_per_block(); all 0 when that is 0.
+  virtual KvSlotShape kv_slot_shape() const { return {}; }
 };
 
 }  // namespace kvmesh::engine

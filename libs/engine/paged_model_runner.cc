@@ -76,6 +76,13 @@ int64_t PagedModelRunner::kv_swap_bytes_per_block() const {
   return storage_->SwapBytesPerBlock() * (comm_ != nullptr ? comm_->world_size() : 1);
 }
 
+KvSlotShape PagedModelRunner::kv_slot_shape() const {
+  const kv::KvLayout& layout = storage_->layout();
+  return {.num_layers = layout.num_layers() * (comm_ != nullptr ? comm_->world_size() : 1),
+          .block_bytes = layout.BlockBytes(),
+          .dtype = static_cast<int32_t>(layout.dtype())};
+}
+
 absl::Status PagedModelRunner::RunSwaps(const ModelBatch& batch, ModelOutput& output) {
   // Under TP the host slot holds every rank's heads; this rank's share is at rank * its size.
   const int64_t offset = comm_ != nullptr ? comm_->rank() * storage_->SwapBytesPerBlock() : 0;

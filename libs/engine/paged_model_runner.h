@@ -58,6 +58,7 @@ class PagedModelRunner : public ModelRunner {
   kv::KvStorage* kv_storage() override { return storage_.get(); }
   // This rank's block bytes times the group's size (every rank's heads in one slot).
   int64_t kv_swap_bytes_per_block() const override;
+  KvSlotShape kv_slot_shape() const override;
 
   const kv::KvStorage& storage() const { return *storage_; }
   kv::KvStorage& storage() { return *storage_; }

@@ -91,6 +91,12 @@ class TensorParallelRunner : public ModelRunner {
   int64_t kv_swap_bytes_per_block() const override {
     return rank_storage(0).SwapBytesPerBlock() * tensor_parallel_size();
   }
+  KvSlotShape kv_slot_shape() const override {
+    const kv::KvLayout& layout = rank_storage(0).layout();
+    return {.num_layers = layout.num_layers() * tensor_parallel_size(),
+            .block_bytes = layout.BlockBytes(),
+            .dtype = static_cast<int32_t>(layout.dtype())};
+  }
 
   int32_t tensor_parallel_size() const { return static_cast<int32_t>(ranks_.size()); }
   // Rank `rank`'s KV pool (its accounting: layout().TotalBytes(), kv_head_replication()).

@@ -743,7 +743,8 @@ void DiskKvTier::Impl::FinishOp(uint64_t op_id, Op& op, std::vector<DiskIoComple
     case OpKind::kWrite: {
       --writes_in_flight_;
       --user_ops_in_flight_;
-      DiskIoCompletion c{.ticket = static_cast<int64_t>(op_id), .kind = DiskIoCompletion::Kind::kWrite, .hash = op.hash};
+      DiskIoCompletion c{.ticket = static_cast<int64_t>(op_id), .kind = DiskIoCompletion::Kind::kWrite, .hash = op.hash,
+                         .completed_at = now};
       if (err == 0 && !op.short_io) {
         s.state = SlotState::kHeld;
         s.allocated = true;
@@ -789,7 +790,8 @@ void DiskKvTier::Impl::FinishOp(uint64_t op_id, Op& op, std::vector<DiskIoComple
       --reads_in_flight_;
       --user_ops_in_flight_;
       --s.pins;
-      DiskIoCompletion c{.ticket = static_cast<int64_t>(op_id), .kind = DiskIoCompletion::Kind::kRead, .hash = op.hash};
+      DiskIoCompletion c{.ticket = static_cast<int64_t>(op_id), .kind = DiskIoCompletion::Kind::kRead, .hash = op.hash,
+                         .completed_at = now};
       if (err == 0 && !op.short_io) {
         if (op.staging) std::memcpy(op.read_dst.data(), op.staging.get(), op.read_dst.size());
         if (XXH3_64bits(op.read_dst.data(), op.read_dst.size()) == s.checksum) {
@@ -817,7 +819,6 @@ void DiskKvTier::Impl::FinishOp(uint64_t op_id, Op& op, std::vector<DiskIoComple
       break;
     }
   }
-  (void)now;
   ops_.erase(op_id);
 }
 

@@ -35,6 +35,7 @@
 // figures are the disk's, not the engine's poll rate); it touches nothing else.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -87,6 +88,9 @@ struct DiskIoCompletion {
   // for other I/O errors.
   absl::Status status;
   int64_t bytes = 0;  // payload bytes moved (0 on failure)
+  // When the I/O completed, as the tier's reaper thread saw it (not when Poll reaped it,
+  // which is up to an engine step later): load times measured from it are the disk's.
+  std::chrono::steady_clock::time_point completed_at;
 };
 
 class DiskKvTier {

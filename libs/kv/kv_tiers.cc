@@ -1,5 +1,6 @@
 #include "kv/kv_tiers.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -166,11 +167,12 @@ void KvTiers::Poll() {
       }
       continue;
     }
-    FinishRead(c.ticket, c.status);
+    FinishRead(c.ticket, c.status, c.completed_at);
   }
 }
 
-void KvTiers::FinishRead(int64_t ticket, const absl::Status& status) {
+void KvTiers::FinishRead(int64_t ticket, const absl::Status& status,
+                         std::chrono::steady_clock::time_point completed_at) {
   const auto it = reads_.find(ticket);
   if (it == reads_.end()) return;
   if (status.ok()) {
@@ -179,8 +181,14 @@ void KvTiers::FinishRead(int64_t ticket, const absl::Status& status) {
     KVMESH_LOG(kWarning) << "disk KV tier: " << status.message() << ": recomputing the block";
     host_->AbortStore(it->second.slot);
   }
+  if (const auto b = load_batches_.find(it->second.batch); b != load_batches_.end()) {
+    b->second.latest = std::max(b->second.latest, completed_at);
+  }
   if (const auto b = load_batches_.find(it->second.batch); b != load_batches_.end() && --b->second.outstanding == 0) {
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - b->second.started).count();
+    // The disk's time for the batch (its last completion, as the tier's reaper stamped
+    // it), not the engine step at which Poll noticed: a long step must not make the disk
+    // look slow and turn every later hit into a recompute.
+    const double seconds = std::chrono::duration<double>(b->second.latest - b->second.started).count();
     RecordBandwidth(disk_load_bytes_per_second_, b->second.bytes, seconds);
     load_batches_.erase(b);
   }
@@ -200,7 +208,7 @@ void KvTiers::DrainDisk() {
           host_->Unpin(w->second);
           writes_.erase(w);
         } else {
-          FinishRead(c.ticket, c.status);
+          FinishRead(c.ticket, c.status, c.completed_at);
         }
       }
     }

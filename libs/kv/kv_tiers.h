@@ -138,7 +138,8 @@ class KvTiers {
   bool LoadBeatsRecompute(int64_t num_blocks, double bytes_per_second) const;
   void StartWriteThrough(HostSlot slot);
   // A disk read finished (any status): commits or aborts its slot and times its batch.
-  void FinishRead(int64_t ticket, const absl::Status& status);
+  // `completed_at`: when the disk finished it (DiskIoCompletion), for the load bandwidth.
+  void FinishRead(int64_t ticket, const absl::Status& status, std::chrono::steady_clock::time_point completed_at);
 
   std::unique_ptr<HostKvTier> host_;
   std::unique_ptr<DiskKvTier> disk_;
@@ -159,6 +160,7 @@ class KvTiers {
     std::chrono::steady_clock::time_point started;
     int64_t bytes = 0;
     int32_t outstanding = 0;
+    std::chrono::steady_clock::time_point latest{};  // latest completion so far
   };
   absl::flat_hash_map<int64_t, LoadBatch> load_batches_;
   int64_t next_load_batch_ = 1;

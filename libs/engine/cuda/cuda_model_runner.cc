@@ -74,6 +74,11 @@ class CudaModelRunner : public ModelRunner {
   int64_t kv_swap_bytes_per_block() const override {
     return static_cast<int64_t>(layout_.num_layers()) * layout_.BlockBytes();
   }
+  KvSlotShape kv_slot_shape() const override {
+    return {.num_layers = layout_.num_layers(),
+            .block_bytes = layout_.BlockBytes(),
+            .dtype = static_cast<int32_t>(layout_.dtype())};
+  }
 
  private:
   struct Graph {

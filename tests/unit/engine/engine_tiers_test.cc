@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
 #include "engine/paged_model_runner.h"
+#include "engine/tensor_parallel_runner.h"
 
 namespace kvmesh::engine {
 namespace {
@@ -297,6 +298,59 @@ TEST_P(EngineTiersTest, BadTierConfigurationIsAClearError) {
   }
   s = create({.host_cache_bytes = int64_t{1} << 24, .disk_cache_dir = "/proc/kvmesh_no", .disk_cache_bytes = 1 << 30});
   EXPECT_NE(s.message().find("--kv-disk-cache-dir"), std::string::npos) << s;
+}
+
+// Under tensor parallelism (two CPU ranks over Gloo) every rank copies its own heads into
+// its share of a slot: a prefix from the host tier or, after a restart, from the disk
+// tier gives the same bits as the same group recomputing it.
+TEST_P(EngineTiersTest, TensorParallelRanksOffloadAndOnboardTheirOwnHeads) {
+  std::mt19937 rng(11);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 100);
+  std::vector<std::vector<int32_t>> fillers;
+  for (int i = 0; i < 3; ++i) fillers.push_back(RandomPrompt(rng, 180));
+  auto make = [&](int32_t num_blocks, EngineKvTierOptions tiers, std::unique_ptr<TensorParallelRunner>* runner) {
+    auto r = TensorParallelRunner::Create(std::string(KVMESH_BINARY_DIR) + "/models/" + GetParam(),
+                                          {.tensor_parallel_size = 2, .block_size_tokens = kBlock,
+                                           .num_blocks = num_blocks, .total_threads = 2});
+    EXPECT_TRUE(r.ok()) << r.status();
+    *runner = std::move(r).value();
+    EngineOptions options;
+    options.scheduler.max_num_batched_tokens = 256;
+    options.scheduler.max_num_seqs = 4;
+    options.kv.block_size_tokens = kBlock;
+    options.kv.record_events = false;
+    options.max_model_len = 512;
+    options.tiers = std::move(tiers);
+    auto engine = Engine::Create(options, **runner);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return std::move(engine).value();
+  };
+  std::unique_ptr<TensorParallelRunner> plain_runner;
+  std::unique_ptr<Engine> plain = make(64, {}, &plain_runner);
+  const Generation recomputed = Generate(*plain, "p", prompt, 12);
+  const int64_t slot_bytes = plain_runner->kv_swap_bytes_per_block();
+  ASSERT_GT(slot_bytes, 0);
+  EXPECT_EQ(plain_runner->kv_slot_shape().num_layers % 2, 0) << "both ranks' layers";
+  const std::string dir = TempDir(GetParam() + "_tp2");
+  EngineKvTierOptions tiers{.host_cache_bytes = 64 * slot_bytes, .disk_cache_dir = dir,
+                            .disk_cache_bytes = 256 * slot_bytes};
+  {
+    std::unique_ptr<TensorParallelRunner> runner;
+    std::unique_ptr<Engine> engine = make(16, tiers, &runner);
+    ExpectIdentical(Generate(*engine, "p", prompt, 12), recomputed, "TP=2 first run with tiers");
+    for (size_t i = 0; i < fillers.size(); ++i) Generate(*engine, absl::StrCat("f", i), fillers[i], 4);
+    const int64_t before = engine->stats().prefix_cache_host_hit_tokens;
+    ExpectIdentical(Generate(*engine, "p3", prompt, 12), recomputed, "TP=2 host-tier prefix");
+    EXPECT_GE(engine->stats().prefix_cache_host_hit_tokens - before, 6 * kBlock);
+  }
+  {
+    std::unique_ptr<TensorParallelRunner> runner;
+    std::unique_ptr<Engine> engine = make(16, tiers, &runner);
+    EXPECT_GT(engine->stats().disk_tier_records, 0);
+    ExpectIdentical(Generate(*engine, "p4", prompt, 12), recomputed, "TP=2 disk-tier prefix after a restart");
+    EXPECT_GT(engine->stats().num_waiting_for_disk, 0) << "the prefix should have been read from disk";
+  }
+  std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineTiersTest, ::testing::Values("tiny-llama", "llama-f32"),
