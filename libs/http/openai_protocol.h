@@ -128,6 +128,8 @@ struct PromptTokenLogprobs {
     int32_t rank = 0;
     std::string decoded_token;
   };
+  std::vector<Entry> entries;  // the prompt token first, then the top alternatives
+};
 
 struct Usage {
   int32_t prompt_tokens = 0;
@@ -206,8 +208,5 @@ struct DetokenizeRequest {
 };
 std::variant<DetokenizeRequest, ApiError> ParseDetokenizeRequest(std::string_view body);
 std::string DetokenizeResponseJson(const std::string& prompt);
-
-  std::vector<Entry> entries;  // the prompt token first, then the top alternatives
-};
 
 }  // namespace kvmesh::http

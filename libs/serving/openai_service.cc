@@ -22,10 +22,6 @@ double SecondsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-std::string_view ChatRole(const std::string& role) {
-  return role == "developer" ? std::string_view("system") : std::string_view(role);
-}
-
 // The controller of a service not given a shared one: the default limits with the
 // service's in-flight bound.
 std::unique_ptr<AdmissionController> OwnAdmission(const OpenAiServiceOptions& options) {
