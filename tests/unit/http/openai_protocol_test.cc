@@ -239,7 +239,7 @@ TEST(OpenAiProtocolTest, ChatToolFieldsReachTheTemplateInKeyOrder) {
       {"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
       {"role":"user","content":"weather?"},
       {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
-        "function":{"name":"get_weather","arguments":"{"city": "Paris", "a": 1}"}}]},
+        "function":{"name":"get_weather","arguments":"{\"city\": \"Paris\", \"a\": 1}"}}]},
       {"role":"tool","tool_call_id":"c1","name":"get_weather","content":"21 C"}],
     "tools":[{"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object"}}}],
     "tool_choice":"auto"})");
@@ -248,8 +248,7 @@ TEST(OpenAiProtocolTest, ChatToolFieldsReachTheTemplateInKeyOrder) {
   EXPECT_EQ(req.tools_json,
             R"([{"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object"}}}])");
   EXPECT_EQ(req.template_messages_json,
-            R"([{"role":"system","content":"a
-b"},{"role":"user","content":"weather?"},)"
+            R"([{"role":"system","content":"a\nb"},{"role":"user","content":"weather?"},)"
             R"({"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",)"
             R"("function":{"name":"get_weather","arguments":{"city":"Paris","a":1}}}]},)"
             R"({"role":"tool","tool_call_id":"c1","name":"get_weather","content":"21 C"}])");
