@@ -414,8 +414,8 @@ void ParseToolFields(std::string_view body, ChatCompletionRequest* req) {
     const ChatMessage& parsed = req->messages[i];
     const std::string prefix = "messages[" + std::to_string(i) + "]";
     m["role"] = parsed.role == "developer" ? "system" : parsed.role;
-    auto content = m.find("content");
-    if (content != m.end() && !content->is_null()) *content = parsed.content;
+    // As vLLM: a null or absent content (an assistant turn of tool calls) is "" to the template.
+    m["content"] = parsed.content;
     if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
       if (!calls->is_array()) Fail(prefix + ".tool_calls", "'" + prefix + ".tool_calls' must be an array");
       for (size_t k = 0; k < calls->size(); ++k) {

@@ -90,7 +90,8 @@ struct ChatCompletionRequest {
   std::optional<int32_t> top_logprobs;    // [0, kMaxLogprobs], requires logprobs
   bool add_generation_prompt = true;      // vLLM extension
   // What the chat template is given, as JSON text in the request's key order: the
-  // messages (each as sent, content parts joined into one string, developer as system,
+  // messages (each as sent, content parts joined into one string and a null content "",
+  // developer as system,
   // tool_calls' string arguments parsed into objects as vLLM does) and `tools` ("" when
   // the request has none). tool_choice may be absent, "none" or "auto": kvmesh does not
   // constrain decoding to a call, so "required" and a named function are refused.

@@ -249,7 +249,7 @@ TEST(OpenAiProtocolTest, ChatToolFieldsReachTheTemplateInKeyOrder) {
             R"([{"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object"}}}])");
   EXPECT_EQ(req.template_messages_json,
             R"([{"role":"system","content":"a\nb"},{"role":"user","content":"weather?"},)"
-            R"({"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",)"
+            R"({"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function",)"
             R"("function":{"name":"get_weather","arguments":{"city":"Paris","a":1}}}]},)"
             R"({"role":"tool","tool_call_id":"c1","name":"get_weather","content":"21 C"}])");
   EXPECT_EQ(req.messages[2].num_tool_calls, 1);
