@@ -49,8 +49,8 @@ absl::Status ValidateEngineRequest(const EngineRequest& request, const RequestLi
   if (absl::Status s = request.sampling_params.Validate(limits.vocab_size, limits.max_logprobs); !s.ok()) return s;
   if (request.sampling_params.prompt_logprobs >= 0 && !limits.prompt_logprobs_supported) {
     return absl::InvalidArgumentError(
-        "prompt_logprobs is not supported by this engine's model runner (it computes logits only at the last "
-        "position); serve on the CPU runner for prompt logprobs");
+        "prompt_logprobs is not supported here: this model runner (CUDA) or this path (router -> workers) "
+        "returns logits of the last position only; `kvmesh serve` on the CPU runner computes them");
   }
   const int64_t max_tokens = request.sampling_params.max_tokens;
   if (prompt_len + max_tokens > limits.max_model_len) {
