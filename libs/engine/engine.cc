@@ -109,7 +109,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
                              .max_num_seqs = options.scheduler.max_num_seqs,
                              .num_kv_blocks = kv->num_blocks(),
                              .block_size_tokens = kv->block_size_tokens(),
-                             .max_logprobs = options.max_logprobs};
+                             .max_logprobs = options.max_logprobs,
+                             .prompt_logprobs_supported = runner.all_position_logits()};
   return std::unique_ptr<Engine>(new Engine(options, runner, std::move(kv), std::move(scheduler), limits));
 }
 

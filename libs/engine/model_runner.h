@@ -28,6 +28,10 @@ struct SequenceChunk {
   // penalties or masks), so the runner returns it in ModelOutput::argmax_token_ids instead
   // of the logits row. Set only for runners whose returns_argmax() is true.
   bool argmax_only = false;
+  // The logits of every token of the chunk are wanted, one row per token in order (the
+  // prompt logprobs); with compute_logits the last row is also the sampling row. Never
+  // with argmax_only. Set only for runners whose all_position_logits() is true.
+  bool all_logits = false;
 };
 
 // Copy every layer's KV of block `src` into block `dst` (copy-on-write) before the step.
@@ -75,7 +79,8 @@ struct ModelBatch {
 };
 
 struct ModelOutput {
-  // [number of chunks with compute_logits and not argmax_only, vocab_size] f32, in chunk order.
+  // [rows, vocab_size] f32, in chunk order: one row per chunk with compute_logits and not
+  // argmax_only, except that a chunk with all_logits has one row per token.
   std::vector<float> logits;
   // One per chunk with compute_logits and argmax_only, in chunk order: the lowest id of
   // the largest logit (NaN never wins; +inf counts as the largest finite float, as the
@@ -105,6 +110,8 @@ class ModelRunner {
   // Whether Execute honours SequenceChunk::argmax_only (a device runner then copies one
   // token id to the host instead of a vocabulary of logits, and skips the host's argmax).
   virtual bool returns_argmax() const { return false; }
+  // Whether Execute honours SequenceChunk::all_logits (what prompt logprobs need).
+  virtual bool all_position_logits() const { return false; }
   // Bytes of one block over every layer (and every TP rank): the size of a KvBlockSwap's
   // host range. 0 when the runner cannot swap blocks (then the engine runs no lower tier).
   virtual int64_t kv_swap_bytes_per_block() const { return 0; }

@@ -55,6 +55,7 @@ class PagedModelRunner : public ModelRunner {
   int32_t block_size_tokens() const override { return storage_->layout().block_size_tokens(); }
   int32_t num_blocks() const override { return storage_->layout().num_blocks(); }
   absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override;
+  bool all_position_logits() const override { return true; }
   kv::KvStorage* kv_storage() override { return storage_.get(); }
   // This rank's block bytes times the group's size (every rank's heads in one slot).
   int64_t kv_swap_bytes_per_block() const override;

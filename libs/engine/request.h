@@ -115,6 +115,10 @@ struct RequestOutput {
   absl::Status status;
   // The request's milestones so far (all four on the final output).
   RequestTimes times;
+  // vLLM's prompt_logprobs, on the one output that carries the first sampled token when
+  // sampling_params.prompt_logprobs >= 0 (empty otherwise): entry i is prompt token i + 1
+  // given tokens 0..i (the first prompt token has none), with the top alternatives.
+  std::vector<SampleResult> prompt_logprobs;
   // Set on the one output of a prefill-only request that reports its computed prompt
   // (not final: the request ends with ReleasePrefill / Abort / the release timeout).
   std::optional<PrefillResult> prefill_result;

@@ -47,6 +47,11 @@ absl::Status ValidateEngineRequest(const EngineRequest& request, const RequestLi
                                                    limits.max_model_len, "."));
   }
   if (absl::Status s = request.sampling_params.Validate(limits.vocab_size, limits.max_logprobs); !s.ok()) return s;
+  if (request.sampling_params.prompt_logprobs >= 0 && !limits.prompt_logprobs_supported) {
+    return absl::InvalidArgumentError(
+        "prompt_logprobs is not supported here: this model runner (CUDA) or this path (router -> workers) "
+        "returns logits of the last position only; `kvmesh serve` on the CPU runner computes them");
+  }
   const int64_t max_tokens = request.sampling_params.max_tokens;
   if (prompt_len + max_tokens > limits.max_model_len) {
     // vLLM's OpenAI server wording (serving_engine.py).

@@ -20,6 +20,9 @@ struct RequestLimits {
   int32_t num_kv_blocks = 0;        // the whole KV pool
   int32_t block_size_tokens = 0;
   int32_t max_logprobs = kDefaultMaxLogprobs;
+  // The model runner computes logits at every prompt position (ModelRunner::
+  // all_position_logits): without it prompt_logprobs is refused.
+  bool prompt_logprobs_supported = true;
 };
 
 // KV blocks that `n` samples of `prompt_len` prompt tokens need when all run side by

@@ -163,6 +163,17 @@ absl::Status SamplingParams::Validate(int32_t vocab_size, int32_t max_logprobs) 
       return FieldError("stop_token_ids", absl::StrCat("within the vocabulary [0, ", vocab_size, ")"), id);
     }
   }
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0 || id >= vocab_size) {
+      return FieldError("logit_bias", absl::StrCat("keyed by token ids within the vocabulary [0, ", vocab_size, ")"),
+                        id);
+    }
+    if (!(bias >= -100.0f && bias <= 100.0f)) return FieldError("logit_bias", "values in [-100, 100]", bias);
+  }
+  if (prompt_logprobs < -1) return FieldError("prompt_logprobs", "-1 (off) or non-negative", prompt_logprobs);
+  if (prompt_logprobs > logprobs_limit) {
+    return FieldError("prompt_logprobs", absl::StrCat("at most ", logprobs_limit), prompt_logprobs);
+  }
   return absl::OkStatus();
 }
 
@@ -284,7 +295,7 @@ int32_t GreedyArgmax(const float* l, int32_t v, F f) {
 }  // namespace
 
 bool SequenceSampler::MasksOrPenaltiesApply() const {
-  return (num_output_tokens_ < params_.min_tokens && !min_tokens_masked_.empty()) ||
+  return (num_output_tokens_ < params_.min_tokens && !min_tokens_masked_.empty()) || !params_.logit_bias.empty() ||
          params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
 }
 
@@ -298,6 +309,10 @@ void SequenceSampler::ApplyMasksAndPenalties(std::span<const float> logits) {
     for (int32_t id : min_tokens_masked_) {
       if (in_vocab(id)) l[id] = kNegInf;
     }
+  }
+  // 1b. logit_bias (OpenAI: -100 should ban the token; make it exact).
+  for (const auto& [id, bias] : params_.logit_bias) {
+    if (in_vocab(id)) l[id] = bias <= -100.0f ? kNegInf : l[id] + bias;
   }
   // 2. Penalties, as vLLM's apply_penalties computes them in f32: repetition
   //    scales by 1/p or p once per distinct token seen in prompt or output, then
@@ -428,17 +443,23 @@ bool SequenceSampler::SampleRandom(int32_t* token_id) {
   return true;
 }
 
-void SequenceSampler::FillRawLogprobs(std::span<const float> logits, SampleResult* result) {
+namespace {
+
+// FillRawLogprobs' work over caller-owned scratch ([V] floats each, order [V] ints).
+void RawLogprobsInto(std::span<const float> logits, int32_t top_n, std::vector<float>& raw_buf,
+                     std::vector<float>& exp_buf, std::vector<int32_t>& order, SampleResult* result) {
   // log_softmax of the raw logits (sanitised as for sampling): exps in f32,
   // sums and logs in f64.
-  const int32_t v = vocab_size_;
-  float* raw = penalized_.data();  // Sampling is done; reuse the buffer.
+  const int32_t v = static_cast<int32_t>(logits.size());
+  raw_buf.resize(static_cast<size_t>(v));
+  exp_buf.resize(static_cast<size_t>(v));
+  float* raw = raw_buf.data();
   float max_logit = kNegInf;
   for (int32_t i = 0; i < v; ++i) {
     raw[i] = SanitizeLogit(logits[i]);
     max_logit = raw[i] > max_logit ? raw[i] : max_logit;
   }
-  float* w = probs_.data();
+  float* w = exp_buf.data();
   ExpShifted(raw, max_logit, 1.0f, w, v);
   const double log_normalizer = static_cast<double>(max_logit) + std::log(SumF64(w, v));
   const float chosen = raw[result->token_id];
@@ -447,18 +468,34 @@ void SequenceSampler::FillRawLogprobs(std::span<const float> logits, SampleResul
   for (int32_t i = 0; i < v; ++i) higher += raw[i] > chosen ? 1 : 0;
   result->rank = higher + 1;
 
-  const int32_t top_n = std::min(params_.logprobs, v);
+  top_n = std::min(top_n, v);
   if (top_n <= 0) return;
-  order_.resize(static_cast<size_t>(v));
-  std::iota(order_.begin(), order_.end(), 0);
+  order.resize(static_cast<size_t>(v));
+  std::iota(order.begin(), order.end(), 0);
   const HigherLogit better{raw};
-  std::nth_element(order_.begin(), order_.begin() + (top_n - 1), order_.end(), better);
-  std::sort(order_.begin(), order_.begin() + top_n, better);
+  std::nth_element(order.begin(), order.begin() + (top_n - 1), order.end(), better);
+  std::sort(order.begin(), order.begin() + top_n, better);
   result->top_logprobs.reserve(static_cast<size_t>(top_n));
   for (int32_t i = 0; i < top_n; ++i) {
-    const int32_t id = order_[i];
+    const int32_t id = order[i];
     result->top_logprobs.push_back({id, static_cast<float>(static_cast<double>(raw[id]) - log_normalizer)});
   }
+}
+
+}  // namespace
+
+void SequenceSampler::FillRawLogprobs(std::span<const float> logits, SampleResult* result) {
+  // Sampling is done: penalized_ and probs_ are free scratch.
+  RawLogprobsInto(logits, params_.logprobs, penalized_, probs_, order_, result);
+}
+
+SampleResult ComputeRawLogprobs(std::span<const float> logits, int32_t token_id, int32_t top_n) {
+  SampleResult result;
+  result.token_id = token_id;
+  std::vector<float> raw, exps;
+  std::vector<int32_t> order;
+  RawLogprobsInto(logits, top_n, raw, exps, order, &result);
+  return result;
 }
 
 absl::StatusOr<SampleResult> SequenceSampler::Sample(std::span<const float> logits) {

@@ -9,6 +9,7 @@
 //
 // Sample() processes, in order (vLLM v0's order):
 //   1. min_tokens: EOS and stop tokens are masked until min_tokens outputs exist;
+//      then logit_bias is added (OpenAI's: a bias of -100 or less bans the token);
 //   2. penalties: repetition (over prompt + output tokens: logit > 0 ? logit / p
 //      : logit * p), then frequency (- f * count) and presence (- p * [count > 0])
 //      over output tokens only;
@@ -35,6 +36,7 @@
 #include <random>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -63,6 +65,14 @@ struct SamplingParams {
   bool ignore_eos = false;
   int32_t max_tokens = 16;  // >= 1
   int32_t min_tokens = 0;   // EOS and stop tokens are suppressed until this many outputs
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the raw logit before
+  // sampling; -100 bans the token outright. Logprobs stay those of the raw logits.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // vLLM's prompt_logprobs: -1 off; N >= 0: the logprob of every prompt token after the
+  // first given the tokens before it (and the top N alternatives). The engine then
+  // computes the LM head at every prompt position and does not take the prompt from the
+  // prefix cache (a cached block has no logits).
+  int32_t prompt_logprobs = -1;
 
   bool is_greedy() const { return temperature < kGreedyTemperature; }
 
@@ -175,6 +185,11 @@ class SequenceSampler {
   std::vector<int32_t> order_;    // candidate token ids
   std::vector<float> weights_;    // survivors' weights, in order_'s order
 };
+
+// log_softmax(raw logits)[token_id] with the rank and the `top_n` most likely tokens,
+// exactly as a sample's logprobs are computed (the prompt logprobs use it).
+// `logits` must be non-empty and token_id inside it.
+SampleResult ComputeRawLogprobs(std::span<const float> logits, int32_t token_id, int32_t top_n);
 
 // A fresh seed from the process-wide source unseeded samplers use: random_device
 // mixed with a counter, so concurrent requests get distinct streams. Thread-safe.

@@ -331,6 +331,11 @@ void Scheduler::AddChunk(Sequence* seq, int32_t num_new, const kv::KvAllocation&
   chunk.start_position = seq->num_computed_tokens;
   chunk.num_tokens = num_new;
   chunk.compute_logits = chunk.start_position + num_new == seq->num_tokens();
+  // Rows for the prompt logprobs still missing: position p's logits give token p + 1's.
+  const RequestState& request = *seq->request;
+  const int32_t next = static_cast<int32_t>(request.prompt_logprobs.size());
+  chunk.all_logits = request.wants_prompt_logprobs() && seq->sample_index == 0 && chunk.start_position <= next &&
+                     next < chunk.start_position + num_new;
   for (const kv::BlockCopy& c : alloc.copies) chunk.block_copies.push_back(KvBlockCopy{c.src.value, c.dst.value});
   out->chunks.push_back(std::move(chunk));
 }
@@ -400,7 +405,10 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
         }
         seq->loading_block_hashes.clear();
       }
-      kv::ComputedPrefix prefix = kv_.FindCachedPrefix(seq->token_ids);
+      // A request that still needs its prompt logprobs computes the whole prompt: a block
+      // taken from the prefix cache has no logits.
+      kv::ComputedPrefix prefix =
+          seq->request->wants_prompt_logprobs() ? kv::ComputedPrefix{} : kv_.FindCachedPrefix(seq->token_ids);
       if (prefix.num_disk_blocks > 0 && !seq->disk_load_started) {
         // Onboard from disk first (once: what is gone by then is recomputed).
         seq->disk_load_started = true;
@@ -463,7 +471,7 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
   AddSwaps(kv_.TakeSwaps(), &out);
   for (ScheduledChunk& chunk : out.chunks) {
     const Sequence* seq = seqs_.at(chunk.kv_id);
-    chunk.argmax_only = chunk.compute_logits && options_.argmax_on_runner && ArgmaxSuffices(*seq);
+    chunk.argmax_only = chunk.compute_logits && !chunk.all_logits && options_.argmax_on_runner && ArgmaxSuffices(*seq);
     SequenceChunk sc;
     sc.token_ids.assign(seq->token_ids.begin() + chunk.start_position,
                         seq->token_ids.begin() + chunk.start_position + chunk.num_tokens);
@@ -471,11 +479,12 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
     for (const kv::BlockId b : kv_.block_table(chunk.kv_id)) sc.block_table.push_back(b.value);
     sc.compute_logits = chunk.compute_logits;
     sc.argmax_only = chunk.argmax_only;
+    sc.all_logits = chunk.all_logits;
     out.batch.chunks.push_back(std::move(sc));
     out.batch.block_copies.insert(out.batch.block_copies.end(), chunk.block_copies.begin(),
                                   chunk.block_copies.end());
     out.num_batched_tokens += chunk.num_tokens;
-    out.num_logits_rows += chunk.compute_logits && !chunk.argmax_only ? 1 : 0;
+    out.num_logits_rows += chunk.all_logits ? chunk.num_tokens : chunk.compute_logits && !chunk.argmax_only ? 1 : 0;
     out.num_argmax_rows += chunk.argmax_only ? 1 : 0;
   }
   stats_.last_batch_num_seqs = static_cast<int32_t>(out.chunks.size());
@@ -537,8 +546,22 @@ bool Scheduler::ArgmaxSuffices(const Sequence& seq) const {
   const SamplingParams& p = request.sampling_params;
   // One sample (no fork shares the row), greedy, nothing but the token wanted, and no
   // penalty or min_tokens mask between the logits and their argmax.
-  return request.n == 1 && p.is_greedy() && p.logprobs < 0 && p.repetition_penalty == 1.0f &&
+  return request.n == 1 && p.is_greedy() && p.logprobs < 0 && p.logit_bias.empty() && p.repetition_penalty == 1.0f &&
          p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f && seq.num_output_tokens() >= p.min_tokens;
+}
+
+void Scheduler::CollectPromptLogprobs(RequestState* request, int32_t start,
+                                      std::span<const float> chunk_logits) const {
+  const int32_t rows = static_cast<int32_t>(chunk_logits.size() / static_cast<size_t>(vocab_size_));
+  const int32_t top_n = request->sampling_params.prompt_logprobs;
+  // Row i is position start + i; it scores prompt token start + i + 1.
+  for (int32_t i = 0; i < rows && request->wants_prompt_logprobs(); ++i) {
+    const int32_t position = start + i;
+    if (position != static_cast<int32_t>(request->prompt_logprobs.size())) continue;  // had it (recompute)
+    request->prompt_logprobs.push_back(
+        ComputeRawLogprobs(chunk_logits.subspan(static_cast<size_t>(i) * vocab_size_, vocab_size_),
+                           request->prompt_token_ids[position + 1], top_n));
+  }
 }
 
 absl::Status Scheduler::TakeArgmax(Sequence* seq, int32_t token_id) {
@@ -595,6 +618,12 @@ RequestOutput Scheduler::TakeOutput(RequestState* request, const absl::Status& s
   out.num_cached_prompt_tokens = std::max(0, request->num_cached_prompt_tokens);
   out.status = status;
   out.prefill_result = std::move(request->pending_prefill_result);
+  if (request->sampling_params.prompt_logprobs >= 0 && !request->prompt_logprobs_reported &&
+      !request->wants_prompt_logprobs()) {
+    out.prompt_logprobs = std::move(request->prompt_logprobs);
+    request->prompt_logprobs.clear();
+    request->prompt_logprobs_reported = true;
+  }
   request->pending_prefill_result.reset();
   for (const auto& seq : request->seqs) {
     if (seq->pending_token_ids.empty() && !seq->finish_pending) continue;
@@ -654,10 +683,14 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::UpdateFromOutput(const Sch
   absl::flat_hash_map<RequestState*, absl::Status> failed;
   size_t row = 0;
   for (const ScheduledChunk& chunk : scheduled.chunks) {
-    std::span<const float> row_logits;
+    std::span<const float> row_logits, chunk_logits;
     int32_t argmax_token = -1;
     if (chunk.argmax_only) {
       argmax_token = argmax_token_ids[argmax_row++];
+    } else if (chunk.all_logits) {
+      chunk_logits = logits.subspan(row * vocab_size_, static_cast<size_t>(chunk.num_tokens) * vocab_size_);
+      row += static_cast<size_t>(chunk.num_tokens);
+      if (chunk.compute_logits) row_logits = chunk_logits.subspan((chunk.num_tokens - 1) * vocab_size_, vocab_size_);
     } else if (chunk.compute_logits) {
       row_logits = logits.subspan(row++ * vocab_size_, vocab_size_);
     }
@@ -665,6 +698,7 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::UpdateFromOutput(const Sch
     if (it == seqs_.end()) continue;  // ended since Schedule (Abort)
     Sequence* seq = it->second;
     if (seq->status != SequenceStatus::kRunning || seq->num_computed_tokens != chunk.start_position) continue;
+    if (chunk.all_logits) CollectPromptLogprobs(seq->request, chunk.start_position, chunk_logits);
     const int32_t end = chunk.start_position + chunk.num_tokens;
     if (absl::Status s = kv_.MarkComputed(seq->kv_id, seq->token_ids, end); !s.ok()) {
       return KvBroken(s, "MarkComputed");

@@ -87,6 +87,7 @@ struct ScheduledChunk {
   int32_t num_tokens = 0;
   bool compute_logits = false;  // the chunk reaches the last known token: sample after it
   bool argmax_only = false;     // with compute_logits: the runner returns the greedy token
+  bool all_logits = false;      // one logits row per token: the prompt logprobs need them
   std::vector<KvBlockCopy> block_copies;  // copy-on-write this chunk's allocation asked for
 };
 
@@ -94,7 +95,7 @@ struct SchedulerOutput {
   ModelBatch batch;
   std::vector<ScheduledChunk> chunks;
   int32_t num_batched_tokens = 0;
-  int32_t num_logits_rows = 0;  // chunks with compute_logits and not argmax_only
+  int32_t num_logits_rows = 0;  // chunks with compute_logits and not argmax_only; all_logits: their tokens
   int32_t num_argmax_rows = 0;  // chunks with compute_logits and argmax_only
   int32_t num_preempted = 0;    // sequences preempted while scheduling this step
   // The lower-tier copies in batch.swap_out / swap_in, for KvCacheManager::FinishSwaps
@@ -272,6 +273,9 @@ class Scheduler {
   // Appends the runner's greedy token `token_id` (-1: no finite logit, an error) as
   // SampleNext would have sampled it.
   absl::Status TakeArgmax(Sequence* seq, int32_t token_id);
+  // Appends the prompt logprobs that a chunk's rows (one per token, from position
+  // `start`) give and `request` does not have yet.
+  void CollectPromptLogprobs(RequestState* request, int32_t start, std::span<const float> chunk_logits) const;
   // Appends `result.token_id` as `seq`'s next output (sampler, pending output and
   // logprobs) and, unless the request is prefill-only, applies the stop checks.
   void AppendOutputToken(Sequence* seq, SampleResult result);

@@ -95,6 +95,14 @@ struct RequestState {
   // prompt's blocks (sequence kPrefilled) instead of decoding. n is forced to 1.
   bool prefill_only = false;
   int32_t num_skipped_blocks = 0;  // reported in PrefillResult
+  // Prompt logprobs computed so far (sampling_params.prompt_logprobs >= 0): entry i is
+  // prompt token i + 1's; complete at num_prompt_tokens() - 1 entries.
+  std::vector<SampleResult> prompt_logprobs;
+  bool prompt_logprobs_reported = false;
+  bool wants_prompt_logprobs() const {
+    return sampling_params.prompt_logprobs >= 0 && !prompt_logprobs_reported &&
+           static_cast<int32_t>(prompt_logprobs.size()) < num_prompt_tokens() - 1;
+  }
   // The prefill-only result not yet reported in a RequestOutput.
   std::optional<PrefillResult> pending_prefill_result;
 

@@ -52,7 +52,11 @@ absl::Status BuildStepMetadata(const ModelBatch& batch, int32_t block_size, int3
               m.block_tables.begin() + static_cast<std::ptrdiff_t>(s * m.max_blocks_per_seq));
     m.query_start.push_back(m.query_start.back() + n);
     m.context_lens.push_back(chunk.start_position + n);
-    if (chunk.compute_logits) m.logit_rows.push_back(m.query_start.back() - 1);
+    if (chunk.all_logits) {
+      for (int32_t i = 0; i < n; ++i) m.logit_rows.push_back(m.query_start[s] + i);
+    } else if (chunk.compute_logits) {
+      m.logit_rows.push_back(m.query_start.back() - 1);
+    }
   }
   return absl::OkStatus();
 }

@@ -166,9 +166,33 @@ void ParseStop(const Json& obj, SamplingFields* out) {
 }
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kInt32MaxForBias = kInt32Max;
+
+// logit_bias: {"<token id>": bias, ...}; the keys are decimal strings (OpenAI's shape).
+void ParseLogitBias(const Json& obj, SamplingFields* out) {
+  const Json* lb = Field(obj, "logit_bias");
+  if (lb == nullptr) return;
+  if (!lb->is_object()) Fail("logit_bias", "'logit_bias' must be an object of token id -> bias");
+  for (auto it = lb->begin(); it != lb->end(); ++it) {
+    const std::string& key = it.key();
+    const std::string param = "logit_bias." + key;
+    int64_t id = -1;
+    if (!key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos) {
+      id = std::stoll(key);
+    }
+    if (id < 0 || id > kInt32MaxForBias) Fail(param, "'logit_bias' keys must be token ids (non-negative integers)");
+    if (!it->is_number()) Fail(param, "'" + param + "' must be a number");
+    const double bias = it->get<double>();
+    if (!std::isfinite(bias) || bias < -100.0 || bias > 100.0) {
+      Fail(param, "'" + param + "' must be in [-100, 100], got " + FormatNumber(bias));
+    }
+    out->logit_bias.emplace_back(static_cast<int32_t>(id), bias);
+  }
+}
 
 void ParseSampling(const Json& obj, bool chat, SamplingFields* out) {
-  if (auto v = GetInt(obj, "max_tokens", 1, kInt32Max)) out->max_tokens = static_cast<int32_t>(*v);
+  // 0 only with echo (completions; checked there).
+  if (auto v = GetInt(obj, "max_tokens", chat ? 1 : 0, kInt32Max)) out->max_tokens = static_cast<int32_t>(*v);
   if (chat) {
     if (auto v = GetInt(obj, "max_completion_tokens", 1, kInt32Max)) out->max_tokens = static_cast<int32_t>(*v);
   }
@@ -200,13 +224,9 @@ void ParseSampling(const Json& obj, bool chat, SamplingFields* out) {
   if (auto v = GetBool(obj, "skip_special_tokens", "skip_special_tokens")) out->skip_special_tokens = *v;
   if (auto v = GetString(obj, "user")) out->user = std::move(*v);
 
+  ParseLogitBias(obj, out);
+  if (auto v = GetInt(obj, "prompt_logprobs", 0, kMaxLogprobs)) out->prompt_logprobs = static_cast<int32_t>(*v);
   // Known OpenAI fields whose semantics we do not implement: refuse rather than ignore.
-  if (const Json* lb = Field(obj, "logit_bias")) {
-    if (!lb->is_object()) Fail("logit_bias", "'logit_bias' must be an object");
-    if (!lb->empty()) Fail("logit_bias", "'logit_bias' is not supported");
-  }
-  // vLLM's extension; the gRPC API refuses it too (rpc/sampling_conversions.cc).
-  if (Field(obj, "prompt_logprobs") != nullptr) Fail("prompt_logprobs", "'prompt_logprobs' is not supported");
   if (const Json* rf = Field(obj, "response_format")) {
     if (!rf->is_object()) Fail("response_format", "'response_format' must be an object");
     const Json* type = Field(*rf, "type");
@@ -319,6 +339,14 @@ std::vector<ChatMessage> ParseMessages(const Json& obj) {
       if (!name->is_string()) Fail(prefix + ".name", "'" + prefix + ".name' must be a string");
       msg.name = name->get<std::string>();
     }
+    if (const Json* id = Field(m, "tool_call_id")) {
+      if (!id->is_string()) Fail(prefix + ".tool_call_id", "'" + prefix + ".tool_call_id' must be a string");
+      msg.tool_call_id = id->get<std::string>();
+    }
+    if (const Json* calls = Field(m, "tool_calls")) {
+      if (msg.role != "assistant") Fail(prefix + ".tool_calls", "only assistant messages carry 'tool_calls'");
+      if (calls->is_array()) msg.num_tool_calls = static_cast<int32_t>(calls->size());
+    }
     messages.push_back(std::move(msg));
   }
   return messages;
@@ -331,14 +359,87 @@ CompletionRequest DoParseCompletion(std::string_view body) {
   req.prompts = ParsePrompts(root);
   ParseSampling(root, /*chat=*/false, &req.sampling);
   if (auto v = GetInt(root, "logprobs", 0, kMaxLogprobs)) req.logprobs = static_cast<int32_t>(*v);
-  if (GetBool(root, "echo", "echo").value_or(false)) Fail("echo", "'echo' is not supported");
+  req.echo = GetBool(root, "echo", "echo").value_or(false);
+  if (req.sampling.max_tokens && *req.sampling.max_tokens == 0 && !req.echo) {
+    Fail("max_tokens", "'max_tokens' must be at least 1 (0 is allowed only with 'echo')");
+  }
   if (auto suffix = GetString(root, "suffix"); suffix && !suffix->empty()) {
     Fail("suffix", "'suffix' is not supported");
   }
-  if (auto best_of = GetInt(root, "best_of", 1, kMaxN); best_of && *best_of != req.sampling.n) {
-    Fail("best_of", "'best_of' other than n is not supported");
+  if (auto best_of = GetInt(root, "best_of", 1, kMaxN)) {
+    if (*best_of < req.sampling.n) Fail("best_of", "'best_of' must be at least 'n'");
+    if (*best_of > req.sampling.n && req.sampling.stream) {
+      Fail("best_of", "'best_of' greater than 'n' cannot be streamed (the best are known only at the end)");
+    }
+    req.best_of = static_cast<int32_t>(*best_of);
   }
   return req;
+}
+
+// The template's view of the messages and tools, from a key-ordered parse of the body
+// (`tojson` in a template shows the keys in the client's order).
+void ParseToolFields(std::string_view body, ChatCompletionRequest* req) {
+  const OJson root = OJson::parse(body.begin(), body.end());
+  const OJson* tools = nullptr;
+  if (auto it = root.find("tools"); it != root.end() && !it->is_null()) tools = &*it;
+  if (tools != nullptr) {
+    if (!tools->is_array()) Fail("tools", "'tools' must be an array of tool definitions");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const OJson& t = (*tools)[i];
+      const std::string param = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object()) Fail(param, "'" + param + "' must be an object");
+      auto fn = t.find("function");
+      if (fn == t.end() || !fn->is_object()) Fail(param + ".function", "'" + param + ".function' must be an object");
+      auto name = fn->find("name");
+      if (name == fn->end() || !name->is_string()) {
+        Fail(param + ".function.name", "'" + param + ".function.name' must be a string");
+      }
+    }
+    if (!tools->empty()) req->tools_json = tools->dump();
+  }
+  if (auto it = root.find("tool_choice"); it != root.end() && !it->is_null()) {
+    const bool plain = it->is_string() && (*it == "none" || *it == "auto");
+    if (!plain) {
+      Fail("tool_choice", "tool_choice must be \"none\" or \"auto\": kvmesh does not constrain decoding to a tool "
+                          "call (\"required\" and named functions are not supported)");
+    }
+    if (req->tools_json.empty() && *it == "auto" && tools == nullptr) {
+      Fail("tool_choice", "'tool_choice' requires 'tools'");
+    }
+  }
+  OJson messages = OJson::array();
+  const OJson& in = root.at("messages");
+  for (size_t i = 0; i < in.size(); ++i) {
+    OJson m = in[i];
+    const ChatMessage& parsed = req->messages[i];
+    const std::string prefix = "messages[" + std::to_string(i) + "]";
+    m["role"] = parsed.role == "developer" ? "system" : parsed.role;
+    // As vLLM: a null or absent content (an assistant turn of tool calls) is "" to the template.
+    m["content"] = parsed.content;
+    if (auto calls = m.find("tool_calls"); calls != m.end() && !calls->is_null()) {
+      if (!calls->is_array()) Fail(prefix + ".tool_calls", "'" + prefix + ".tool_calls' must be an array");
+      for (size_t k = 0; k < calls->size(); ++k) {
+        OJson& call = (*calls)[k];
+        const std::string cp = prefix + ".tool_calls[" + std::to_string(k) + "]";
+        if (!call.is_object()) Fail(cp, "'" + cp + "' must be an object");
+        auto fn = call.find("function");
+        if (fn == call.end() || !fn->is_object()) Fail(cp + ".function", "'" + cp + ".function' must be an object");
+        auto name = fn->find("name");
+        if (name == fn->end() || !name->is_string()) Fail(cp + ".function.name", "'" + cp + ".function.name' must be a string");
+        // vLLM hands templates the arguments as an object (most index or `tojson` them).
+        if (auto args = fn->find("arguments"); args != fn->end() && args->is_string()) {
+          try {
+            OJson parsed_args = OJson::parse(args->get<std::string>());
+            if (parsed_args.is_object()) *args = std::move(parsed_args);
+          } catch (const OJson::exception&) {
+            Fail(cp + ".function.arguments", "'" + cp + ".function.arguments' must be a JSON object in a string");
+          }
+        }
+      }
+    }
+    messages.push_back(std::move(m));
+  }
+  req->template_messages_json = messages.dump();
 }
 
 ChatCompletionRequest DoParseChat(std::string_view body) {
@@ -353,12 +454,8 @@ ChatCompletionRequest DoParseChat(std::string_view body) {
     req.top_logprobs = static_cast<int32_t>(*v);
   }
   if (auto v = GetBool(root, "add_generation_prompt", "add_generation_prompt")) req.add_generation_prompt = *v;
-  if (const Json* tools = Field(root, "tools")) {
-    if (!tools->is_array()) Fail("tools", "'tools' must be an array");
-    const Json* choice = Field(root, "tool_choice");
-    const bool choice_none = choice != nullptr && choice->is_string() && choice->get<std::string>() == "none";
-    if (!tools->empty() && !choice_none) Fail("tools", "tool calling is not supported");
-  }
+  if (req.sampling.prompt_logprobs) Fail("prompt_logprobs", "'prompt_logprobs' is supported on /v1/completions only");
+  ParseToolFields(body, &req);
   return req;
 }
 
@@ -378,10 +475,15 @@ OJson CompletionLogprobs(const Choice& choice) {
   int64_t offset = choice.text_offset;
   for (const TokenLogprob& t : *choice.logprobs) {
     tokens.push_back(t.token);
-    token_logprobs.push_back(FiniteLogprob(t.logprob));
-    OJson alts = OJson::object();
-    for (const TopLogprob& a : t.top) alts[a.token] = FiniteLogprob(a.logprob);
-    top.push_back(std::move(alts));
+    if (t.null_logprob) {
+      token_logprobs.push_back(nullptr);
+      top.push_back(nullptr);
+    } else {
+      token_logprobs.push_back(FiniteLogprob(t.logprob));
+      OJson alts = OJson::object();
+      for (const TopLogprob& a : t.top) alts[a.token] = FiniteLogprob(a.logprob);
+      top.push_back(std::move(alts));
+    }
     offsets.push_back(offset);
     offset += static_cast<int64_t>(t.token.size());
   }
@@ -450,7 +552,57 @@ OJson CompletionChoiceJson(const Choice& c) {
   j["text"] = c.text;
   j["logprobs"] = CompletionLogprobs(c);
   j["finish_reason"] = FinishReason(c);
+  if (c.prompt_logprobs) {
+    OJson arr = OJson::array();
+    arr.push_back(nullptr);  // the first prompt token has no context
+    for (const PromptTokenLogprobs& p : *c.prompt_logprobs) {
+      OJson entry = OJson::object();
+      for (const PromptTokenLogprobs::Entry& e : p.entries) {
+        const std::string key = std::to_string(e.token_id);
+        if (entry.contains(key)) continue;  // the prompt token is also among its top alternatives
+        OJson v;
+        v["logprob"] = FiniteLogprob(e.logprob);
+        v["rank"] = e.rank;
+        v["decoded_token"] = e.decoded_token;
+        entry[key] = std::move(v);
+      }
+      arr.push_back(std::move(entry));
+    }
+    j["prompt_logprobs"] = std::move(arr);
+  }
   return j;
+}
+
+TokenizeRequest DoParseTokenize(std::string_view body) {
+  const Json root = ParseObject(body);
+  TokenizeRequest req;
+  req.model = ParseModel(root);
+  if (auto v = GetBool(root, "return_token_strs", "return_token_strs")) req.return_token_strs = *v;
+  if (Field(root, "messages") != nullptr) {
+    req.is_chat = true;
+    req.add_special_tokens = false;
+    req.chat.messages = ParseMessages(root);
+    if (auto v = GetBool(root, "add_generation_prompt", "add_generation_prompt")) req.chat.add_generation_prompt = *v;
+    ParseToolFields(body, &req.chat);
+  } else {
+    const Json* prompt = Field(root, "prompt");
+    if (prompt == nullptr || !prompt->is_string()) Fail("prompt", "'prompt' (a string) or 'messages' is required");
+    req.prompt = prompt->get<std::string>();
+  }
+  if (auto v = GetBool(root, "add_special_tokens", "add_special_tokens")) req.add_special_tokens = *v;
+  return req;
+}
+
+DetokenizeRequest DoParseDetokenize(std::string_view body) {
+  const Json root = ParseObject(body);
+  DetokenizeRequest req;
+  req.model = ParseModel(root);
+  const Json* tokens = Field(root, "tokens");
+  if (tokens == nullptr || !tokens->is_array()) Fail("tokens", "'tokens' must be an array of token ids");
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    req.tokens.push_back(static_cast<int32_t>(ToInt((*tokens)[i], "tokens[" + std::to_string(i) + "]", 0, kInt32Max)));
+  }
+  return req;
 }
 
 }  // namespace
@@ -463,6 +615,41 @@ std::variant<CompletionRequest, ApiError> ParseCompletionRequest(std::string_vie
   } catch (const std::exception& e) {  // nlohmann type errors we did not foresee: still a 400
     return ApiError::Invalid("", std::string("invalid request: ") + e.what());
   }
+}
+
+template <typename T, typename F>
+std::variant<T, ApiError> Guarded(F&& parse) {
+  try {
+    return parse();
+  } catch (ParseFailure& f) {
+    return std::move(f.error);
+  } catch (const std::exception& e) {
+    return ApiError::Invalid("", std::string("invalid request: ") + e.what());
+  }
+}
+
+std::variant<TokenizeRequest, ApiError> ParseTokenizeRequest(std::string_view body) {
+  return Guarded<TokenizeRequest>([&] { return DoParseTokenize(body); });
+}
+
+std::variant<DetokenizeRequest, ApiError> ParseDetokenizeRequest(std::string_view body) {
+  return Guarded<DetokenizeRequest>([&] { return DoParseDetokenize(body); });
+}
+
+std::string TokenizeResponseJson(const std::vector<int32_t>& tokens, int32_t max_model_len,
+                                 const std::vector<std::string>* token_strs) {
+  OJson j;
+  j["count"] = tokens.size();
+  j["max_model_len"] = max_model_len;
+  j["tokens"] = tokens;
+  j["token_strs"] = token_strs != nullptr ? OJson(*token_strs) : OJson(nullptr);
+  return Dump(j);
+}
+
+std::string DetokenizeResponseJson(const std::string& prompt) {
+  OJson j;
+  j["prompt"] = prompt;
+  return Dump(j);
 }
 
 std::variant<ChatCompletionRequest, ApiError> ParseChatCompletionRequest(std::string_view body) {

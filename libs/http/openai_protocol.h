@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -54,6 +55,9 @@ struct SamplingFields {
   bool ignore_eos = false;                // vLLM extension
   bool skip_special_tokens = true;        // vLLM extension
   std::string user;
+  // token id -> bias in [-100, 100] (-100 bans the token), in the request's order.
+  std::vector<std::pair<int32_t, double>> logit_bias;
+  std::optional<int32_t> prompt_logprobs;  // vLLM extension: [0, kMaxLogprobs]
 };
 
 struct CompletionRequest {
@@ -61,12 +65,21 @@ struct CompletionRequest {
   std::vector<Prompt> prompts;            // one per prompt in a batch (>= 1)
   SamplingFields sampling;
   std::optional<int32_t> logprobs;        // [0, kMaxLogprobs]: top-N alternatives per token
+  // The prompt comes back before the completion (with its tokens' logprobs when logprobs
+  // is set; the first token's is null). Only with echo may max_tokens be 0: the prompt
+  // is scored and nothing is generated (lm-eval's loglikelihood requests).
+  bool echo = false;
+  // Samples generated per prompt, of which the n with the highest cumulative logprob are
+  // returned; >= n; not with stream. Unset: n.
+  std::optional<int32_t> best_of;
 };
 
 struct ChatMessage {
   std::string role;     // system | developer | user | assistant | tool
   std::string content;  // text parts concatenated; "" for a null assistant content
   std::string name;
+  std::string tool_call_id;  // tool messages
+  int32_t num_tool_calls = 0;  // assistant messages: entries of tool_calls
 };
 
 struct ChatCompletionRequest {
@@ -76,6 +89,14 @@ struct ChatCompletionRequest {
   bool logprobs = false;
   std::optional<int32_t> top_logprobs;    // [0, kMaxLogprobs], requires logprobs
   bool add_generation_prompt = true;      // vLLM extension
+  // What the chat template is given, as JSON text in the request's key order: the
+  // messages (each as sent, content parts joined into one string and a null content "",
+  // developer as system,
+  // tool_calls' string arguments parsed into objects as vLLM does) and `tools` ("" when
+  // the request has none). tool_choice may be absent, "none" or "auto": kvmesh does not
+  // constrain decoding to a call, so "required" and a named function are refused.
+  std::string template_messages_json;
+  std::string tools_json;
 };
 
 // Parse + validate a request body. Malformed JSON, invalid UTF-8 or a non-object body
@@ -95,6 +116,20 @@ struct TokenLogprob {
   std::string token;
   double logprob = 0.0;
   std::vector<TopLogprob> top;
+  bool null_logprob = false;  // an echoed first prompt token: logprob and top_logprobs render null
+};
+
+// vLLM's prompt_logprobs entry of one choice: [null, {"<id>": {"logprob", "rank",
+// "decoded_token"}, ...}, ...], one object per prompt token after the first holding the
+// token itself and its top alternatives.
+struct PromptTokenLogprobs {
+  struct Entry {
+    int32_t token_id = 0;
+    double logprob = 0.0;
+    int32_t rank = 0;
+    std::string decoded_token;
+  };
+  std::vector<Entry> entries;  // the prompt token first, then the top alternatives
 };
 
 struct Usage {
@@ -111,6 +146,8 @@ struct Choice {
   // top_logprobs/text_offset; chat: content[{token, logprob, bytes, top_logprobs}]).
   std::optional<std::vector<TokenLogprob>> logprobs;
   int32_t text_offset = 0;                // completions: offset of `text` in the full output
+  // Completions with prompt_logprobs: rendered as "prompt_logprobs" (first element null).
+  std::optional<std::vector<PromptTokenLogprobs>> prompt_logprobs;
 };
 
 struct ResponseMeta {
@@ -149,5 +186,28 @@ struct ModelCard {
 };
 // {"object":"list","data":[{"id","object":"model","created","owned_by"[,"max_model_len"]}]}
 std::string ModelListJson(const std::vector<ModelCard>& models);
+
+// vLLM's POST /tokenize: {"prompt": str, "add_special_tokens": true} or {"messages": [...],
+// "add_generation_prompt": true, "add_special_tokens": false, "tools": [...]}, with
+// optional "model" and "return_token_strs".
+struct TokenizeRequest {
+  std::string model;
+  bool is_chat = false;
+  std::string prompt;
+  ChatCompletionRequest chat;  // is_chat: messages / tools / add_generation_prompt
+  bool add_special_tokens = true;
+  bool return_token_strs = false;
+};
+std::variant<TokenizeRequest, ApiError> ParseTokenizeRequest(std::string_view body);
+// {"count", "max_model_len", "tokens", "token_strs"} (token_strs null unless asked).
+std::string TokenizeResponseJson(const std::vector<int32_t>& tokens, int32_t max_model_len,
+                                 const std::vector<std::string>* token_strs);
+// vLLM's POST /detokenize: {"tokens": [ids], "model"?} -> {"prompt": str}.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+std::variant<DetokenizeRequest, ApiError> ParseDetokenizeRequest(std::string_view body);
+std::string DetokenizeResponseJson(const std::string& prompt);
 
 }  // namespace kvmesh::http

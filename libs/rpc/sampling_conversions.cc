@@ -1,17 +1,13 @@
 #include "rpc/sampling_conversions.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvmesh::rpc {
 
 absl::StatusOr<engine::SamplingParams> SamplingParamsFromProto(const v1::SamplingParams& proto) {
-  if (!proto.logit_bias().empty()) {
-    return absl::UnimplementedError("sampling.logit_bias is not supported");
-  }
-  if (proto.has_prompt_logprobs()) {
-    return absl::UnimplementedError("sampling.prompt_logprobs is not supported");
-  }
   if (proto.n() < 0) return absl::InvalidArgumentError(absl::StrCat("sampling.n: must be >= 1, got ", proto.n()));
   engine::SamplingParams params;  // vLLM's defaults for whatever is unset
   if (proto.has_temperature()) params.temperature = proto.temperature();
@@ -27,6 +23,10 @@ absl::StatusOr<engine::SamplingParams> SamplingParamsFromProto(const v1::Samplin
   params.stop_token_ids.assign(proto.stop_token_ids().begin(), proto.stop_token_ids().end());
   params.ignore_eos = proto.ignore_eos();
   params.logprobs = proto.has_logprobs() ? proto.logprobs() : -1;
+  params.prompt_logprobs = proto.has_prompt_logprobs() ? proto.prompt_logprobs() : -1;
+  // A map's order is unspecified: sort so that the same request gives the same params.
+  for (const auto& [id, bias] : proto.logit_bias()) params.logit_bias.emplace_back(id, bias);
+  std::sort(params.logit_bias.begin(), params.logit_bias.end());
   return params;
 }
 
@@ -52,6 +52,13 @@ void SamplingParamsToProto(const engine::SamplingParams& params, v1::SamplingPar
   } else {
     proto->clear_logprobs();
   }
+  if (params.prompt_logprobs >= 0) {
+    proto->set_prompt_logprobs(params.prompt_logprobs);
+  } else {
+    proto->clear_prompt_logprobs();
+  }
+  proto->clear_logit_bias();
+  for (const auto& [id, bias] : params.logit_bias) (*proto->mutable_logit_bias())[id] = bias;
 }
 
 absl::StatusOr<int32_t> NumSamplesFromProto(const v1::SamplingParams& proto) {

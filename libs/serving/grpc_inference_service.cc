@@ -330,6 +330,7 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
 
   void ConsumeLocked(const engine::RequestOutput& out) {
     const Clock::time_point now = Clock::now();
+    if (!out.prompt_logprobs.empty()) prompt_logprobs_ = out.prompt_logprobs;
     ServingMetrics* metrics = service_.metrics_;
     std::vector<SampleDelta> deltas = text_->Consume(out);
     for (SampleDelta& d : deltas) {
@@ -359,6 +360,9 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
           m.set_text(std::move(d.text));
         }
       }
+      if (!first_sent_[i]) {
+        for (const engine::SampleResult& lp : prompt_logprobs_) AddLogprobLocked(lp, m.add_prompt_logprobs());
+      }
       first_sent_[i] = true;
       if (want_logprobs_) {
         const model::Tokenizer& tok = service_.tokenizer_;
@@ -384,6 +388,19 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
     }
   }
 
+  // One logprob, with its tokens' text unless skip_text.
+  void AddLogprobLocked(const engine::SampleResult& lp, v1::TokenLogprob* p) const {
+    rpc::SampleResultToProto(lp, p);
+    if (skip_text_) return;
+    const model::Tokenizer& tok = service_.tokenizer_;
+    const int32_t id = lp.token_id;
+    p->set_token(tok.Decode({&id, 1}, /*skip_special_tokens=*/false));
+    for (v1::TopLogprob& top : *p->mutable_top_logprobs()) {
+      const int32_t tid = top.token_id();
+      top.set_token(tok.Decode({&tid, 1}, /*skip_special_tokens=*/false));
+    }
+  }
+
   // What ended sample `d.index` with "stop": a stop string or a stop token (none for EOS).
   void SetStopReasonLocked(const engine::RequestOutput& out, const SampleDelta& d, v1::GenerateResponse* m) const {
     if (d.stop_string) {
@@ -404,6 +421,7 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
         back.mutable_token_ids()->MergeFrom(m.token_ids());
         back.mutable_text()->append(m.text());
         back.mutable_logprobs()->MergeFrom(m.logprobs());
+        back.mutable_prompt_logprobs()->MergeFrom(m.prompt_logprobs());
         back.set_finish_reason(m.finish_reason());
         if (m.has_stop_token_id()) back.set_stop_token_id(m.stop_token_id());
         if (m.has_stop_string()) back.set_stop_string(m.stop_string());
@@ -478,6 +496,7 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
   std::string request_id_;  // the client's, or the one assigned
   std::string engine_id_;
   std::string echo_;  // prepended to each sample's first text
+  std::vector<engine::SampleResult> prompt_logprobs_;  // guarded by mu_: sent on each sample's first message
   std::vector<std::string> stop_;
   bool include_stop_ = false;
   bool skip_text_ = false;

@@ -17,6 +17,9 @@ void RegisterOpenAiRoutes(http::HttpServer& server, OpenAiService& service, cons
   server.Handle("POST", "/v1/chat/completions", route(&OpenAiService::HandleChatCompletions));
   server.Handle("GET", "/v1/models", route(&OpenAiService::HandleModels));
   server.Handle("GET", "/health", route(&OpenAiService::HandleHealth));
+  server.Handle("POST", "/tokenize", route(&OpenAiService::HandleTokenize));
+  server.Handle("POST", "/detokenize", route(&OpenAiService::HandleDetokenize));
+  server.Handle("GET", "/version", route(&OpenAiService::HandleVersion));
   server.Handle("GET", "/metrics", [&registry](http::HttpRequest, std::shared_ptr<http::ResponseWriter> writer) {
     (void)writer->Send(
         http::HttpResponse::Text(200, registry.Exposition(), std::string(metrics::kExpositionContentType)));

@@ -22,10 +22,6 @@ double SecondsBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-std::string_view ChatRole(const std::string& role) {
-  return role == "developer" ? std::string_view("system") : std::string_view(role);
-}
-
 // The controller of a service not given a shared one: the default limits with the
 // service's in-flight bound.
 std::unique_ptr<AdmissionController> OwnAdmission(const OpenAiServiceOptions& options) {
@@ -45,8 +41,17 @@ struct OpenAiService::Call {
   bool chat = false;
   bool stream = false;
   bool include_usage = false;
-  int32_t n = 1;
+  int32_t n = 1;             // samples per prompt the engine runs (best_of when given)
+  int32_t return_n = 1;      // samples per prompt returned (n): the best of them by cumulative logprob
   bool want_logprobs = false;
+  // Completions echo: each choice starts with its prompt (text; with logprobs its tokens,
+  // the first one's logprob null). drop_generation: max_tokens 0, only the prompt.
+  bool echo = false;
+  bool drop_generation = false;
+  bool want_prompt_logprobs = false;  // vLLM's prompt_logprobs field
+  std::vector<std::string> prompt_texts;  // per prompt, for echo
+  std::vector<double> cumulative_logprob;  // per choice (best_of)
+  std::vector<bool> echo_pending;          // per choice: the prompt not yet prepended
   http::ResponseMeta meta;
   Clock::time_point start = Clock::now();
   std::string api_key;                 // the admission key
@@ -59,6 +64,8 @@ struct OpenAiService::Call {
     int32_t prompt_tokens = 0;
     Clock::time_point last_token;
     bool saw_token = false;
+    std::vector<int32_t> prompt_ids;
+    std::vector<http::TokenLogprob> echo_logprobs;  // the prompt's tokens, for echo with logprobs
   };
 
   std::mutex mu;
@@ -87,15 +94,79 @@ struct OpenAiService::Call {
     return out;
   }
 
+  // The echoed prompt tokens with their logprobs (entry i - 1 of `lps` scores token i).
+  std::vector<http::TokenLogprob> PromptTokenLogprobs(const std::vector<int32_t>& ids,
+                                                      const std::vector<engine::SampleResult>& lps) const {
+    const model::Tokenizer& tok = service->tokenizer_;
+    std::vector<http::TokenLogprob> out;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      http::TokenLogprob lp;
+      lp.token = tok.Decode({&ids[i], 1}, /*skip_special_tokens=*/false);
+      if (i == 0 || i - 1 >= lps.size()) {
+        lp.null_logprob = true;
+      } else {
+        const engine::SampleResult& s = lps[i - 1];
+        lp.logprob = s.logprob.value_or(0.0f);
+        for (const engine::TokenLogprob& t : s.top_logprobs) {
+          const int32_t tid = t.token_id;
+          lp.top.push_back({tok.Decode({&tid, 1}, false), t.logprob});
+        }
+      }
+      out.push_back(std::move(lp));
+    }
+    return out;
+  }
+
+  std::vector<http::PromptTokenLogprobs> VllmPromptLogprobs(const std::vector<int32_t>& ids,
+                                                            const std::vector<engine::SampleResult>& lps) const {
+    const model::Tokenizer& tok = service->tokenizer_;
+    std::vector<http::PromptTokenLogprobs> out;
+    for (size_t i = 0; i < lps.size() && i + 1 < ids.size(); ++i) {
+      http::PromptTokenLogprobs entry;
+      const engine::SampleResult& s = lps[i];
+      entry.entries.push_back({ids[i + 1], s.logprob.value_or(0.0f), s.rank, tok.Decode({&ids[i + 1], 1}, false)});
+      for (size_t k = 0; k < s.top_logprobs.size(); ++k) {
+        const engine::TokenLogprob& t = s.top_logprobs[k];
+        entry.entries.push_back({t.token_id, t.logprob, static_cast<int32_t>(k + 1), tok.Decode({&t.token_id, 1}, false)});
+      }
+      out.push_back(std::move(entry));
+    }
+    return out;
+  }
+
+  // Puts prompt `p`'s echo in front of `delta` (a choice's first text).
+  void PrependEcho(size_t p, http::Choice* delta) {
+    const Sub& sub = subs[p];
+    delta->text = prompt_texts[p] + delta->text;
+    if (want_logprobs) {
+      std::vector<http::TokenLogprob> lps = sub.echo_logprobs;
+      if (delta->logprobs) lps.insert(lps.end(), delta->logprobs->begin(), delta->logprobs->end());
+      delta->logprobs = std::move(lps);
+    }
+  }
+
   // Engine thread: one output of prompt `p`'s engine request.
   void OnOutput(size_t p, const engine::RequestOutput& out) {
     std::lock_guard<std::mutex> lock(mu);
     Sub& sub = subs[p];
     if (sub.done) return;
+    if (!out.prompt_logprobs.empty() || (echo && !out.outputs.empty())) {
+      if (echo && want_logprobs) sub.echo_logprobs = PromptTokenLogprobs(sub.prompt_ids, out.prompt_logprobs);
+      if (want_prompt_logprobs && !out.prompt_logprobs.empty()) {
+        const auto rendered = VllmPromptLogprobs(sub.prompt_ids, out.prompt_logprobs);
+        for (int32_t i = 0; i < n; ++i) choices[p * n + i].prompt_logprobs = rendered;
+      }
+    }
     const Clock::time_point now = Clock::now();
     ServingMetrics* metrics = service->metrics_;
     std::vector<SampleDelta> deltas = sub.text->Consume(out);
-    for (const SampleDelta& d : deltas) {
+    for (SampleDelta& d : deltas) {
+      if (drop_generation) {  // max_tokens 0: the one token the engine had to make is not shown
+        d.text.clear();
+        d.logprobs.clear();
+        if (d.finish_reason) d.finish_reason = "length";
+      }
+      for (const engine::SampleResult& s : d.logprobs) cumulative_logprob[p * n + d.index] += s.logprob.value_or(0.0f);
       if (!d.token_ids.empty()) {
         if (metrics) {
           if (!first_token_seen) metrics->ObserveTimeToFirstToken(SecondsBetween(start, now));
@@ -113,7 +184,15 @@ struct OpenAiService::Call {
       delta.text_offset = static_cast<int32_t>(acc.text.size());
       if (want_logprobs && !d.logprobs.empty()) delta.logprobs = RenderLogprobs(d.logprobs);
       if (d.finish_reason) delta.finish_reason = *d.finish_reason;
-      acc.text += d.text;
+      if (echo && echo_pending[index]) {
+        echo_pending[index] = false;
+        PrependEcho(p, &delta);
+      }
+      if (delta.text_offset == 0 && delta.prompt_logprobs == std::nullopt && stream) {
+        delta.prompt_logprobs = acc.prompt_logprobs;  // the first chunk carries them
+        acc.prompt_logprobs.reset();
+      }
+      acc.text += delta.text;
       if (delta.logprobs) {
         if (!acc.logprobs) acc.logprobs.emplace();
         acc.logprobs->insert(acc.logprobs->end(), delta.logprobs->begin(), delta.logprobs->end());
@@ -162,17 +241,45 @@ struct OpenAiService::Call {
     int32_t cached = 0;
     for (const Sub& s : subs) {
       usage.prompt_tokens += s.text->num_prompt_tokens();
-      usage.completion_tokens += s.text->num_completion_tokens();
+      usage.completion_tokens += drop_generation ? 0 : s.text->num_completion_tokens();
       cached += s.text->num_cached_prompt_tokens();
     }
     usage.cached_tokens = cached;
     return usage;
   }
 
+  // best_of: of each prompt's n samples keep the return_n with the highest cumulative
+  // logprob (ties: lower index), renumbered in that order as OpenAI does.
+  void KeepBest() {
+    if (return_n == n) return;
+    std::vector<http::Choice> kept;
+    for (size_t p = 0; p < subs.size(); ++p) {
+      std::vector<int32_t> order(static_cast<size_t>(n));
+      for (int32_t i = 0; i < n; ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return cumulative_logprob[p * n + a] > cumulative_logprob[p * n + b];
+      });
+      for (int32_t k = 0; k < return_n; ++k) {
+        http::Choice c = std::move(choices[p * n + order[k]]);
+        c.index = static_cast<int32_t>(kept.size());
+        if (!want_logprobs) c.logprobs.reset();
+        kept.push_back(std::move(c));
+      }
+    }
+    choices = std::move(kept);
+  }
+
   // Called once, with mu held, when every engine request has ended.
   void Respond() {
     if (responded) return;
     responded = true;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      if (echo && echo_pending[i] && !stream) {
+        echo_pending[i] = false;
+        PrependEcho(i / n, &choices[i]);
+      }
+    }
+    KeepBest();
     const http::Usage usage = Usage();
     if (ServingMetrics* metrics = service->metrics_) {
       metrics->ObserveEndToEnd(SecondsBetween(start, Clock::now()));
@@ -283,6 +390,8 @@ engine::SamplingParams ToSamplingParams(const http::SamplingFields& f, int32_t d
   p.repetition_penalty = static_cast<float>(f.repetition_penalty);
   p.stop_token_ids = f.stop_token_ids;
   p.ignore_eos = f.ignore_eos;
+  for (const auto& [id, bias] : f.logit_bias) p.logit_bias.emplace_back(id, static_cast<float>(bias));
+  if (f.prompt_logprobs) p.prompt_logprobs = *f.prompt_logprobs;
   return p;
 }
 
@@ -346,6 +455,9 @@ void OpenAiService::Start(std::shared_ptr<Call> call, std::vector<std::vector<in
     call->remaining = static_cast<int32_t>(requests.size());
     call->choices.resize(requests.size() * call->n);
     call->role_sent.assign(call->choices.size(), false);
+    call->cumulative_logprob.assign(call->choices.size(), 0.0);
+    call->echo_pending.assign(call->choices.size(), call->echo);
+    for (size_t p = 0; p < requests.size(); ++p) call->subs[p].prompt_ids = requests[p].prompt_token_ids;
     for (size_t i = 0; i < call->choices.size(); ++i) call->choices[i].index = static_cast<int32_t>(i);
   }
   if (call->stream) {
@@ -390,7 +502,7 @@ void OpenAiService::HandleCompletions(http::HttpRequest request, std::shared_ptr
   http::CompletionRequest& req = std::get<http::CompletionRequest>(parsed);
   if (!CheckModel(req.model, *writer)) return;
   // Before tokenizing: a 100,000-prompt array is refused without doing the work.
-  if (!CheckShape({.num_prompts = static_cast<int64_t>(req.prompts.size()), .n = req.sampling.n,
+  if (!CheckShape({.num_prompts = static_cast<int64_t>(req.prompts.size()), .n = req.best_of.value_or(req.sampling.n),
                    .stop = &req.sampling.stop},
                   *writer)) {
     return;
@@ -401,12 +513,25 @@ void OpenAiService::HandleCompletions(http::HttpRequest request, std::shared_ptr
   call->writer = std::move(writer);
   call->stream = req.sampling.stream;
   call->include_usage = req.sampling.include_usage;
-  call->n = req.sampling.n;
+  call->return_n = req.sampling.n;
+  call->n = req.best_of.value_or(req.sampling.n);
   call->meta = {NewResponseId("cmpl-"), UnixSecondsNow(), options_.model_name};
   engine::SamplingParams params = ToSamplingParams(req.sampling, options_.default_completion_max_tokens);
   if (req.logprobs) {
     params.logprobs = *req.logprobs;
     call->want_logprobs = true;
+  }
+  if (call->n > call->return_n && params.logprobs < 0) params.logprobs = 0;  // best_of ranks by them
+  call->want_prompt_logprobs = req.sampling.prompt_logprobs.has_value();
+  call->echo = req.echo;
+  if (req.echo) {
+    // The prompt's own logprobs (vLLM computes them for echo + logprobs the same way).
+    if (req.logprobs) params.prompt_logprobs = std::max(params.prompt_logprobs, *req.logprobs);
+    if (params.max_tokens == 0) {
+      call->drop_generation = true;
+      params.max_tokens = 1;  // the engine makes one token; it is not returned
+      params.min_tokens = 0;
+    }
   }
   std::vector<std::vector<int32_t>> prompts;
   for (const http::Prompt& p : req.prompts) {
@@ -416,6 +541,7 @@ void OpenAiService::HandleCompletions(http::HttpRequest request, std::shared_ptr
       return;
     }
     prompts.push_back(p.is_token_ids ? p.token_ids : tokenizer_.Encode(p.text, /*add_special_tokens=*/true));
+    call->prompt_texts.push_back(p.is_token_ids ? tokenizer_.Decode(p.token_ids, /*skip_special_tokens=*/false) : p.text);
   }
   for (size_t p = 0; p < prompts.size(); ++p) {
     TextGenerationOptions text{.n = call->n, .stop = req.sampling.stop,
@@ -425,6 +551,18 @@ void OpenAiService::HandleCompletions(http::HttpRequest request, std::shared_ptr
     call->subs.push_back(std::move(sub));
   }
   Start(std::move(call), std::move(prompts), params);
+}
+
+absl::StatusOr<std::string> OpenAiService::RenderChat(const http::ChatCompletionRequest& req) const {
+  model::ChatTemplateInputs inputs;
+  inputs.messages = nlohmann::ordered_json::parse(req.template_messages_json);
+  if (!req.tools_json.empty()) inputs.tools = nlohmann::ordered_json::parse(req.tools_json);
+  inputs.add_generation_prompt = req.add_generation_prompt;
+  const auto bos = tokenizer_.bos_token_id();
+  const auto eos = tokenizer_.eos_token_id();
+  inputs.tokens = model::ChatTemplateTokens{bos ? tokenizer_.IdToToken(*bos) : "",
+                                            eos ? tokenizer_.IdToToken(*eos) : "</s>"};
+  return chat_template_->Render(inputs);
 }
 
 void OpenAiService::HandleChatCompletions(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {
@@ -444,13 +582,7 @@ void OpenAiService::HandleChatCompletions(http::HttpRequest request, std::shared
         http::ApiError::Invalid("messages", "this model has no chat template; use /v1/completions")));
     return;
   }
-  std::vector<model::ChatMessage> messages;
-  for (const http::ChatMessage& m : req.messages) messages.push_back({std::string(ChatRole(m.role)), m.content});
-  const auto bos = tokenizer_.bos_token_id();
-  const auto eos = tokenizer_.eos_token_id();
-  absl::StatusOr<std::string> text = chat_template_->Apply(messages, req.add_generation_prompt,
-                                                            bos ? tokenizer_.IdToToken(*bos) : "",
-                                                            eos ? tokenizer_.IdToToken(*eos) : "</s>");
+  absl::StatusOr<std::string> text = RenderChat(req);
   if (!text.ok()) {
     (void)writer->Send(http::ApiErrorResponse(http::ApiErrorFromStatus(text.status(), "messages")));
     return;
@@ -489,6 +621,63 @@ void OpenAiService::HandleModels(http::HttpRequest request, std::shared_ptr<http
   card.created = created_unix_;
   card.max_model_len = options_.max_model_len;
   (void)writer->Send(http::HttpResponse::Json(200, http::ModelListJson({card})));
+}
+
+void OpenAiService::HandleTokenize(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {
+  if (!Authorize(request, *writer)) return;
+  auto parsed = http::ParseTokenizeRequest(request.body);
+  if (auto* error = std::get_if<http::ApiError>(&parsed)) {
+    (void)writer->Send(http::ApiErrorResponse(*error));
+    return;
+  }
+  http::TokenizeRequest& req = std::get<http::TokenizeRequest>(parsed);
+  if (!CheckModel(req.model, *writer)) return;
+  std::string text = req.prompt;
+  if (req.is_chat) {
+    if (!chat_template_) {
+      (void)writer->Send(http::ApiErrorResponse(http::ApiError::Invalid("messages", "this model has no chat template")));
+      return;
+    }
+    absl::StatusOr<std::string> rendered = RenderChat(req.chat);
+    if (!rendered.ok()) {
+      (void)writer->Send(http::ApiErrorResponse(http::ApiErrorFromStatus(rendered.status(), "messages")));
+      return;
+    }
+    text = *std::move(rendered);
+  }
+  const std::vector<int32_t> ids = tokenizer_.Encode(text, req.add_special_tokens);
+  std::vector<std::string> strs;
+  if (req.return_token_strs) {
+    for (int32_t id : ids) strs.push_back(tokenizer_.IdToToken(id));
+  }
+  (void)writer->Send(http::HttpResponse::Json(
+      200, http::TokenizeResponseJson(ids, options_.max_model_len, req.return_token_strs ? &strs : nullptr)));
+}
+
+void OpenAiService::HandleDetokenize(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {
+  if (!Authorize(request, *writer)) return;
+  auto parsed = http::ParseDetokenizeRequest(request.body);
+  if (auto* error = std::get_if<http::ApiError>(&parsed)) {
+    (void)writer->Send(http::ApiErrorResponse(*error));
+    return;
+  }
+  http::DetokenizeRequest& req = std::get<http::DetokenizeRequest>(parsed);
+  if (!CheckModel(req.model, *writer)) return;
+  for (size_t i = 0; i < req.tokens.size(); ++i) {
+    if (req.tokens[i] >= tokenizer_.vocab_size()) {
+      (void)writer->Send(http::ApiErrorResponse(http::ApiError::Invalid(
+          absl::StrCat("tokens[", i, "]"),
+          absl::StrCat("token id ", req.tokens[i], " is outside the vocabulary [0, ", tokenizer_.vocab_size(), ")"))));
+      return;
+    }
+  }
+  (void)writer->Send(
+      http::HttpResponse::Json(200, http::DetokenizeResponseJson(tokenizer_.Decode(req.tokens, /*skip_special_tokens=*/false))));
+}
+
+void OpenAiService::HandleVersion(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {
+  (void)request;
+  (void)writer->Send(http::HttpResponse::Json(200, absl::StrCat("{\"version\":\"", kKvmeshVersion, "\"}")));
 }
 
 void OpenAiService::HandleHealth(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer) {

@@ -26,6 +26,7 @@
 #include "engine/async_engine.h"
 #include "engine/sampler.h"
 #include "http/http_types.h"
+#include "http/openai_protocol.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "serving/admission_controller.h"
@@ -33,6 +34,9 @@
 #include "serving/token_source.h"
 
 namespace kvmesh::serving {
+
+// What /version reports.
+inline constexpr char kKvmeshVersion[] = "0.1.0";
 
 struct OpenAiServiceOptions {
   std::string model_name;          // what /v1/models lists and requests must name ("" in a request = this)
@@ -61,6 +65,10 @@ class OpenAiService {
   void HandleChatCompletions(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer);
   void HandleModels(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer);
   void HandleHealth(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer);
+  // vLLM's /tokenize, /detokenize and /version.
+  void HandleTokenize(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer);
+  void HandleDetokenize(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer);
+  void HandleVersion(http::HttpRequest request, std::shared_ptr<http::ResponseWriter> writer);
 
   int64_t inflight_requests() const { return inflight_.load(); }
 
@@ -79,6 +87,8 @@ class OpenAiService {
   // Refuses (400) a request whose shape exceeds the limits, before any tokenizing.
   bool CheckShape(const RequestShape& shape, http::ResponseWriter& writer) const;
   bool CheckModel(const std::string& model, http::ResponseWriter& writer) const;
+  // The chat template over the request's messages and tools.
+  absl::StatusOr<std::string> RenderChat(const http::ChatCompletionRequest& req) const;
   // Validates and submits one engine request per prompt, all with `params`.
   void Start(std::shared_ptr<Call> call, std::vector<std::vector<int32_t>> prompts,
              const engine::SamplingParams& params);

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -46,6 +47,7 @@ KVMESH_FLAG_RANGE(logprobs, -1, 1024);
 ABSL_FLAG(std::string, stop_token_ids, "", "Comma-separated token ids that end generation.");
 ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the end-of-sequence token.");
 ABSL_FLAG(bool, json, false, "Print one JSON object per token instead of plain text.");
+ABSL_DECLARE_FLAG(int, tensor_parallel_size);  // engine_flags.cc
 
 namespace kvmesh::cli {
 namespace {
@@ -147,8 +149,9 @@ int RunGenerate(int argc, char** argv) {
   auto cuda_device = CudaDeviceFromFlags();
   if (!cuda_device.ok()) return Fail(std::string(cuda_device.status().message()));
   absl::StatusOr<engine::GenerationResult> result;
-  if (*cuda_device >= 0) {
-    // On a GPU the paged CUDA runner computes; the dense path is host memory only.
+  if (*cuda_device >= 0 || absl::GetFlag(FLAGS_tensor_parallel_size) > 1) {
+    // On a GPU the paged CUDA runner computes, and under --tensor-parallel-size the
+    // tensor-parallel runner: the dense path is one whole model in host memory only.
     auto built = BuildEngineFromFlags(*loaded->model);
     if (!built.ok()) return Fail(std::string(built.status().message()));
     result = engine::GenerateSingleSequenceOnRunner(*built->runner, built->options.max_model_len,

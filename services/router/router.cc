@@ -74,6 +74,8 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(const RouterOptions& optio
   // KV capacity is the workers' to check (RESOURCE_EXHAUSTED from them).
   source_options.limits.block_size_tokens = 16;
   source_options.limits.num_kv_blocks = std::numeric_limits<int32_t>::max() / 2;
+  // The worker protocol does not carry prompt logprobs back: refuse them rather than drop them.
+  source_options.limits.prompt_logprobs_supported = false;
   source_options.generate_timeout_ms = options.generate_timeout_ms;
   source_options.max_attempts = options.max_attempts;
   r->source_ = std::make_unique<RemoteTokenSource>(source_options, r->router_metrics_.get());

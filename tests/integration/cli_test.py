@@ -56,6 +56,17 @@ def test_generate_json_streams_one_object_per_token():
         assert obj["logprob"] <= 0.0
 
 
+def test_generate_runs_tensor_parallel_through_the_engine():
+    """--tensor-parallel-size 2 runs on the tensor-parallel runner (the dense path runs one
+    whole model): the greedy tokens equal the single-process ones."""
+    args = ["generate", "--prompt", "The quick brown fox", "--max-tokens", "8", "--json", "--temperature", "0",
+            "--ignore-eos", "--kv-cache-dtype", "f32"]
+    one = [json.loads(l)["id"] for l in run(*args).stdout.splitlines() if l.strip()]
+    two = [json.loads(l)["id"] for l in run(*args, "--tensor-parallel-size", "2").stdout.splitlines() if l.strip()]
+    assert len(one) == 8
+    assert two == one
+
+
 def test_greedy_generation_matches_transformers_fixture():
     """The first prompt of the bf16 fixture, decoded greedily by the CLI.
 

@@ -246,6 +246,23 @@ def test_echo_and_skip_text_and_continuous_usage(server):
     assert done == sorted(done) and done[-1] == 4
 
 
+def test_logit_bias_bans_a_token_over_grpc(server):
+    free = [t for r in generate(server, text="The quick brown fox", sampling=greedy(8)) for t in r.token_ids]
+    banned = free[0]
+    biased = [t for r in generate(server, text="The quick brown fox",
+                                  sampling=greedy(8, logit_bias={banned: -100.0})) for t in r.token_ids]
+    assert len(biased) == 8 and banned not in biased
+
+
+def test_prompt_logprobs_over_grpc(server):
+    ids = list(server.stub.Tokenize(pb.TokenizeRequest(text="The quick brown fox jumps")).token_ids)
+    rs = generate(server, token_ids=pb.TokenIds(ids=ids), sampling=greedy(2, prompt_logprobs=1))
+    first = rs[0]
+    assert [p.token_id for p in first.prompt_logprobs] == ids[1:]
+    assert all(p.logprob <= 0 and p.rank >= 1 and len(p.top_logprobs) == 1 for p in first.prompt_logprobs)
+    assert all(len(r.prompt_logprobs) == 0 for r in rs[1:])
+
+
 # ---- Tokenize / ListModels / health ----
 
 @pytest.mark.parametrize("text", ["Hello, world!", "Paged attention stores keys and values", "  spaces  "])
@@ -309,8 +326,9 @@ BAD_GENERATE = [
     (dict(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role="user", content="hi")], chat_template="{% include 'other.jinja' %}"),
           sampling=greedy(4)), C.INVALID_ARGUMENT, "chat.chat_template"),
     (dict(model="nope", text="x", sampling=greedy(4)), C.NOT_FOUND, "nope"),
-    (dict(text="x", sampling=sampling(logit_bias={5: 1.0})), C.UNIMPLEMENTED, "logit_bias"),
-    (dict(text="x", sampling=sampling(prompt_logprobs=1)), C.UNIMPLEMENTED, "prompt_logprobs"),
+    (dict(text="x", sampling=sampling(logit_bias={5: 101.0})), C.INVALID_ARGUMENT, "logit_bias"),
+    (dict(text="x", sampling=sampling(logit_bias={10 ** 7: 1.0})), C.INVALID_ARGUMENT, "logit_bias"),
+    (dict(text="x", sampling=sampling(prompt_logprobs=50)), C.INVALID_ARGUMENT, "prompt_logprobs"),
 ]
 
 

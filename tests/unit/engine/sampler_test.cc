@@ -465,3 +465,50 @@ TEST(SamplingParamsTest, ValidateNamesTheOffendingField) {
 
 }  // namespace
 }  // namespace kvmesh::engine
+
+namespace kvmesh::engine {
+namespace {
+
+// logit_bias: -100 bans a token outright (greedy and sampled), a positive bias moves the
+// argmax, logprobs stay those of the raw logits; out-of-vocabulary ids and biases
+// outside [-100, 100] are refused naming the field.
+TEST(SequenceSamplerLogitBiasTest, BansAndBiasesTokens) {
+  const std::vector<float> logits = {1.0f, 5.0f, 2.0f, 0.5f};
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.logprobs = 0;
+  greedy.logit_bias = {{1, -100.0f}};
+  auto s = SequenceSampler::Create(greedy, 4, {}, {});
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto r = s->Sample(logits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->token_id, 2);
+  const SampleResult raw = ComputeRawLogprobs(logits, 2, 0);
+  EXPECT_FLOAT_EQ(*r->logprob, *raw.logprob);  // raw logits, not biased ones
+  greedy.logit_bias = {{3, 10.0f}};
+  auto pushed = SequenceSampler::Create(greedy, 4, {}, {});
+  ASSERT_TRUE(pushed.ok());
+  EXPECT_EQ(pushed->Sample(logits)->token_id, 3);
+
+  SamplingParams random;
+  random.seed = 3;
+  random.logit_bias = {{1, -100.0f}, {0, -100.0f}};
+  auto sampled = SequenceSampler::Create(random, 4, {}, {});
+  ASSERT_TRUE(sampled.ok());
+  for (int i = 0; i < 200; ++i) {
+    const int32_t id = sampled->Sample(logits)->token_id;
+    ASSERT_TRUE(id == 2 || id == 3) << id;
+  }
+
+  SamplingParams bad;
+  bad.logit_bias = {{4, 1.0f}};
+  EXPECT_NE(SequenceSampler::Create(bad, 4, {}, {}).status().message().find("logit_bias"), std::string::npos);
+  bad.logit_bias = {{0, 101.0f}};
+  EXPECT_NE(SequenceSampler::Create(bad, 4, {}, {}).status().message().find("logit_bias"), std::string::npos);
+  bad.logit_bias = {};
+  bad.prompt_logprobs = 21;
+  EXPECT_NE(SequenceSampler::Create(bad, 4, {}, {}).status().message().find("prompt_logprobs"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvmesh::engine

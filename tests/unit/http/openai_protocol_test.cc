@@ -73,10 +73,18 @@ std::vector<BadCase> BadCases() {
       {"repetition_penalty_zero", false, R"({"prompt": "x", "repetition_penalty": 0})", 400, "repetition_penalty"},
       {"ignore_eos_not_bool", false, R"({"prompt": "x", "ignore_eos": 1})", 400, "ignore_eos"},
       {"user_not_string", true, R"({"messages":[{"role":"user","content":"x"}], "user": 42})", 400, "user"},
-      {"echo_true", false, R"({"prompt": "x", "echo": true})", 400, "echo"},
       {"suffix_set", false, R"({"prompt": "x", "suffix": "tail"})", 400, "suffix"},
-      {"logit_bias_set", false, R"({"prompt": "x", "logit_bias": {"50256": -100}})", 400, "logit_bias"},
-      {"prompt_logprobs_set", false, R"({"prompt": "x", "prompt_logprobs": 1})", 400, "prompt_logprobs"},
+      {"logit_bias_not_object", false, R"({"prompt": "x", "logit_bias": [1]})", 400, "logit_bias"},
+      {"logit_bias_key_not_id", false, R"({"prompt": "x", "logit_bias": {"abc": 1}})", 400, "logit_bias.abc"},
+      {"logit_bias_negative_key", true, R"({"messages":[{"role":"user","content":"x"}], "logit_bias": {"-3": 1}})", 400, "logit_bias.-3"},
+      {"logit_bias_too_low", false, R"({"prompt": "x", "logit_bias": {"5": -101}})", 400, "logit_bias.5"},
+      {"logit_bias_not_number", false, R"({"prompt": "x", "logit_bias": {"5": "ban"}})", 400, "logit_bias.5"},
+      {"prompt_logprobs_too_many", false, R"({"prompt": "x", "prompt_logprobs": 21})", 400, "prompt_logprobs"},
+      {"echo_not_bool", false, R"({"prompt": "x", "echo": 1})", 400, "echo"},
+      {"max_tokens_zero_without_echo", false, R"({"prompt": "x", "max_tokens": 0, "echo": false})", 400, "max_tokens"},
+      {"chat_max_tokens_zero", true, R"({"messages":[{"role":"user","content":"x"}], "max_tokens": 0})", 400, "max_tokens"},
+      {"best_of_below_n", false, R"({"prompt": "x", "n": 3, "best_of": 2})", 400, "best_of"},
+      {"best_of_streamed", false, R"({"prompt": "x", "best_of": 2, "stream": true})", 400, "best_of"},
       {"chat_prompt_logprobs_set", true, R"({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 0})", 400, "prompt_logprobs"},
       {"response_format_json", true, R"({"messages":[{"role":"user","content":"x"}], "response_format": {"type": "json_object"}})", 400, "response_format.type"},
       {"missing_messages", true, R"({"model": "m"})", 400, "messages"},
@@ -90,7 +98,16 @@ std::vector<BadCase> BadCases() {
       {"content_part_image", true, R"({"messages": [{"role": "user", "content": [{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]})", 400, "messages[0].content[1].type"},
       {"content_part_missing_text", true, R"({"messages": [{"role": "user", "content": [{"type":"text"}]}]})", 400, "messages[0].content[0].text"},
       {"message_name_not_string", true, R"({"messages": [{"role": "user", "content": "x", "name": 1}]})", 400, "messages[0].name"},
-      {"tools_requested", true, R"({"messages":[{"role":"user","content":"x"}], "tools": [{"type":"function"}]})", 400, "tools"},
+      {"tools_not_array", true, R"({"messages":[{"role":"user","content":"x"}], "tools": {"type":"function"}})", 400, "tools"},
+      {"tool_without_function", true, R"({"messages":[{"role":"user","content":"x"}], "tools": [{"type":"function"}]})", 400, "tools[0].function"},
+      {"tool_without_name", true, R"({"messages":[{"role":"user","content":"x"}], "tools": [{"type":"function","function":{}}]})", 400, "tools[0].function.name"},
+      {"tool_choice_required", true, R"({"messages":[{"role":"user","content":"x"}], "tools": [{"type":"function","function":{"name":"f"}}], "tool_choice": "required"})", 400, "tool_choice"},
+      {"tool_choice_named", true, R"({"messages":[{"role":"user","content":"x"}], "tools": [{"type":"function","function":{"name":"f"}}], "tool_choice": {"type":"function","function":{"name":"f"}}})", 400, "tool_choice"},
+      {"tool_calls_not_array", true, R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":{}}]})", 400, "messages[1].tool_calls"},
+      {"tool_calls_on_user", true, R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", 400, "messages[0].tool_calls"},
+      {"tool_call_without_name", true, R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"arguments":"{}"}}]}]})", 400, "messages[1].tool_calls[0].function.name"},
+      {"tool_call_arguments_not_json", true, R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{oops"}}]}]})", 400, "messages[1].tool_calls[0].function.arguments"},
+      {"tool_call_id_not_string", true, R"({"messages":[{"role":"tool","content":"x","tool_call_id":5}]})", 400, "messages[0].tool_call_id"},
   };
 }
 
@@ -211,8 +228,82 @@ TEST(OpenAiProtocolTest, ParsesChatRequestWithContentParts) {
 
 TEST(OpenAiProtocolTest, ChatToolsWithChoiceNoneAreAccepted) {
   auto r = ParseChatCompletionRequest(
-      R"({"messages":[{"role":"user","content":"x"}], "tools": [{"type":"function"}], "tool_choice": "none"})");
+      R"({"messages":[{"role":"user","content":"x"}], "tools": [{"type":"function","function":{"name":"f"}}], "tool_choice": "none"})");
   EXPECT_TRUE(std::holds_alternative<ChatCompletionRequest>(r));
+}
+
+// The template sees tools and messages in the client's key order, tool_calls' string
+// arguments as objects (as vLLM hands them over), developer as system.
+TEST(OpenAiProtocolTest, ChatToolFieldsReachTheTemplateInKeyOrder) {
+  auto r = ParseChatCompletionRequest(R"({"messages":[
+      {"role":"developer","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+      {"role":"user","content":"weather?"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
+        "function":{"name":"get_weather","arguments":"{\"city\": \"Paris\", \"a\": 1}"}}]},
+      {"role":"tool","tool_call_id":"c1","name":"get_weather","content":"21 C"}],
+    "tools":[{"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object"}}}],
+    "tool_choice":"auto"})");
+  ASSERT_TRUE(std::holds_alternative<ChatCompletionRequest>(r)) << std::get<ApiError>(r).message;
+  const auto& req = std::get<ChatCompletionRequest>(r);
+  EXPECT_EQ(req.tools_json,
+            R"([{"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object"}}}])");
+  EXPECT_EQ(req.template_messages_json,
+            R"([{"role":"system","content":"a\nb"},{"role":"user","content":"weather?"},)"
+            R"({"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function",)"
+            R"("function":{"name":"get_weather","arguments":{"city":"Paris","a":1}}}]},)"
+            R"({"role":"tool","tool_call_id":"c1","name":"get_weather","content":"21 C"}])");
+  EXPECT_EQ(req.messages[2].num_tool_calls, 1);
+  EXPECT_EQ(req.messages[3].tool_call_id, "c1");
+}
+
+TEST(OpenAiProtocolTest, ParsesEchoLogitBiasBestOfAndPromptLogprobs) {
+  auto r = ParseCompletionRequest(
+      R"({"prompt": "x", "echo": true, "max_tokens": 0, "logprobs": 1, "prompt_logprobs": 2,
+          "logit_bias": {"7": -100, "3": 2.5}, "n": 2, "best_of": 4})");
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r)) << std::get<ApiError>(r).message;
+  const auto& req = std::get<CompletionRequest>(r);
+  EXPECT_TRUE(req.echo);
+  EXPECT_EQ(req.sampling.max_tokens, 0);
+  EXPECT_EQ(req.logprobs, 1);
+  EXPECT_EQ(req.sampling.prompt_logprobs, 2);
+  EXPECT_EQ(req.best_of, 4);
+  ASSERT_EQ(req.sampling.logit_bias.size(), 2u);
+  EXPECT_EQ(req.sampling.logit_bias[0].first + req.sampling.logit_bias[1].first, 10);
+}
+
+TEST(OpenAiProtocolTest, TokenizeAndDetokenizeShapes) {
+  auto t = ParseTokenizeRequest(R"({"prompt": "hi", "add_special_tokens": false, "return_token_strs": true})");
+  ASSERT_TRUE(std::holds_alternative<TokenizeRequest>(t));
+  EXPECT_EQ(std::get<TokenizeRequest>(t).prompt, "hi");
+  EXPECT_FALSE(std::get<TokenizeRequest>(t).add_special_tokens);
+  EXPECT_TRUE(std::get<TokenizeRequest>(t).return_token_strs);
+  auto chat = ParseTokenizeRequest(R"({"messages": [{"role": "user", "content": "hi"}]})");
+  ASSERT_TRUE(std::holds_alternative<TokenizeRequest>(chat));
+  EXPECT_TRUE(std::get<TokenizeRequest>(chat).is_chat);
+  EXPECT_FALSE(std::get<TokenizeRequest>(chat).add_special_tokens);  // vLLM's default for messages
+  auto bad = ParseTokenizeRequest(R"({"prompt": 3})");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad));
+  EXPECT_EQ(std::get<ApiError>(bad).param, "prompt");
+  auto d = ParseDetokenizeRequest(R"({"tokens": [1, 2, 3]})");
+  ASSERT_TRUE(std::holds_alternative<DetokenizeRequest>(d));
+  EXPECT_EQ(std::get<DetokenizeRequest>(d).tokens, (std::vector<int32_t>{1, 2, 3}));
+  auto bad_d = ParseDetokenizeRequest(R"({"tokens": [1, -2]})");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad_d));
+  EXPECT_EQ(std::get<ApiError>(bad_d).param, "tokens[1]");
+  EXPECT_EQ(TokenizeResponseJson({5, 6}, 2048, nullptr),
+            R"({"count":2,"max_model_len":2048,"tokens":[5,6],"token_strs":null})");
+  EXPECT_EQ(DetokenizeResponseJson("hi"), R"({"prompt":"hi"})");
+}
+
+TEST(OpenAiProtocolTest, EchoedFirstTokenRendersNullLogprob) {
+  Choice c;
+  c.text = "ab";
+  c.logprobs.emplace();
+  c.logprobs->push_back({.token = "a", .logprob = 0, .top = {}, .null_logprob = true});
+  c.logprobs->push_back({.token = "b", .logprob = -1.5, .top = {{"b", -1.5}}});
+  const std::string json = CompletionResponseJson({.id = "cmpl-1", .created = 1, .model = "m"}, {c}, {});
+  EXPECT_NE(json.find(R"("token_logprobs":[null,-1.5])"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("top_logprobs":[null,{"b":-1.5}])"), std::string::npos) << json;
 }
 
 // ---- Errors and Status mapping -----------------------------------------------------

