@@ -89,6 +89,11 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
             return absl::OkStatus();
           });
     }
+    // A draining engine refuses new requests (FailedPrecondition; bad input is
+    // InvalidArgument): hand it back (ABORTED), the router places it elsewhere.
+    if (absl::IsFailedPrecondition(s)) {
+      return FailSubmit(absl::AbortedError(absl::StrCat("the worker is draining: ", s.message())));
+    }
     if (!s.ok()) return FailSubmit(s);
     state_.AddLive(request_id_);
   }

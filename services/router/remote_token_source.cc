@@ -127,7 +127,7 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
                              channel.GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
     // A draining worker hands back what it had not started (ABORTED): place it again.
     const bool handed_back = status.code() == absl::StatusCode::kAborted;
-    if (unreachable) source_.ReportUnreachable(decode_id_, status.message());
+    if (unreachable) source_.ReportUnreachable(decode_id_, std::string(status.message()));
     if (streamed_) {
       // Migration: the tokens streamed so far reached the client; another decode
       // worker resumes from them (MigrationRefusal says when it cannot).
