@@ -266,7 +266,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
   // fails with `failure`.
   static void FailOrFallBack(WorkerState& state, engine::KvTransferId id, const absl::Status& failure,
                              const std::string& prefill_address) {
-    if (absl::IsUnavailable(failure) || absl::IsDeadlineExceeded(failure)) {
+    // Unreachable (refused, reset, no keepalive answer), not merely slow: a deadline
+    // that passed may be a busy prefill worker, which stays placeable.
+    if (absl::IsUnavailable(failure)) {
       state.ReportUnreachable(prefill_address, std::string(failure.message()));
     }
     const bool fallback = state.remote_prefill_policy().fallback_to_local;

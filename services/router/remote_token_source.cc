@@ -121,28 +121,32 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
     const absl::Status status = rpc::FromGrpcStatus(grpc_status);
     if (source_.metrics_) source_.metrics_->CountUpstreamError("generate", status.code());
     const std::string worker = absl::StrCat("decode worker ", decode_id_, " (", decode_address_, ")");
-    // Unreachable, not answering: its channel is down (refused, reset). A worker that
-    // answered UNAVAILABLE itself keeps its channel up.
-    const bool unreachable = status.code() == absl::StatusCode::kUnavailable &&
-                             channel.GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
+    // UNAVAILABLE: the worker died (refused, reset: its channel is down, and the
+    // scheduler is told) or said it cannot serve now; either way another may.
+    // NOTE: the channel's state can lag the reset that ended the stream, so it only
+    // decides whether to report the worker, not whether to retry.
+    const bool unavailable = status.code() == absl::StatusCode::kUnavailable;
+    const bool unreachable = unavailable && channel.GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
     // A draining worker hands back what it had not started (ABORTED): place it again.
     const bool handed_back = status.code() == absl::StatusCode::kAborted;
     if (unreachable) source_.ReportUnreachable(decode_id_, std::string(status.message()));
+    const bool unreachable_or_gone = unavailable;
     if (streamed_) {
       // Migration: the tokens streamed so far reached the client; another decode
       // worker resumes from them (MigrationRefusal says when it cannot).
-      const std::string refusal = (unreachable || handed_back) ? MigrationRefusal() : "it failed by itself";
+      const std::string refusal = (unreachable_or_gone || handed_back) ? MigrationRefusal() : "it failed by itself";
       if (!refusal.empty()) {
         return FinishWith(absl::Status(status.code(), absl::StrCat(worker, " failed after streaming tokens, and the "
                                                                    "request was not migrated (", refusal,
                                                                    "): ", status.message())));
       }
       resume_ = tokens_[0];
-    } else if (!unreachable && !handed_back) {
+    } else if (!unreachable_or_gone && !handed_back) {
       return FinishWith(status);
     }
-    last_error_ = absl::UnavailableError(
-        absl::StrCat(worker, handed_back ? " handed the request back: " : " is unreachable: ", status.message()));
+    last_error_ = absl::UnavailableError(absl::StrCat(
+        worker, handed_back ? " handed the request back: " : unreachable ? " is unreachable: " : " is unavailable: ",
+        status.message()));
     if (attempts_ >= source_.options_.max_attempts) {
       return FinishWith(absl::UnavailableError(
           absl::StrCat(last_error_.message(), " (", attempts_, " placements tried, the limit)")));

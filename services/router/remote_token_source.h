@@ -5,17 +5,17 @@
 // finished with the worker's status when the stream fails (UNAVAILABLE when no
 // worker serves the model or a worker died), with "abort" after Abort().
 //
-// Retry. When the chosen decode worker cannot be reached — the call fails UNAVAILABLE
-// and its channel is not connected (refused, reset: the worker died and the scheduler
-// has not expired it yet; the scheduler is told, Scheduler.ReportUnreachable) — or a
-// draining worker hands the request back (ABORTED), the request is placed again with
-// that worker excluded, up to max_attempts placements in all.
+// Retry. When the chosen decode worker fails the call UNAVAILABLE — it cannot be
+// reached (refused, reset: the worker died and the scheduler has not expired it yet;
+// then the scheduler is told, Scheduler.ReportUnreachable) or says it cannot serve
+// now — or a draining worker hands the request back (ABORTED), the request is placed
+// again with that worker excluded, up to max_attempts placements in all.
 // Migration. When that happens after tokens streamed (they reached the client), the
 // next decode worker resumes from them (WorkerGenerateRequest.resume_output_token_ids:
 // it prefills prompt + those tokens, a seeded sampler skips their draws) and the
 // stream goes on with no token repeated or missing. Only for n == 1 and an unfinished
-// sample; otherwise the request fails with the worker's status, named. A worker that
-// answered the call itself (its channel is up) is not retried.
+// sample; otherwise the request fails with the worker's status, named. Other errors
+// (bad input, an engine error) are not retried.
 //
 // Thread-safety: thread-safe. Outputs are delivered on gRPC threads.
 #pragma once

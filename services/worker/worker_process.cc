@@ -83,12 +83,14 @@ KVMESH_FLAG_RANGE(kv_progress_timeout_ms, 1, 3600000);
 ABSL_FLAG(bool, remote_prefill_fallback, true,
           "Decode side: when a remote prefill fails before its KV landed (the prefill worker died, hung or refused), "
           "prefill the request here instead of failing it.");
-ABSL_FLAG(int64_t, remote_prefill_timeout_base_ms, 2000,
+ABSL_FLAG(int64_t, remote_prefill_timeout_base_ms, 5000,
           "Decode side: a remote prefill's deadline is this plus --remote-prefill-timeout-us-per-token per prompt "
           "token (at most --kv-lease-timeout-ms); past it the request is prefilled here.");
 KVMESH_FLAG_RANGE(remote_prefill_timeout_base_ms, 1, 86400000);
-ABSL_FLAG(int64_t, remote_prefill_timeout_us_per_token, 2000,
-          "Decode side: see --remote-prefill-timeout-base-ms.");
+ABSL_FLAG(int64_t, remote_prefill_timeout_us_per_token, 5000,
+          "Decode side: see --remote-prefill-timeout-base-ms. (A prefill worker that died or hangs is noticed "
+          "sooner, in about 1.5 s, by the peer channel's keepalive or UCX's progress deadline: this deadline is for "
+          "one that answers pings but makes no progress.)");
 KVMESH_FLAG_RANGE(remote_prefill_timeout_us_per_token, 0, 60000000);
 
 namespace kvmesh::worker {

@@ -117,8 +117,8 @@ class WorkerState {
     // The Prefill call's deadline: base + per token of the prompt (capped by the lease
     // timeout), so a prefill worker that accepted the call and then stalls is given up
     // on in proportion to the work asked of it.
-    int64_t timeout_base_ms = 2000;
-    int64_t timeout_us_per_token = 2000;
+    int64_t timeout_base_ms = 5000;
+    int64_t timeout_us_per_token = 5000;
   };
   void SetRemotePrefillPolicy(RemotePrefillPolicy policy) { remote_prefill_policy_ = policy; }
   const RemotePrefillPolicy& remote_prefill_policy() const { return remote_prefill_policy_; }

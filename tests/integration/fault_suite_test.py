@@ -39,14 +39,14 @@ KVMESH = os.environ["KVMESH_BIN"]
 SCHEDULER = os.environ["KVMESH_SCHEDULER_BIN"]
 DEV_CLUSTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "dev-cluster")
 MODEL = "tiny-llama"
-MAX_TOKENS = 40
+MAX_TOKENS = 64
 REQUEST_TIMEOUT_S = 90
 
 # Prompts of several lengths (the long ones are still being prefilled or transferred when
 # the fault comes); half greedy, half seeded sampling.
 LOAD = []
-for i in range(12):
-    words = 12 + 60 * (i % 4)
+for i in range(16):
+    words = 12 + 100 * (i % 4)
     prompt = f"Request {i}: " + " ".join(f"w{(i * 31 + j * 7) % 97}" for j in range(words))
     sampling = {"temperature": 0} if i % 2 == 0 else {"temperature": 0.8, "top_p": 0.95, "seed": 1000 + i}
     LOAD.append((f"r{i}", prompt, sampling))
@@ -120,17 +120,20 @@ def _stream(url, prompt, sampling, result):
         result["error"] = f"{type(e).__name__}: {e}"
 
 
-def _run_load(url, fault=None, fault_after_s=0.0):
+def _run_load(url, fault=None, when=None):
+    """Runs LOAD concurrently; injects `fault` once `when(results)` holds (polled)."""
     results = {rid: {} for rid, _, _ in LOAD}
     threads = [threading.Thread(target=_stream, args=(url, prompt, sampling, results[rid]), daemon=True)
                for rid, prompt, sampling in LOAD]
     start = time.time()
     for t in threads:
         t.start()
-        time.sleep(0.02)
+        time.sleep(0.01)
     fault_at = None
     if fault is not None:
-        time.sleep(max(0.0, fault_after_s - (time.time() - start)))
+        deadline = time.time() + 30
+        while not when(results) and time.time() < deadline:
+            time.sleep(0.005)
         fault_at = time.time()
         fault()
     for t in threads:
@@ -176,14 +179,37 @@ def _settled(cluster, survivors, timeout_s=30):
         time.sleep(0.3)
 
 
-def _case(name, fault_of, victim_role, fault_after_s, resume_victim=False):
+def _streaming(results):
+    """Every request has streamed text, none has finished: the decode workers are mid-stream."""
+    return all(r.get("text") for r in results.values()) or any(r.get("finish") for r in results.values())
+
+
+def _started(results):
+    """The requests are in (being prefilled or transferred): no token yet for most."""
+    return True
+
+
+def _affected(cluster, victim_role):
+    """How many requests the fault touched: local fallbacks on the decode workers (a
+    prefill fault) or the router's re-placements (a decode fault)."""
+    if victim_role == "prefill":
+        return sum(_metric(cluster.metrics(n), "kvmesh_kv_remote_prefill_fallbacks") or 0
+                   for n in cluster.names("decode"))
+    return _metric(cluster.metrics("router"), "kvmesh_router_retries_total") or 0
+
+
+def _case(name, fault_of, victim_role, when, resume_victim=False, must_affect=True):
     cluster = Cluster()
     try:
         reference, _, _ = _run_load(cluster.url)
         ok, failed, hung, problems = _classify(reference, None)
         assert ok == len(LOAD), "the undisturbed run did not complete:\n" + "\n".join(problems) + cluster.logs()
+        # Undisturbed means undisturbed: no request fell back or moved.
+        assert _affected(cluster, "prefill") == 0 and _affected(cluster, "decode") == 0, cluster.logs()
         victim = cluster.names(victim_role)[0]
-        results, fault_at, wall = _run_load(cluster.url, lambda: fault_of(cluster.pid(victim)), fault_after_s)
+        before = _affected(cluster, victim_role)
+        time.sleep(0.2)
+        results, fault_at, wall = _run_load(cluster.url, lambda: fault_of(cluster.pid(victim)), when)
         if resume_victim:
             os.kill(cluster.pid(victim), signal.SIGCONT)
         survivors = [n for n in cluster.names() if n != victim or resume_victim]
@@ -202,14 +228,17 @@ def _case(name, fault_of, victim_role, fault_after_s, resume_victim=False):
                 time.sleep(0.1)
         completed, failed, hung, problems = _classify(results, reference)
         stranded, used, inflight = _settled(cluster, survivors)
+        affected = _affected(cluster, victim_role) - before
         n = len(LOAD)
         row = (f"{name:16s} {n:4d} {100 * completed / n:9.1f}% {100 * failed / n:8.1f}% {100 * hung / n:8.1f}%   "
-               f"stranded {json.dumps(stranded)}  used {json.dumps(used)}  router in-flight {inflight:.0f}  "
-               f"load {wall:.1f} s")
+               f"affected {affected:3.0f}  stranded {json.dumps(stranded)}  used {json.dumps(used)}  "
+               f"router in-flight {inflight:.0f}  load {wall:.1f} s")
         TABLE.append(row)
         print("\n" + row)
         detail = "\n".join(problems) + cluster.logs()
         assert hung == 0, "hung or truncated:\n" + detail
+        if must_affect:
+            assert affected > 0, "the fault touched no request in flight: the case proves nothing" + detail
         assert failed == 0, "failed:\n" + detail
         assert completed == n
         assert all(v == 0 for v in stranded.values()), f"stranded blocks {stranded}" + detail
@@ -234,25 +263,27 @@ def _sigterm(pid):
 
 
 def test_prefill_worker_killed_under_load_every_request_completes():
-    _case("prefill-sigkill", _sigkill, "prefill", fault_after_s=0.3)
+    _case("prefill-sigkill", _sigkill, "prefill", when=_started)
 
 
 def test_prefill_worker_stopped_under_load_every_request_completes():
     # Resumed afterwards: it must then free what it pinned for the abandoned prefills.
-    _case("prefill-sigstop", _sigstop, "prefill", fault_after_s=0.3, resume_victim=True)
+    _case("prefill-sigstop", _sigstop, "prefill", when=_started, resume_victim=True)
 
 
 def test_decode_worker_killed_mid_stream_requests_migrate_with_identical_output():
     # Late enough that the victim has streamed tokens of its requests.
-    _case("decode-sigkill", _sigkill, "decode", fault_after_s=1.5)
+    _case("decode-sigkill", _sigkill, "decode", when=_streaming)
 
 
 def test_decode_worker_drained_under_load_hands_queued_requests_back():
-    _case("decode-sigterm", _sigterm, "decode", fault_after_s=0.5)
+    # Running requests finish where they are; only queued ones move (maybe none).
+    _case("decode-sigterm", _sigterm, "decode", when=_started, must_affect=False)
 
 
 def teardown_module():
     if TABLE:
-        print("\nfault            reqs completed   failed  hung/truncated   (per surviving worker)")
+        print("\nfault            reqs completed   failed  hung/truncated   (affected: fallbacks or re-placements; "
+          "per surviving worker)")
         for row in TABLE:
             print(row)
