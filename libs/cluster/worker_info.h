@@ -95,6 +95,9 @@ struct WorkerSnapshot {
   // Requests placed on it since its last heartbeat (load it has not reported yet).
   int32_t num_recent_placements = 0;
   int64_t num_indexed_blocks = 0;  // distinct hashes the prefix index holds for it
+  // A peer reported it unreachable (WorkerRegistry::ReportUnreachable): no placements
+  // until then, or until it registers again.
+  absl::Time unreachable_until = absl::InfinitePast();
 };
 
 }  // namespace kvmesh::cluster

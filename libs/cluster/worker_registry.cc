@@ -138,6 +138,7 @@ std::vector<WorkerCandidate> WorkerRegistry::Candidates(std::string_view model,
     const absl::flat_hash_map<std::string, PrefixMatch> matches = index_.Match(prompt_hashes);
     for (const auto& [id, state] : workers_) {
       if (state.snapshot.registration.model != model || state.snapshot.draining) continue;
+      if (state.snapshot.unreachable_until > now) continue;
       if (std::find(exclude_worker_ids.begin(), exclude_worker_ids.end(), id) != exclude_worker_ids.end()) continue;
       WorkerCandidate candidate{.worker = SnapshotLocked(state), .prefix = {}};
       if (auto m = matches.find(id); m != matches.end()) candidate.prefix = m->second;
@@ -148,6 +149,22 @@ std::vector<WorkerCandidate> WorkerRegistry::Candidates(std::string_view model,
     return a.worker.registration.worker_id < b.worker.registration.worker_id;
   });
   return result;
+}
+
+absl::StatusOr<std::string> WorkerRegistry::ReportUnreachable(std::string_view worker_id, std::string_view address) {
+  if (worker_id.empty() && address.empty()) {
+    return absl::InvalidArgumentError("ReportUnreachable needs the worker's id or address");
+  }
+  const absl::Time now = clock_.Now();
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(now);
+  for (auto& [id, state] : workers_) {
+    const bool match = !worker_id.empty() ? id == worker_id : state.snapshot.registration.address == address;
+    if (!match) continue;
+    state.snapshot.unreachable_until = now + absl::Milliseconds(options_.unreachable_ttl_ms);
+    return id;
+  }
+  return absl::NotFoundError(absl::StrCat("no live worker ", worker_id.empty() ? "at " : "", ToAbsl(worker_id.empty() ? address : worker_id)));
 }
 
 void WorkerRegistry::NotePlacement(std::string_view worker_id) {

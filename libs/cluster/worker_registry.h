@@ -34,6 +34,10 @@ struct WorkerRegistryOptions {
   int64_t heartbeat_interval_ms = 1'000;  // what workers are told to use
   int64_t worker_ttl_ms = 5'000;          // a lease lasts this long past the last heartbeat
   Clock* clock = nullptr;                 // nullptr: Clock::Real(); must outlive the registry
+  // A worker a peer reported unreachable gets no placements for this long (or until it
+  // registers again): long enough for its lease to expire if it is dead, short enough
+  // that a partition that heals costs little.
+  int64_t unreachable_ttl_ms = 10'000;
 };
 
 // One heartbeat's report.
@@ -80,6 +84,14 @@ class WorkerRegistry {
   // Removes the worker now. NotFound if unknown.
   absl::Status Deregister(std::string_view worker_id) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A peer could not reach the worker named by `worker_id`, or else by `address`
+  // (refused, reset, no keepalive answer): it receives no placements for
+  // unreachable_ttl_ms, though its lease stands (the scheduler may still hear it).
+  // Returns the worker's id; NotFound when no live worker matches, InvalidArgument when
+  // both are empty.
+  absl::StatusOr<std::string> ReportUnreachable(std::string_view worker_id, std::string_view address)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Drops the workers whose lease has ended; returns their ids.
   std::vector<std::string> ExpireStale() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -89,7 +101,8 @@ class WorkerRegistry {
   // The KV-cache spec the live workers of `model` share. Unavailable when none is live.
   absl::StatusOr<KvCacheSpec> ModelKvCacheSpec(std::string_view model) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The live, non-draining workers of `model` not in `exclude_worker_ids`, each with its
+  // The live, non-draining, not reported unreachable workers of `model` not in
+  // `exclude_worker_ids`, each with its
   // leading match against `prompt_hashes`, ordered by worker id.
   std::vector<WorkerCandidate> Candidates(std::string_view model, std::span<const kv::BlockHash> prompt_hashes,
                                           std::span<const std::string> exclude_worker_ids = {})

@@ -273,6 +273,7 @@ EngineStats Engine::stats() const {
   e.num_leases_failed = h.leases_failed;
   e.num_leases_expired = h.leases_expired;
   e.num_leases_aborted = h.leases_aborted;
+  e.num_remote_prefill_fallbacks = num_remote_prefill_fallbacks_;
   e.num_prefill_releases_expired = h.pins_expired;
   e.num_kv_blocks_stranded = CountStrandedBlocks();
   e.prefix_cache_host_hit_tokens = p.host_hit_tokens;

@@ -125,6 +125,8 @@ struct EngineStats {
   int64_t num_leases_failed = 0;
   int64_t num_leases_expired = 0;
   int64_t num_leases_aborted = 0;
+  // Failed leases whose request was prefilled here instead (FallBackToLocalPrefill).
+  int64_t num_remote_prefill_fallbacks = 0;
   // Prefill-only requests (prefill side) whose release timed out.
   int64_t num_prefill_releases_expired = 0;
   // Blocks that nothing live should be holding: held by no live request, leased or
@@ -217,6 +219,18 @@ class Engine {
   // takes a new lease. InvalidArgument for an OK `status`; FailedPrecondition for a lease
   // that is not open.
   absl::StatusOr<RequestOutput> FailRemotePrefill(KvTransferId transfer_id, absl::Status status);
+
+  // The transfer failed before its KV landed (the prefill worker died, hung or refused)
+  // and this engine prefills the request itself: the lease ends as failed (its blocks
+  // are freed: what landed may be partial) and the request goes to the front of the
+  // waiting queue, its callback kept, so the client gets tokens rather than `why`.
+  // FailedPrecondition for a lease that is not open (the request ended meanwhile).
+  absl::Status FallBackToLocalPrefill(KvTransferId transfer_id, const absl::Status& why);
+
+  // Ends every request that waits for its first scheduling and streamed nothing yet,
+  // with `status` (a draining worker hands them back for placement elsewhere); returns
+  // (and streams) their final outputs. InvalidArgument for an OK `status`.
+  absl::StatusOr<std::vector<RequestOutput>> HandBackUnstarted(const absl::Status& status);
 
   // ---- Prefill side of prefill/decode disaggregation ----
 
@@ -321,6 +335,7 @@ class Engine {
   const int64_t prefill_release_timeout_ms_;
   const std::function<int64_t()> now_ms_;
   kv::KvHandoffLedger handoffs_;
+  int64_t num_remote_prefill_fallbacks_ = 0;
   // Prefill tokens per second of prefill-heavy steps (EWMA): what recomputing costs, for
   // the tiers' load-versus-recompute and the scheduler's placement.
   double prefill_tokens_per_second_ = 0;

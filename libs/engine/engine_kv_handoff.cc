@@ -111,6 +111,30 @@ absl::StatusOr<RequestOutput> Engine::FailRemotePrefill(KvTransferId transfer_id
   return output;
 }
 
+absl::Status Engine::FallBackToLocalPrefill(KvTransferId transfer_id, const absl::Status& why) {
+  const kv::KvLease* lease = handoffs_.lease(transfer_id);
+  if (lease == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("FallBackToLocalPrefill: no open KV transfer lease ",
+                                                      transfer_id.value, " (", why.message(), ")"));
+  }
+  const std::string request_id = lease->request_id;
+  KVMESH_RETURN_IF_ERROR(scheduler_->RequeueRemotePrefill(request_id));
+  handoffs_.Close(transfer_id, kv::KvHandoffLedger::LeaseEnd::kFailed);
+  ++num_remote_prefill_fallbacks_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<RequestOutput>> Engine::HandBackUnstarted(const absl::Status& status) {
+  if (status.ok()) return absl::InvalidArgumentError("HandBackUnstarted needs the status the requests end with");
+  std::vector<RequestOutput> outputs;
+  for (const std::string& id : scheduler_->UnstartedRequests()) {
+    absl::StatusOr<RequestOutput> out = scheduler_->FailRequest(id, status);
+    if (out.ok()) outputs.push_back(*std::move(out));
+  }
+  Deliver(outputs);
+  return outputs;
+}
+
 absl::Status Engine::AddPrefillOnlyRequest(EngineRequest request, int32_t skip_leading_tokens,
                                            KvLayerSink on_layer_blocks) {
   if (on_layer_blocks && runner_.kv_storage() == nullptr) {

@@ -51,6 +51,12 @@ struct EngineRequest {
   int64_t arrival_order = -1;
   // Tokens that end a sample with "stop" unless sampling_params.ignore_eos.
   std::vector<int32_t> eos_token_ids;
+  // Resuming a request another engine started (migration after its worker died):
+  // the output tokens it already produced, in order. They are prefilled after the
+  // prompt, count against max_tokens and the penalties, and a seeded sampler skips one
+  // draw per token, so the tokens that follow are those the first engine would have
+  // produced. Not streamed again. n must be 1 and fewer than max_tokens.
+  std::vector<int32_t> resume_output_token_ids;
   // Called on the engine thread with every output of this request, in order, the final
   // one included (also for aborts and errors), during Engine::Step / Engine::Abort and
   // before they return. It must not call back into the Engine; post to a queue instead.

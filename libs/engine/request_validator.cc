@@ -60,6 +60,21 @@ absl::Status ValidateEngineRequest(const EngineRequest& request, const RequestLi
         prompt_len + max_tokens, " tokens (", prompt_len, " in the messages, ", max_tokens,
         " in the completion). Please reduce the length of the messages or completion."));
   }
+  if (!request.resume_output_token_ids.empty()) {
+    const int64_t resumed = static_cast<int64_t>(request.resume_output_token_ids.size());
+    if (request.n != 1) return absl::InvalidArgumentError("a resumed request (resume_output_token_ids) needs n == 1");
+    if (resumed >= max_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("a resumed request carries ", resumed,
+                                                     " output tokens: max_tokens (", max_tokens, ") must exceed it"));
+    }
+    for (size_t i = 0; i < request.resume_output_token_ids.size(); ++i) {
+      const int32_t id = request.resume_output_token_ids[i];
+      if (id < 0 || id >= limits.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("resumed output token id ", id, " at position ", i,
+                                                       " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+      }
+    }
+  }
   const int64_t peak = PeakKvBlocks(prompt_len, max_tokens, request.n, limits.block_size_tokens);
   if (peak > limits.num_kv_blocks) {
     return absl::InvalidArgumentError(absl::StrCat(

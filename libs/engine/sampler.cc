@@ -261,6 +261,13 @@ void SequenceSampler::Append(int32_t token_id) {
   ++output_counts_[token_id];
 }
 
+void SequenceSampler::Resume(std::span<const int32_t> output_token_ids) {
+  for (const int32_t token : output_token_ids) {
+    Append(token);
+    if (!params_.is_greedy()) (void)NextUniform();
+  }
+}
+
 double SequenceSampler::NextUniform() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
 }

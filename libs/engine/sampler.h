@@ -152,6 +152,12 @@ class SequenceSampler {
   // vocabulary are counted but never match a logit.
   void Append(int32_t token_id);
 
+  // Continues a sequence another sampler started (a migrated request): Appends each of
+  // `output_token_ids` and, unless greedy, advances the RNG by one draw per token (a
+  // non-greedy Sample() makes exactly one), so a seeded sampler draws next what the
+  // first one would have.
+  void Resume(std::span<const int32_t> output_token_ids);
+
   const SamplingParams& params() const { return params_; }
   // The seed in use (drawn when the request gave none), for logs and replays.
   uint64_t seed() const { return seed_; }

@@ -57,6 +57,9 @@ absl::StatusOr<Sequence*> Scheduler::CreateRequest(const EngineRequest& request)
   seq->sample_index = 0;
   seq->creation_order = next_creation_++;
   seq->token_ids = request.prompt_token_ids;
+  // A resumed request prefills its earlier outputs too, as a recompute after preemption.
+  seq->token_ids.insert(seq->token_ids.end(), request.resume_output_token_ids.begin(),
+                        request.resume_output_token_ids.end());
   seq->num_prefill_tokens = seq->num_tokens();
   seqs_[seq->kv_id] = raw;
   state->seqs.push_back(std::move(seq));
@@ -210,6 +213,44 @@ absl::StatusOr<RequestOutput> Scheduler::FailRequest(const std::string& request_
   EndRequest(request, CompletionFinishReason::kError);
   ++stats_.num_failed_requests;
   return TakeOutput(request, error);
+}
+
+absl::Status Scheduler::RequeueRemotePrefill(const std::string& request_id) {
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("RequeueRemotePrefill: no unfinished request '", request_id, "'"));
+  }
+  Sequence* seq = it->second->seqs[0].get();
+  if (seq->status != SequenceStatus::kReceiving) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("RequeueRemotePrefill: request '", request_id, "' is not receiving a remote prefill"));
+  }
+  // NOTE: the blocks go back to the pool: what the sender wrote into them may be
+  // partial, and the local prefill allocates (and prefix-matches) afresh.
+  if (absl::Status s = kv_.Free(seq->kv_id); !s.ok()) return KvBroken(s, "Free on a remote prefill's requeue");
+  RemoveFromParked(seq);
+  seq->num_computed_tokens = 0;
+  seq->num_prefill_tokens = seq->num_tokens();
+  seq->admitted_block_hashes.clear();
+  seq->disk_load_started = false;
+  it->second->num_cached_prompt_tokens = -1;
+  EnqueueWaiting(seq, /*front=*/true);
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Scheduler::UnstartedRequests() const {
+  std::vector<std::string> ids;
+  for (const Sequence* seq : waiting_) {
+    const RequestState* request = seq->request;
+    // Nothing streamed from here yet (a resumed request's earlier outputs came from
+    // elsewhere, and the caller holds them).
+    if (request->prefill_only || seq->num_computed_tokens > 0 ||
+        seq->num_output_tokens() > static_cast<int32_t>(request->resume_output_token_ids.size())) {
+      continue;
+    }
+    if (request->seqs.size() == 1) ids.push_back(request->request_id);
+  }
+  return ids;
 }
 
 std::optional<SequenceStatus> Scheduler::FirstSequenceStatus(const std::string& request_id) const {
@@ -530,6 +571,7 @@ absl::Status Scheduler::EnsureSampler(Sequence* seq) {
   KVMESH_ASSIGN_OR_RETURN(SequenceSampler sampler,
                           SequenceSampler::Create(request->SampleParams(seq->sample_index), vocab_size_,
                                                   request->prompt_token_ids, request->eos_token_ids));
+  sampler.Resume(request->resume_output_token_ids);
   seq->sampler.emplace(std::move(sampler));
   return absl::OkStatus();
 }

@@ -219,6 +219,15 @@ class Scheduler {
 
   // The status of a request's first sequence; nullopt for an unknown request.
   std::optional<SequenceStatus> FirstSequenceStatus(const std::string& request_id) const;
+
+  // Decode side, a remote prefill that failed before it landed: frees the request's
+  // leased blocks and queues it (at the front) for a prefill here, sampler and outputs
+  // untouched. FailedPrecondition unless the request is receiving a remote prefill.
+  absl::Status RequeueRemotePrefill(const std::string& request_id);
+
+  // Requests still waiting for their first scheduling that have streamed nothing: what
+  // a draining worker can hand back for placement elsewhere. In queue order.
+  std::vector<std::string> UnstartedRequests() const;
   // The KV id of a request's first sequence (what ScheduledChunk::kv_id names; kept
   // across preemption); nullopt for an unknown request.
   std::optional<kv::RequestId> FirstSequenceKvId(const std::string& request_id) const;

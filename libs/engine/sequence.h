@@ -83,6 +83,8 @@ struct RequestState {
   int64_t arrival_order = 0;
   std::vector<int32_t> eos_token_ids;
   StopChecker stop_checker;
+  // EngineRequest::resume_output_token_ids: replayed into the sampler when it is made.
+  std::vector<int32_t> resume_output_token_ids;
   // Sample 0 first; the others appear at the fork.
   std::vector<std::unique_ptr<Sequence>> seqs;
   // The n samples exist (always true for n == 1 once sampling starts).

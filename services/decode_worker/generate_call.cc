@@ -67,9 +67,14 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     engine_request->priority = request.priority();
     engine_request->arrival_order = request.arrival_order() > 0 ? request.arrival_order() : -1;
     engine_request->on_output = [this](const engine::RequestOutput& out) { OnOutput(out); };
+    engine_request->resume_output_token_ids.assign(request.resume_output_token_ids().begin(),
+                                                   request.resume_output_token_ids().end());
     const std::string& prefill = request.prefill_worker_address();
     absl::Status s;
-    if (prefill.empty() || request.prefill_locally() || prefill == state_.address()) {
+    // A migrated request (resume_output_token_ids) is prefilled here: the prefill
+    // worker's path knows the prompt only.
+    if (prefill.empty() || request.prefill_locally() || prefill == state_.address() ||
+        request.resume_output_token_ids_size() > 0) {
       s = state_.engine().Submit(*std::move(engine_request));
     } else {
       auto sampling = std::make_shared<v1::SamplingParams>(request.sampling());
@@ -83,6 +88,11 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
             StartRemotePrefill(*lease, prefill, *sampling, *prompt);
             return absl::OkStatus();
           });
+    }
+    // A draining engine refuses new requests (FailedPrecondition; bad input is
+    // InvalidArgument): hand it back (ABORTED), the router places it elsewhere.
+    if (absl::IsFailedPrecondition(s)) {
+      return FailSubmit(absl::AbortedError(absl::StrCat("the worker is draining: ", s.message())));
     }
     if (!s.ok()) return FailSubmit(s);
     state_.AddLive(request_id_);
@@ -123,7 +133,12 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     *dest->mutable_kv_cache_spec() = state_.spec();
     dest->set_num_skip_blocks(lease.num_cached_blocks());
     dest->set_transport(v1::KV_TRANSPORT_GRPC_STREAM);
-    rpc::SetTimeout(&call->context, state_.lease_timeout_ms());
+    // A deadline in proportion to the work asked (capped by the lease timeout): a
+    // prefill worker that took the call and then stalls is given up on in time for a
+    // local prefill to be worth it. (A dead or stopped one is noticed sooner, by the
+    // channel's keepalive or UCX's progress deadline.)
+    rpc::SetTimeout(&call->context,
+                    state_.RemotePrefillTimeoutMs(static_cast<int64_t>(prompt.size()) - lease.num_cached_tokens));
     call->stub = v1::Worker::NewStub(state_.Channel(prefill_address));
     call->prefill_address = prefill_address;
     {
@@ -222,24 +237,52 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
       state.kv_transport()->CloseLease(call->ucx_token, absl::CancelledError("the KV went another way"));
     }
     if (cancel_call) call->context.TryCancel();
-    if (failure.has_value()) {
-      // FailedPrecondition when the request already ended (aborted): nothing to do.
-      state.engine().Post([id, f = *failure](engine::Engine& e) { (void)e.FailRemotePrefill(id, f); });
-      return;
-    }
+    if (failure.has_value()) return FailOrFallBack(state, id, *failure, call->prefill_address);
     if (!commit) return;
     std::optional<engine::SampleResult> logprobs;
     if (want_logprobs) logprobs = rpc::SampleResultFromProto(call->response.first_logprob());
     const int32_t first = call->response.first_token_id();
-    state.engine().Post([id, first, logprobs](engine::Engine& e) {
+    const bool fallback = state.remote_prefill_policy().fallback_to_local;
+    state.engine().Post([id, first, logprobs, fallback](engine::Engine& e) {
       auto committed = e.CommitRemotePrefill(id, first, logprobs);
-      if (!committed.ok() && !absl::IsFailedPrecondition(committed.status())) {
-        (void)e.FailRemotePrefill(id, committed.status());
-      } else if (!committed.ok()) {
-        // Not all blocks arrived (or the lease ended meanwhile: then this fails too, harmlessly).
-        (void)e.FailRemotePrefill(
-            id, absl::DataLossError(absl::StrCat("KV transfer incomplete: ", committed.status().message())));
+      if (committed.ok()) return;
+      // Not all blocks arrived, or a bad first token (or the lease ended meanwhile:
+      // then these fail too, harmlessly).
+      const absl::Status failure =
+          absl::IsFailedPrecondition(committed.status())
+              ? absl::DataLossError(absl::StrCat("KV transfer incomplete: ", committed.status().message()))
+              : committed.status();
+      if (fallback && e.FallBackToLocalPrefill(id, failure).ok()) {
+        KVMESH_LOG(kWarning) << "remote prefill unusable; prefilling locally" << LogKv("status", failure.ToString());
+        return;
       }
+      (void)e.FailRemotePrefill(id, failure);
+    });
+  }
+
+  // Any thread: the remote prefill failed before its KV landed. The scheduler hears of
+  // a prefill worker that could not be reached (so it stops placing there now), and the
+  // request is prefilled here instead (RemotePrefillPolicy::fallback_to_local) or
+  // fails with `failure`.
+  static void FailOrFallBack(WorkerState& state, engine::KvTransferId id, const absl::Status& failure,
+                             const std::string& prefill_address) {
+    // Unreachable (refused, reset, no keepalive answer), not merely slow: a deadline
+    // that passed may be a busy prefill worker, which stays placeable.
+    if (absl::IsUnavailable(failure)) {
+      state.ReportUnreachable(prefill_address, std::string(failure.message()));
+    }
+    const bool fallback = state.remote_prefill_policy().fallback_to_local;
+    state.engine().Post([id, failure, fallback](engine::Engine& e) {
+      if (fallback) {
+        const absl::Status s = e.FallBackToLocalPrefill(id, failure);
+        if (s.ok()) {
+          KVMESH_LOG(kWarning) << "remote prefill failed; prefilling locally" << LogKv("status", failure.ToString());
+          return;
+        }
+        // FailedPrecondition: the request ended meanwhile (aborted): nothing to do.
+        if (absl::IsFailedPrecondition(s)) return;
+      }
+      (void)e.FailRemotePrefill(id, failure);
     });
   }
 

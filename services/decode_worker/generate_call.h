@@ -5,8 +5,13 @@
 //   - With one: leases destination blocks (Engine::ReserveForRemotePrefill), registers
 //     the lease for PushKvBlocks (KvPushReceiver), asks the prefill worker to fill it
 //     (Prefill), and on its reply commits the first token (CommitRemotePrefill) — only
-//     then, so every layer has landed — or fails the lease (blocks freed; the client gets
-//     the status, UNAVAILABLE when the prefill worker is gone).
+//     then, so every layer has landed. When the remote prefill fails first (the prefill
+//     worker refused, died, or hung: its channel's keepalive, UCX's progress deadline,
+//     or the Prefill deadline in proportion to the prompt), the lease fails (blocks
+//     freed) and the request is prefilled here instead (Engine::FallBackToLocalPrefill;
+//     --remote-prefill-fallback=false fails it with the status instead), and an
+//     unreachable prefill worker is reported to the scheduler.
+//   - A migrated request (resume_output_token_ids) is always prefilled here.
 //   - When the request ends before its Prefill returned (the client disconnected, Abort,
 //     lease expiry), the Prefill call is cancelled, so the prefill worker stops and frees
 //     its blocks too.

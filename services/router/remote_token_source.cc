@@ -121,22 +121,40 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
     const absl::Status status = rpc::FromGrpcStatus(grpc_status);
     if (source_.metrics_) source_.metrics_->CountUpstreamError("generate", status.code());
     const std::string worker = absl::StrCat("decode worker ", decode_id_, " (", decode_address_, ")");
+    // UNAVAILABLE: the worker died (refused, reset: its channel is down, and the
+    // scheduler is told) or said it cannot serve now; either way another may.
+    // NOTE: the channel's state can lag the reset that ended the stream, so it only
+    // decides whether to report the worker, not whether to retry.
+    const bool unavailable = status.code() == absl::StatusCode::kUnavailable;
+    const bool unreachable = unavailable && channel.GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
+    // A draining worker hands back what it had not started (ABORTED): place it again.
+    const bool handed_back = status.code() == absl::StatusCode::kAborted;
+    if (unreachable) source_.ReportUnreachable(decode_id_, std::string(status.message()));
+    const bool unreachable_or_gone = unavailable;
     if (streamed_) {
-      return FinishWith(absl::Status(status.code(), absl::StrCat(worker, " failed after streaming tokens, so the "
-                                                                 "request was not retried: ", status.message())));
+      // Migration: the tokens streamed so far reached the client; another decode
+      // worker resumes from them (MigrationRefusal says when it cannot).
+      const std::string refusal = (unreachable_or_gone || handed_back) ? MigrationRefusal() : "it failed by itself";
+      if (!refusal.empty()) {
+        return FinishWith(absl::Status(status.code(), absl::StrCat(worker, " failed after streaming tokens, and the "
+                                                                   "request was not migrated (", refusal,
+                                                                   "): ", status.message())));
+      }
+      resume_ = tokens_[0];
+    } else if (!unreachable_or_gone && !handed_back) {
+      return FinishWith(status);
     }
-    // Unreachable, not answering: its channel is down (refused, reset). A worker that
-    // answered UNAVAILABLE itself (e.g. its prefill worker died) keeps its channel up.
-    const bool unreachable = status.code() == absl::StatusCode::kUnavailable &&
-                             channel.GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
-    if (!unreachable) return FinishWith(status);
-    last_error_ = absl::UnavailableError(absl::StrCat(worker, " is unreachable: ", status.message()));
+    last_error_ = absl::UnavailableError(absl::StrCat(
+        worker, handed_back ? " handed the request back: " : unreachable ? " is unreachable: " : " is unavailable: ",
+        status.message()));
     if (attempts_ >= source_.options_.max_attempts) {
       return FinishWith(absl::UnavailableError(
           absl::StrCat(last_error_.message(), " (", attempts_, " placements tried, the limit)")));
     }
-    KVMESH_LOG(kWarning) << "decode worker unreachable; placing the request again"
+    KVMESH_LOG(kWarning) << (resume_.empty() ? "decode worker lost; placing the request again"
+                                             : "decode worker lost mid-stream; migrating the request")
                          << LogKv("request", request_.request_id) << LogKv("worker", decode_id_)
+                         << LogKv("resume_tokens", resume_.size())
                          << LogKv("address", decode_address_) << LogKv("attempt", attempts_)
                          << LogKv("error", status.message());
     if (source_.metrics_) source_.metrics_->CountRetry();
@@ -185,6 +203,11 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
     generate.set_priority(request_.priority);
     if (request_.arrival_order >= 0) generate.set_arrival_order(request_.arrival_order);
     generate.mutable_eos_token_ids()->Add(request_.eos_token_ids.begin(), request_.eos_token_ids.end());
+    if (!resume_.empty()) {
+      // Migrated: the decode worker prefills prompt + these and goes on from there.
+      generate.mutable_resume_output_token_ids()->Add(resume_.begin(), resume_.end());
+      generate.set_prefill_locally(true);
+    }
     auto stream = std::make_shared<Stream>(shared_from_this(), source_.Channel(decode_address_), std::move(generate),
                                            source_.options_.generate_timeout_ms);
     {
@@ -221,6 +244,15 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
     out.outputs.push_back(std::move(c));
     if (num_finished_ >= request_.n) out.finished = true;
     Deliver(out);
+  }
+
+  // Why a request that streamed tokens cannot move to another decode worker; empty
+  // when it can (one sample, not finished, tokens left to generate).
+  std::string MigrationRefusal() const {
+    if (request_.n != 1) return "n > 1";
+    if (num_finished_ > 0) return "it had finished";
+    if (static_cast<int64_t>(tokens_[0].size()) >= request_.sampling_params.max_tokens) return "no tokens left";
+    return "";
   }
 
   void FinishAborted() {
@@ -272,7 +304,8 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
   absl::Status last_error_;            // why the latest retry happened
   std::string decode_id_;
   std::string decode_address_;
-  bool streamed_ = false;  // a response arrived: no retry from here on
+  bool streamed_ = false;  // a response arrived: from here on a retry is a migration
+  std::vector<int32_t> resume_;  // the tokens a migrated attempt resumes from
   std::vector<std::vector<int32_t>> tokens_;
   int32_t num_finished_ = 0;
   int32_t num_prompt_tokens_ = 0;
@@ -369,6 +402,23 @@ std::shared_ptr<grpc::Channel> RemoteTokenSource::Channel(const std::string& add
   auto& channel = channels_[address];
   if (!channel) channel = rpc::CreateChannel(address);
   return channel;
+}
+
+void RemoteTokenSource::ReportUnreachable(const std::string& worker_id, std::string_view reason) {
+  if (worker_id.empty()) return;
+  struct Pending {
+    grpc::ClientContext context;
+    v1::ReportUnreachableRequest request;
+    v1::ReportUnreachableResponse response;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->request.set_worker_id(worker_id);
+  pending->request.set_reporter("router");
+  pending->request.set_reason(std::string(reason));
+  rpc::SetTimeout(&pending->context, options_.place_timeout_ms);
+  // Fire and forget: the heartbeat expiry covers a report that does not arrive.
+  scheduler_->async()->ReportUnreachable(&pending->context, &pending->request, &pending->response,
+                                         [pending](grpc::Status) {});
 }
 
 void RemoteTokenSource::Forget(const std::string& request_id) {

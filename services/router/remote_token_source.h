@@ -5,13 +5,17 @@
 // finished with the worker's status when the stream fails (UNAVAILABLE when no
 // worker serves the model or a worker died), with "abort" after Abort().
 //
-// Retry. When the chosen decode worker cannot be reached before it sent any token —
-// the call fails UNAVAILABLE and its channel is not connected (refused, reset: the
-// worker died and the scheduler has not expired it yet) — the request is placed
-// again with that worker excluded, up to max_attempts placements in all. A worker
-// that answered the call itself (its channel is up: e.g. UNAVAILABLE because its
-// prefill worker died) is not retried, nor is a request once tokens have streamed
-// (they reached the client already): those fail with the worker's status, named.
+// Retry. When the chosen decode worker fails the call UNAVAILABLE — it cannot be
+// reached (refused, reset: the worker died and the scheduler has not expired it yet;
+// then the scheduler is told, Scheduler.ReportUnreachable) or says it cannot serve
+// now — or a draining worker hands the request back (ABORTED), the request is placed
+// again with that worker excluded, up to max_attempts placements in all.
+// Migration. When that happens after tokens streamed (they reached the client), the
+// next decode worker resumes from them (WorkerGenerateRequest.resume_output_token_ids:
+// it prefills prompt + those tokens, a seeded sampler skips their draws) and the
+// stream goes on with no token repeated or missing. Only for n == 1 and an unfinished
+// sample; otherwise the request fails with the worker's status, named. Other errors
+// (bad input, an engine error) are not retried.
 //
 // Thread-safety: thread-safe. Outputs are delivered on gRPC threads.
 #pragma once
@@ -22,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "absl/container/flat_hash_map.h"
 #include "kvmesh/v1/scheduler.grpc.pb.h"
@@ -73,6 +78,8 @@ class RemoteTokenSource final : public serving::TokenSource {
   class Stream;
 
   std::shared_ptr<grpc::Channel> Channel(const std::string& address);
+  // Tells the scheduler a decode worker could not be reached (fire and forget).
+  void ReportUnreachable(const std::string& worker_id, std::string_view reason);
   void Forget(const std::string& request_id);
 
   const RemoteTokenSourceOptions options_;

@@ -89,4 +89,15 @@ grpc::ServerUnaryReactor* SchedulerService::ListWorkers(grpc::CallbackServerCont
   return rpc::FinishUnary(context, absl::OkStatus());
 }
 
+grpc::ServerUnaryReactor* SchedulerService::ReportUnreachable(grpc::CallbackServerContext* context,
+                                                              const v1::ReportUnreachableRequest* request,
+                                                              v1::ReportUnreachableResponse* response) {
+  absl::StatusOr<std::string> id = registry_.ReportUnreachable(request->worker_id(), request->address());
+  if (!id.ok()) return rpc::FinishUnary(context, id.status());
+  KVMESH_LOG(kWarning) << "worker reported unreachable; no placements on it for now" << LogKv("worker", *id)
+                       << LogKv("reporter", request->reporter()) << LogKv("reason", request->reason());
+  response->set_worker_id(*id);
+  return rpc::FinishUnary(context, absl::OkStatus());
+}
+
 }  // namespace kvmesh::scheduler

@@ -30,6 +30,9 @@ class SchedulerService final : public v1::Scheduler::CallbackService {
                                   v1::PlaceResponse* response) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context, const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override;
+  grpc::ServerUnaryReactor* ReportUnreachable(grpc::CallbackServerContext* context,
+                                              const v1::ReportUnreachableRequest* request,
+                                              v1::ReportUnreachableResponse* response) override;
 
  private:
   cluster::WorkerRegistry& registry_;

@@ -31,6 +31,7 @@
 #include "serving/serving_metrics.h"
 #include "kv/transport/ucx/ucx_kv_transport.h"
 #include "worker/heartbeater.h"
+#include "worker/unreachable_reporter.h"
 #include "worker/kv_transfer_metrics.h"
 #include "worker/worker_health.h"
 #include "worker/worker_service.h"
@@ -78,6 +79,19 @@ ABSL_FLAG(std::string, ucx_tls, "",
 ABSL_FLAG(int64_t, kv_progress_timeout_ms, 1000,
           "Decode side: a UCX KV sender not heard from for this long (dead or stopped) fails its lease.");
 KVMESH_FLAG_RANGE(kv_progress_timeout_ms, 1, 3600000);
+
+ABSL_FLAG(bool, remote_prefill_fallback, true,
+          "Decode side: when a remote prefill fails before its KV landed (the prefill worker died, hung or refused), "
+          "prefill the request here instead of failing it.");
+ABSL_FLAG(int64_t, remote_prefill_timeout_base_ms, 5000,
+          "Decode side: a remote prefill's deadline is this plus --remote-prefill-timeout-us-per-token per prompt "
+          "token (at most --kv-lease-timeout-ms); past it the request is prefilled here.");
+KVMESH_FLAG_RANGE(remote_prefill_timeout_base_ms, 1, 86400000);
+ABSL_FLAG(int64_t, remote_prefill_timeout_us_per_token, 5000,
+          "Decode side: see --remote-prefill-timeout-base-ms. (A prefill worker that died or hangs is noticed "
+          "sooner, in about 1.5 s, by the peer channel's keepalive or UCX's progress deadline: this deadline is for "
+          "one that answers pings but makes no progress.)");
+KVMESH_FLAG_RANGE(remote_prefill_timeout_us_per_token, 0, 60000000);
 
 namespace kvmesh::worker {
 namespace {
@@ -219,6 +233,22 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
   state.SetMetrics(serving_metrics->get(), transfer_metrics->get());
   state.SetStreamKvLayers(absl::GetFlag(FLAGS_kv_stream_layers));
   if (ucx) state.SetKvTransport(ucx.get(), ucx_pool, storage->data(), storage->layout());
+  state.SetRemotePrefillPolicy({.fallback_to_local = absl::GetFlag(FLAGS_remote_prefill_fallback),
+                                .timeout_base_ms = absl::GetFlag(FLAGS_remote_prefill_timeout_base_ms),
+                                .timeout_us_per_token = absl::GetFlag(FLAGS_remote_prefill_timeout_us_per_token)});
+  // Failed remote prefills are recorded by the engine (FallBackToLocalPrefill).
+  if (absl::Status s = registry
+                           .AddCallbackGauge("kvmesh_kv_remote_prefill_fallbacks",
+                                             "Remote prefills that failed before their KV landed and were prefilled "
+                                             "on this decode worker instead, since start.",
+                                             [&async_engine] {
+                                               return static_cast<double>(
+                                                   async_engine.stats().num_remote_prefill_fallbacks);
+                                             })
+                           .status();
+      !s.ok()) {
+    return Fail(process, std::string(s.message()));
+  }
   // The probes' view (worker_health.h); with --scheduler, ready once registered.
   WorkerHealth health(/*needs_registration=*/!absl::GetFlag(FLAGS_scheduler).empty());
   std::unique_ptr<http::HttpServer> metrics_server;
@@ -242,8 +272,18 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
     KVMESH_LOG(kInfo) << "worker metrics on http://" << absl::GetFlag(FLAGS_metrics_host) << ":"
                       << metrics_server->port() << "/metrics";
   }
+  // Before serving: a Generate may need it at once.
+  std::unique_ptr<UnreachableReporter> reporter;
+  if (const std::string scheduler = absl::GetFlag(FLAGS_scheduler); !scheduler.empty()) {
+    reporter = std::make_unique<UnreachableReporter>(
+        UnreachableReporterOptions{.scheduler_address = scheduler, .reporter = absl::GetFlag(FLAGS_worker_id)});
+    state.SetUnreachableReporter(
+        [r = reporter.get()](const std::string& address, const std::string& reason) { r->Report(address, reason); });
+  }
   WorkerService service(state);
-  auto server = rpc::GrpcServer::Start({.address = absl::GetFlag(FLAGS_listen)},
+  // Peers ping every 500 ms (WorkerState::PeerChannelOptions): that is how a stopped
+  // worker is noticed mid-call.
+  auto server = rpc::GrpcServer::Start({.address = absl::GetFlag(FLAGS_listen), .min_client_ping_interval_ms = 400},
                                        {{&service, v1::Worker::service_full_name()}});
   if (!server.ok()) return Fail(process, std::string(server.status().message()));
   std::string address = absl::GetFlag(FLAGS_advertise_address);
@@ -276,6 +316,15 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
   health.SetDraining();
   if (heartbeater) heartbeater->SetDraining();
   (*server)->SetServing(false);
+  // Requests still queued, that streamed nothing, go back to the router (ABORTED, which
+  // it places again elsewhere) rather than wait behind the running ones.
+  async_engine.Post([](engine::Engine& e) {
+    absl::StatusOr<std::vector<engine::RequestOutput>> handed =
+        e.HandBackUnstarted(absl::AbortedError("the worker is draining: the request was handed back unstarted"));
+    if (handed.ok() && !handed->empty()) {
+      KVMESH_LOG(kInfo) << "handed queued requests back" << LogKv("count", handed->size());
+    }
+  });
   async_engine.Drain(absl::GetFlag(FLAGS_drain_timeout_ms));
   if (heartbeater) heartbeater->Stop();
   (*server)->Shutdown(/*deadline_ms=*/5000);

@@ -5,7 +5,9 @@
 // Thread-safety: thread-safe. SetIdentity and SetMetrics happen once, before serving.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -92,12 +94,47 @@ class WorkerState {
     return kv::BlockId{static_cast<int32_t>(offset / l.BlockBytes())};
   }
 
-  // A channel per peer address, reused.
+  // A channel per peer address, reused. Peers ping every 500 ms and give up on a
+  // connection after 1 s without an answer: a peer that died or hangs (SIGSTOP) fails
+  // the calls in flight to it within about 1.5 s, not at their deadline.
   std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
     std::lock_guard<std::mutex> lock(mu_);
     auto& channel = channels_[address];
-    if (!channel) channel = rpc::CreateChannel(address);
+    if (!channel) channel = rpc::CreateChannel(address, PeerChannelOptions());
     return channel;
+  }
+  static rpc::ChannelOptions PeerChannelOptions() {
+    rpc::ChannelOptions options;
+    options.keepalive_time_ms = 500;  // the worker's server accepts pings this often
+    options.keepalive_timeout_ms = 1000;
+    return options;
+  }
+
+  // Decode side: what happens when a remote prefill fails before its KV landed. Set
+  // once, before serving.
+  struct RemotePrefillPolicy {
+    bool fallback_to_local = true;  // prefill here instead of failing the request
+    // The Prefill call's deadline: base + per token of the prompt (capped by the lease
+    // timeout), so a prefill worker that accepted the call and then stalls is given up
+    // on in proportion to the work asked of it.
+    int64_t timeout_base_ms = 5000;
+    int64_t timeout_us_per_token = 5000;
+  };
+  void SetRemotePrefillPolicy(RemotePrefillPolicy policy) { remote_prefill_policy_ = policy; }
+  const RemotePrefillPolicy& remote_prefill_policy() const { return remote_prefill_policy_; }
+  int64_t RemotePrefillTimeoutMs(int64_t num_prompt_tokens) const {
+    const int64_t ms = remote_prefill_policy_.timeout_base_ms +
+                       num_prompt_tokens * remote_prefill_policy_.timeout_us_per_token / 1000;
+    return std::min(ms, lease_timeout_ms_);
+  }
+
+  // Tells the scheduler that a peer (by address) could not be reached, so it stops
+  // placing on it before its heartbeats expire. Optional (no scheduler: none). Set
+  // once, before serving; called from any thread, must not block.
+  using UnreachableReporter = std::function<void(const std::string& address, const std::string& reason)>;
+  void SetUnreachableReporter(UnreachableReporter reporter) { report_unreachable_ = std::move(reporter); }
+  void ReportUnreachable(const std::string& address, const std::string& reason) const {
+    if (report_unreachable_) report_unreachable_(address, reason);
   }
 
   // The engine request of a Generate / Prefill call (validated by the engine).
@@ -172,6 +209,8 @@ class WorkerState {
   kv::KvPoolHandle kv_pool_;                            // set once before serving
   const std::byte* kv_pool_base_ = nullptr;             // set once before serving
   std::optional<kv::KvLayout> kv_pool_layout_;          // set once before serving
+  RemotePrefillPolicy remote_prefill_policy_;           // set once before serving
+  UnreachableReporter report_unreachable_;              // set once before serving
 
   std::mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_;

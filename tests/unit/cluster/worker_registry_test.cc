@@ -180,6 +180,34 @@ TEST_F(WorkerRegistryTest, CandidatesCarryPrefixMatchesAndSkipDrainingAndExclude
   EXPECT_EQ(candidates[0].worker.registration.worker_id, "b");
 }
 
+TEST_F(WorkerRegistryTest, AWorkerReportedUnreachableGetsNoPlacementsUntilItsTtlOrARegister) {
+  WorkerRegistry registry({.heartbeat_interval_ms = 100, .worker_ttl_ms = 60000, .clock = &clock_,
+                           .unreachable_ttl_ms = 5000});
+  ASSERT_TRUE(registry.Register(Worker("a")).ok());
+  ASSERT_TRUE(registry.Register(Worker("bb")).ok());
+  EXPECT_EQ(registry.ReportUnreachable("", "").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.ReportUnreachable("nobody", "").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.ReportUnreachable("", "10.0.0.1:1").status().code(), absl::StatusCode::kNotFound);
+  // By address, as a decode worker knows its prefill worker.
+  absl::StatusOr<std::string> id = registry.ReportUnreachable("", Worker("a").address);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(*id, "a");
+  auto candidates = registry.Candidates("m", {});
+  ASSERT_EQ(candidates.size(), 1u);
+  EXPECT_EQ(candidates[0].worker.registration.worker_id, "bb");
+  // Its heartbeats go on (the scheduler still hears it): it stays out of placement.
+  clock_.Advance(absl::Milliseconds(4000));
+  ASSERT_TRUE(registry.Heartbeat("a", {}).ok());
+  EXPECT_EQ(registry.Candidates("m", {}).size(), 1u);
+  clock_.Advance(absl::Milliseconds(1001));
+  EXPECT_EQ(registry.Candidates("m", {}).size(), 2u);
+  // A restart (Register) clears a report at once.
+  ASSERT_TRUE(registry.ReportUnreachable("bb", "").ok());
+  EXPECT_EQ(registry.Candidates("m", {}).size(), 1u);
+  ASSERT_TRUE(registry.Register(Worker("bb")).ok());
+  EXPECT_EQ(registry.Candidates("m", {}).size(), 2u);
+}
+
 TEST_F(WorkerRegistryTest, SnapshotHeartbeatReplacesTheWorkersBlocks) {
   const auto hashes = kv::HashFullBlocks(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}, 4, 0);
   ASSERT_TRUE(registry_.Register(Worker("a")).ok());

@@ -629,3 +629,99 @@ TEST_F(DisaggregationTest, PreemptionNeverTouchesLeasesOrPinnedPrefills) {
 
 }  // namespace
 }  // namespace kvmesh::engine
+
+namespace kvmesh::engine {
+namespace {
+
+// ---- Recovering from faults: local fallback, resume (migration), hand-back on drain ----
+
+TEST_F(DisaggregationTest, FallBackToLocalPrefillFreesTheLeaseAndDecodesTheReferenceTokens) {
+  Side d(16, &now_);
+  const EngineRequest r = Req("fb", Prompt(10), Greedy(5));
+  absl::StatusOr<RemotePrefillLease> lease = d.engine->ReserveForRemotePrefill(d.Track(r));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  // Part of the KV landed (garbage) before the sender died: it must not be used.
+  std::vector<std::byte> garbage(static_cast<size_t>(lease->kv_spec.block_bytes), std::byte{0x5a});
+  ASSERT_TRUE(d.engine->ImportKvBlock(lease->transfer_id, 0, 0, garbage).ok());
+  ASSERT_TRUE(d.engine->FallBackToLocalPrefill(lease->transfer_id, absl::UnavailableError("prefill died")).ok());
+  EXPECT_EQ(d.engine->stats().num_leases_failed, 1);
+  EXPECT_EQ(d.engine->stats().num_remote_prefill_fallbacks, 1);
+  EXPECT_EQ(d.engine->stats().num_receiving_seqs, 0);
+  EXPECT_EQ(d.engine->stats().num_kv_blocks_stranded, 0);
+  EXPECT_EQ(d.rec.num_final["fb"], 0);  // no error reached the client
+  // The lease is gone; the request lives on.
+  EXPECT_EQ(d.engine->ImportKvBlock(lease->transfer_id, 0, 1, garbage).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d.engine->FallBackToLocalPrefill(lease->transfer_id, absl::UnavailableError("again")).code(),
+            absl::StatusCode::kFailedPrecondition);
+  d.RunToCompletion();
+  EXPECT_EQ(d.rec.num_final["fb"], 1);
+  EXPECT_TRUE(d.rec.statuses["fb"].ok()) << d.rec.statuses["fb"];
+  EXPECT_EQ(d.rec.completions["fb"][0], Reference(r, 0));
+  d.ExpectNoBlockHeld();
+  EXPECT_EQ(d.engine->stats().num_kv_blocks_stranded, 0);
+}
+
+TEST_F(DisaggregationTest, FallBackAfterAbortIsRefusedAndStrandsNothing) {
+  Side d(16, &now_);
+  absl::StatusOr<RemotePrefillLease> lease = d.engine->ReserveForRemotePrefill(d.Track(Req("ab", Prompt(9), Greedy(3))));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_TRUE(d.engine->Abort("ab").ok());
+  EXPECT_EQ(d.engine->FallBackToLocalPrefill(lease->transfer_id, absl::UnavailableError("late")).code(),
+            absl::StatusCode::kFailedPrecondition);
+  d.ExpectNoBlockHeld();
+}
+
+// A request resumed from the tokens another engine streamed continues the same stream:
+// greedy, and seeded (the sampler skips one draw per carried token).
+TEST_F(DisaggregationTest, ResumedRequestContinuesWithTheTokensAnUndisturbedRunProduces) {
+  for (const SamplingParams& params : {Greedy(9), Seeded(9, 1234)}) {
+    Side d(32, &now_);
+    const EngineRequest full = Req("full", Prompt(11, 2), params);
+    const std::vector<int32_t> reference = Reference(full, 0);
+    ASSERT_EQ(reference.size(), 9u);
+    for (const size_t carried : {size_t{1}, size_t{4}, size_t{8}}) {
+      EngineRequest resumed = full;
+      resumed.request_id = absl::StrCat("resumed-", carried);
+      resumed.resume_output_token_ids.assign(reference.begin(), reference.begin() + static_cast<long>(carried));
+      d.rec.completions[resumed.request_id][0] = resumed.resume_output_token_ids;  // what the client already has
+      ASSERT_TRUE(d.engine->AddRequest(d.Track(resumed)).ok());
+      d.RunToCompletion();
+      EXPECT_EQ(d.rec.completions[resumed.request_id][0], reference)
+          << "carried " << carried << " seeded " << params.seed.has_value();
+      EXPECT_EQ(d.rec.reasons[resumed.request_id][0], CompletionFinishReason::kLength);
+    }
+    d.ExpectNoBlockHeld();
+  }
+}
+
+TEST_F(DisaggregationTest, ResumeIsValidated) {
+  Side d(32, &now_);
+  EngineRequest r = Req("bad", Prompt(5), Greedy(3));
+  r.resume_output_token_ids = {1, 2, 3};  // as many as max_tokens: nothing left to do
+  EXPECT_EQ(d.engine->AddRequest(r).code(), absl::StatusCode::kInvalidArgument);
+  r.resume_output_token_ids = {kVocab};
+  EXPECT_EQ(d.engine->AddRequest(r).code(), absl::StatusCode::kInvalidArgument);
+  r = Req("bad-n", Prompt(5), Greedy(3), /*n=*/2);
+  r.resume_output_token_ids = {1};
+  EXPECT_EQ(d.engine->AddRequest(r).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(DisaggregationTest, HandBackUnstartedEndsOnlyTheRequestsThatNeverRan) {
+  Side d(32, &now_, /*max_num_seqs=*/1);
+  ASSERT_TRUE(d.engine->AddRequest(d.Track(Req("running", Prompt(6), Greedy(4)))).ok());
+  ASSERT_TRUE(d.engine->AddRequest(d.Track(Req("queued", Prompt(7, 3), Greedy(4)))).ok());
+  d.Step();  // "running" is admitted; "queued" waits for the one sequence slot
+  EXPECT_EQ(d.engine->HandBackUnstarted(absl::OkStatus()).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::vector<RequestOutput>> handed = d.engine->HandBackUnstarted(absl::AbortedError("draining"));
+  ASSERT_TRUE(handed.ok()) << handed.status();
+  ASSERT_EQ(handed->size(), 1u);
+  EXPECT_EQ((*handed)[0].request_id, "queued");
+  EXPECT_EQ(d.rec.statuses["queued"].code(), absl::StatusCode::kAborted);
+  d.RunToCompletion();
+  EXPECT_TRUE(d.rec.statuses["running"].ok());
+  EXPECT_EQ(d.rec.completions["running"][0].size(), 4u);
+  d.ExpectNoBlockHeld();
+}
+
+}  // namespace
+}  // namespace kvmesh::engine

@@ -76,15 +76,40 @@ class FakeScheduler final : public v1::Scheduler::Service {
 
 // Streams `tokens` (one message each, the last finishing with "length"), then ends
 // with `status`; with `until_cancelled`, keeps streaming until the call is cancelled.
+// From call number `healthy_from_call` on (when >= 0) it serves as a worker that
+// resumes: `full` minus the request's resume_output_token_ids, then OK.
 class FakeWorker final : public v1::Worker::Service {
  public:
   std::vector<int32_t> tokens = {5, 6, 7};
   grpc::Status status = grpc::Status::OK;
   bool until_cancelled = false;
   std::promise<void> cancelled;
+  int32_t healthy_from_call = -1;
+  std::vector<int32_t> full;
+
+  std::vector<v1::WorkerGenerateRequest> requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::WorkerGenerateRequest* request,
                         grpc::ServerWriter<v1::WorkerGenerateResponse>* writer) override {
+    int32_t call;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      call = static_cast<int32_t>(requests_.size());
+      requests_.push_back(*request);
+    }
+    if (healthy_from_call >= 0 && call >= healthy_from_call) {
+      for (size_t i = static_cast<size_t>(request->resume_output_token_ids_size()); i < full.size(); ++i) {
+        v1::WorkerGenerateResponse r;
+        r.set_request_id(request->request_id());
+        r.add_token_ids(full[i]);
+        if (i + 1 == full.size()) r.set_finish_reason(v1::FINISH_REASON_LENGTH);
+        writer->Write(r);
+      }
+      return grpc::Status::OK;
+    }
     for (size_t i = 0; i < tokens.size(); ++i) {
       v1::WorkerGenerateResponse r;
       r.set_request_id(request->request_id());
@@ -100,6 +125,10 @@ class FakeWorker final : public v1::Worker::Service {
     }
     return status;
   }
+
+ private:
+  std::mutex mu_;
+  std::vector<v1::WorkerGenerateRequest> requests_;
 };
 
 // Every output of one request, and its final one.
@@ -238,28 +267,86 @@ TEST_F(RemoteTokenSourceTest, WhenNoOtherWorkerRemainsTheUnreachableWorkersError
   EXPECT_EQ(Metric("kvmesh_router_upstream_errors_total{stage=\"place\",code=\"UNAVAILABLE\"}"), 1);
 }
 
-TEST_F(RemoteTokenSourceTest, AWorkerThatAnsweredUnavailableIsNotRetried) {
+TEST_F(RemoteTokenSourceTest, AWorkerThatAnsweredUnavailableIsExcludedAndTheRequestPlacedAgain) {
   worker_.tokens = {};
-  worker_.status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the prefill worker is gone");
+  worker_.status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "cannot serve now");
+  worker_.healthy_from_call = 1;
+  worker_.full = {5, 6, 7};
   Start({{"w", ""}, {"other", ""}});
   Outputs outputs;
   const engine::RequestOutput final = RunOne(outputs);
-  EXPECT_EQ(final.status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_TRUE(absl::StrContains(final.status.message(), "prefill worker is gone")) << final.status;
-  EXPECT_EQ(scheduler_->requests().size(), 1u);
-  EXPECT_EQ(Metric("kvmesh_router_retries_total"), 0);
+  EXPECT_TRUE(final.status.ok()) << final.status;
+  EXPECT_EQ(outputs.Tokens(), (std::vector<int32_t>{5, 6, 7}));
+  const std::vector<v1::PlaceRequest> places = scheduler_->requests();
+  ASSERT_EQ(places.size(), 2u);
+  ASSERT_EQ(places[1].exclude_worker_ids_size(), 1);
+  EXPECT_EQ(places[1].exclude_worker_ids(0), "w");
+  EXPECT_EQ(worker_.requests()[1].resume_output_token_ids_size(), 0);  // nothing streamed: a plain retry
+  EXPECT_EQ(Metric("kvmesh_router_retries_total"), 1);
 }
 
-TEST_F(RemoteTokenSourceTest, AFailureAfterTokensStreamedIsNotRetriedAndSaysSo) {
+TEST_F(RemoteTokenSourceTest, ARequestHandedBackByADrainingWorkerIsPlacedAgain) {
+  worker_.tokens = {};
+  worker_.status = grpc::Status(grpc::StatusCode::ABORTED, "the worker is draining");
+  worker_.healthy_from_call = 1;
+  worker_.full = {5, 6, 7};
+  Start({{"draining", ""}, {"other", ""}});
+  Outputs outputs;
+  const engine::RequestOutput final = RunOne(outputs);
+  EXPECT_TRUE(final.status.ok()) << final.status;
+  EXPECT_EQ(outputs.Tokens(), (std::vector<int32_t>{5, 6, 7}));
+  ASSERT_EQ(scheduler_->requests().size(), 2u);
+  EXPECT_EQ(scheduler_->requests()[1].exclude_worker_ids(0), "draining");
+}
+
+// Migration: the decode worker died after streaming a token; the next one resumes from
+// it, and the client's stream has every token once.
+TEST_F(RemoteTokenSourceTest, AFailureAfterTokensStreamedMigratesTheRequestWithThoseTokens) {
   worker_.tokens = {9};
   worker_.status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "socket closed");
+  worker_.healthy_from_call = 1;
+  worker_.full = {9, 10, 11};
   Start({{"w", ""}, {"other", ""}});
   Outputs outputs;
   const engine::RequestOutput final = RunOne(outputs);
-  EXPECT_EQ(final.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(final.status.ok()) << final.status;
+  EXPECT_EQ(outputs.Tokens(), (std::vector<int32_t>{9, 10, 11}));
+  const std::vector<v1::WorkerGenerateRequest> generates = worker_.requests();
+  ASSERT_EQ(generates.size(), 2u);
+  ASSERT_EQ(generates[1].resume_output_token_ids_size(), 1);
+  EXPECT_EQ(generates[1].resume_output_token_ids(0), 9);
+  EXPECT_TRUE(generates[1].prefill_locally());
+  EXPECT_EQ(generates[1].prompt_token_ids_size(), 3);  // the prompt itself is unchanged
+  ASSERT_EQ(scheduler_->requests().size(), 2u);
+  EXPECT_EQ(scheduler_->requests()[1].exclude_worker_ids(0), "w");
+  ASSERT_EQ(final.outputs.size(), 1u);
+  EXPECT_EQ(final.outputs[0].token_ids, (std::vector<int32_t>{9, 10, 11}));
+}
+
+TEST_F(RemoteTokenSourceTest, AnErrorOfTheRequestItselfAfterTokensIsNotMigratedAndSaysSo) {
+  worker_.tokens = {9};
+  worker_.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad request");
+  worker_.healthy_from_call = 1;
+  worker_.full = {9, 10, 11};
+  Start({{"w", ""}, {"other", ""}});
+  Outputs outputs;
+  const engine::RequestOutput final = RunOne(outputs);
+  EXPECT_EQ(final.status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(final.status.message(), "after streaming tokens")) << final.status;
+  EXPECT_TRUE(absl::StrContains(final.status.message(), "not migrated")) << final.status;
   EXPECT_EQ(outputs.Tokens(), std::vector<int32_t>{9});
   EXPECT_EQ(scheduler_->requests().size(), 1u);
+}
+
+TEST_F(RemoteTokenSourceTest, MigrationStopsAtMaxAttempts) {
+  worker_.tokens = {9};
+  worker_.status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "socket closed");  // every call
+  Start({{"a", ""}, {"b", ""}, {"c", ""}});
+  Outputs outputs;
+  const engine::RequestOutput final = RunOne(outputs, /*max_attempts=*/2);
+  EXPECT_EQ(final.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(final.status.message(), "2 placements")) << final.status;
+  EXPECT_EQ(scheduler_->requests().size(), 2u);
 }
 
 TEST_F(RemoteTokenSourceTest, AbortCancelsTheWorkersStreamAndEndsWithAbort) {
