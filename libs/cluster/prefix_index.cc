@@ -159,7 +159,7 @@ std::vector<kv::KvEvent> GlobalPrefixIndex::WorkerBlocks(std::string_view worker
     if (static_cast<int64_t>(events.size()) >= max_blocks) break;
     const Holder* holder = FindHolder(hash, slot);
     if (holder == nullptr) continue;  // NOTE: cannot happen (hashes mirrors holders_); skip rather than trust it
-    for (int tier = 0; tier < kNumTiers; ++tier) {
+    for (int tier = 0; tier < kNumTiers && static_cast<int64_t>(events.size()) < max_blocks; ++tier) {
       if ((holder->tier_mask & (1u << tier)) == 0) continue;
       events.push_back(kv::KvEvent{.kind = kv::KvEvent::Kind::kStored,
                                    .block_hash = hash,

@@ -27,6 +27,7 @@ v1::WorkerStatus Worker(const std::string& id, v1::WorkerRole role, int32_t wait
   w.set_model("m");
   w.mutable_kv_cache_spec()->set_block_size_tokens(kBlockSize);
   w.mutable_kv_cache_spec()->set_dtype(v1::KV_DTYPE_F32);
+  w.mutable_kv_cache_spec()->set_tp_size(1);
   w.mutable_capacity()->set_max_num_seqs(8);
   w.mutable_load()->set_num_waiting_seqs(waiting);
   w.mutable_load()->set_kv_blocks_total(100);
@@ -71,7 +72,7 @@ TEST(FallbackPlacerTest, PlacesOnTheWorkerThatHoldsThePromptsPrefix) {
   v1::WorkerStatus b = Worker("b", v1::WORKER_ROLE_DECODE);
   IndexPrompt(b);
   *view.add_workers() = b;
-  ASSERT_TRUE(placer.Update(view).ok());
+  ASSERT_EQ(placer.Update(view), absl::OkStatus());
   EXPECT_EQ(placer.num_workers(), 2);
   auto placed = placer.Place(Request());
   ASSERT_TRUE(placed.ok()) << placed.status();
@@ -85,7 +86,7 @@ TEST(FallbackPlacerTest, PlacesOnTheLessLoadedWorkerAndSpreadsABurst) {
   v1::ListWorkersResponse view;
   *view.add_workers() = Worker("a", v1::WORKER_ROLE_DECODE, /*waiting=*/6);
   *view.add_workers() = Worker("b", v1::WORKER_ROLE_DECODE, /*waiting=*/0);
-  ASSERT_TRUE(placer.Update(view).ok());
+  ASSERT_EQ(placer.Update(view), absl::OkStatus());
   auto first = placer.Place(Request());
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->decode_worker().worker_id(), "b");
@@ -101,7 +102,7 @@ TEST(FallbackPlacerTest, ExcludedWorkersAreNotChosenAndNoneLeftIsUnavailable) {
   v1::ListWorkersResponse view;
   *view.add_workers() = Worker("a", v1::WORKER_ROLE_DECODE);
   *view.add_workers() = Worker("p", v1::WORKER_ROLE_PREFILL);
-  ASSERT_TRUE(placer.Update(view).ok());
+  ASSERT_EQ(placer.Update(view), absl::OkStatus());
   EXPECT_EQ(placer.Place(Request({"a"})).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(placer.Place(Request({"p"}))->decode_worker().worker_id(), "a");
 }
@@ -110,7 +111,7 @@ TEST(FallbackPlacerTest, ABadViewIsRefusedAndThePreviousOneKept) {
   FallbackPlacer placer({.model = "m", .refresh_interval_ms = 0}, nullptr);
   v1::ListWorkersResponse good;
   *good.add_workers() = Worker("a", v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(placer.Update(good).ok());
+  ASSERT_EQ(placer.Update(good), absl::OkStatus());
   v1::ListWorkersResponse bad;
   *bad.add_workers() = Worker("b", v1::WORKER_ROLE_DECODE);
   bad.mutable_workers(0)->mutable_kv_cache_spec()->set_block_size_tokens(0);
@@ -124,7 +125,7 @@ TEST(FallbackPlacerTest, AViewWithoutDecodeWorkersDoesNotReplaceOneWithThem) {
   FallbackPlacer placer({.model = "m", .refresh_interval_ms = 0}, nullptr);
   v1::ListWorkersResponse good;
   *good.add_workers() = Worker("a", v1::WORKER_ROLE_DECODE);
-  ASSERT_TRUE(placer.Update(good).ok());
+  ASSERT_EQ(placer.Update(good), absl::OkStatus());
   ASSERT_TRUE(placer.Update(v1::ListWorkersResponse()).ok());
   EXPECT_EQ(placer.Place(Request())->decode_worker().worker_id(), "a");
   v1::ListWorkersResponse other;
@@ -138,7 +139,7 @@ TEST(FallbackPlacerTest, WorkersOfOtherModelsAreLeftOut) {
   v1::ListWorkersResponse view;
   *view.add_workers() = Worker("a", v1::WORKER_ROLE_DECODE);
   view.mutable_workers(0)->set_model("other");
-  ASSERT_TRUE(placer.Update(view).ok());
+  ASSERT_EQ(placer.Update(view), absl::OkStatus());
   EXPECT_EQ(placer.num_workers(), 0);
   EXPECT_EQ(placer.Place(Request()).status().code(), absl::StatusCode::kUnavailable);
 }
