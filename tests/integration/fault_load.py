@@ -141,7 +141,7 @@ class StreamLoad:
             o = one_stream(self.client, prompt_fn(i), max_tokens, timeout_s)
             with self._lock:
                 self.outcomes.append(o)
-            if o.kind == "refused" and self._refused_pause_s:
+            if o.kind in ("refused", "error") and self._refused_pause_s:
                 time.sleep(self._refused_pause_s)  # a client backing off, if less than Retry-After
             elif pause_s:
                 time.sleep(pause_s)
@@ -160,6 +160,13 @@ def summarize(outcomes, label):
     n = max(1, len(outcomes))
     shares = ", ".join(f"{k} {v} ({100.0 * v / n:.1f}%)" for k, v in sorted(kinds.items()))
     print(f"{label}: {len(outcomes)} requests: {shares}", flush=True)
+    errors = {}
+    for o in outcomes:
+        if o.kind in ("error", "refused"):
+            key = o.error[:160]
+            errors[key] = errors.get(key, 0) + 1
+    for message, count in sorted(errors.items(), key=lambda kv: -kv[1])[:3]:
+        print(f"  {count} x {message}", flush=True)
     return kinds
 
 

@@ -36,7 +36,7 @@ if not KVMESH or not SCHEDULER:
     pytest.skip("KVMESH_BIN / KVMESH_SCHEDULER_BIN not set", allow_module_level=True)
 
 END_BOUND_S = 90.0  # every request ends within this (the clients' timeout)
-CUT_S = 8.0
+CUT_S = 8.0  # shorter than any timeout: the streams stall and resume
 TAG = f"kf{os.getpid() % 10000}"
 NS = {"r": f"{TAG}r", "p": f"{TAG}p", "d": f"{TAG}d"}
 # link: (namespace or None for root, interface, address/24) for each end
@@ -174,7 +174,7 @@ def prompt_fn(i):
 
 def _under_fault(cluster, name, inject, heal, fault_s=CUT_S):
     load = fault_load.StreamLoad(cluster["url"], concurrency=3, prompt_fn=prompt_fn, max_tokens=12,
-                                 timeout_s=END_BOUND_S).start()
+                                 timeout_s=END_BOUND_S, refused_pause_s=0.1).start()
     time.sleep(2.0)
     t0 = time.monotonic()
     out = inject()
@@ -213,12 +213,23 @@ def _under_fault(cluster, name, inject, heal, fault_s=CUT_S):
     deadline = time.time() + 30
     used = None
     while time.time() < deadline:
-        used = fault_load.metric(cluster["decode_metrics"], "kvmesh_kv_blocks", '{state="used"}')
+        used = _decode_blocks_used(cluster["decode_metrics"])
         if not used:
             break
         time.sleep(0.2)
     assert not used, f"{used} KV blocks left in use on the decode worker"
     return kinds
+
+
+def _decode_blocks_used(metrics_url):
+    # The decode worker's /metrics is reachable from its own namespace only.
+    out = _sh("ip", "netns", "exec", NS["d"], "python3", "-c",
+              "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())",
+              metrics_url + "/metrics")
+    assert out.returncode == 0, out.stderr
+    m = re.search(r'^kvmesh_kv_blocks\{state="used"\} (\S+)$', out.stdout, re.M)
+    assert m, out.stdout[-2000:]
+    return float(m.group(1))
 
 
 def _link(link, up):
@@ -233,6 +244,15 @@ def _link(link, up):
 
 def test_cut_link_between_router_and_decode_worker(cluster):
     _under_fault(cluster, "cut router<->decode", lambda: _link("rd", False), lambda: _link("rd", True))
+
+
+def test_long_cut_between_router_and_decode_worker_ends_every_request(cluster):
+    # Down past the decode worker's lease (3 s) and gRPC's keepalive (30 s + 10 s): the
+    # streams it held end with an error, new requests find it unreachable; each ends
+    # clearly and in time, and it serves again once the link is back.
+    kinds = _under_fault(cluster, "long cut router<->decode", lambda: _link("rd", False), lambda: _link("rd", True),
+                         fault_s=45.0)
+    assert kinds.get("error", 0) + kinds.get("refused", 0) > 0, kinds  # the cut was felt
 
 
 def test_cut_link_between_prefill_and_decode_workers(cluster):
