@@ -150,6 +150,25 @@ int64_t GlobalPrefixIndex::num_blocks(std::string_view worker_id) const {
   return static_cast<int64_t>(workers_[it->second].hashes.size());
 }
 
+std::vector<kv::KvEvent> GlobalPrefixIndex::WorkerBlocks(std::string_view worker_id, int64_t max_blocks) const {
+  std::vector<kv::KvEvent> events;
+  auto it = slot_by_worker_.find(ToAbsl(worker_id));
+  if (it == slot_by_worker_.end() || max_blocks <= 0) return events;
+  const Slot slot = it->second;
+  for (const kv::BlockHash& hash : workers_[slot].hashes) {
+    if (static_cast<int64_t>(events.size()) >= max_blocks) break;
+    const Holder* holder = FindHolder(hash, slot);
+    if (holder == nullptr) continue;  // NOTE: cannot happen (hashes mirrors holders_); skip rather than trust it
+    for (int tier = 0; tier < kNumTiers && static_cast<int64_t>(events.size()) < max_blocks; ++tier) {
+      if ((holder->tier_mask & (1u << tier)) == 0) continue;
+      events.push_back(kv::KvEvent{.kind = kv::KvEvent::Kind::kStored,
+                                   .block_hash = hash,
+                                   .tier = static_cast<kv::Tier>(tier)});
+    }
+  }
+  return events;
+}
+
 bool GlobalPrefixIndex::Contains(std::string_view worker_id, const kv::BlockHash& hash, kv::Tier tier) const {
   auto it = slot_by_worker_.find(ToAbsl(worker_id));
   if (it == slot_by_worker_.end()) return false;

@@ -63,6 +63,10 @@ class GlobalPrefixIndex {
 
   // Distinct block hashes held by the worker on any tier.
   int64_t num_blocks(std::string_view worker_id) const;
+  // Up to `max_blocks` of the worker's (block, tier) entries as kStored events (block
+  // hash and tier; parent_hash is not tracked and left zero), in no particular order:
+  // enough to rebuild its entries in another index (the router's fallback view).
+  std::vector<kv::KvEvent> WorkerBlocks(std::string_view worker_id, int64_t max_blocks) const;
   // Whether the worker holds `hash` on `tier`.
   bool Contains(std::string_view worker_id, const kv::BlockHash& hash, kv::Tier tier) const;
   // Distinct hashes held by any worker.

@@ -100,6 +100,11 @@ std::vector<std::string> WorkerRegistry::ExpireStale() {
   return ExpireLocked(now);
 }
 
+std::vector<kv::KvEvent> WorkerRegistry::IndexedBlocks(std::string_view worker_id, int64_t max_blocks) {
+  absl::MutexLock lock(&mu_);
+  return index_.WorkerBlocks(worker_id, max_blocks);
+}
+
 std::vector<WorkerSnapshot> WorkerRegistry::List(std::string_view model) {
   const absl::Time now = clock_.Now();
   std::vector<WorkerSnapshot> result;

@@ -98,6 +98,10 @@ class WorkerRegistry {
   // Live workers (of `model`, or all when empty), ordered by worker id.
   std::vector<WorkerSnapshot> List(std::string_view model = {}) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Up to `max_blocks` of the live worker's indexed blocks (GlobalPrefixIndex::WorkerBlocks);
+  // empty for an unknown worker.
+  std::vector<kv::KvEvent> IndexedBlocks(std::string_view worker_id, int64_t max_blocks) ABSL_LOCKS_EXCLUDED(mu_);
+
   // The KV-cache spec the live workers of `model` share. Unavailable when none is live.
   absl::StatusOr<KvCacheSpec> ModelKvCacheSpec(std::string_view model) ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -41,6 +41,10 @@ ABSL_FLAG(int, router_max_attempts, 3,
           "Router: placements per request; a decode worker that cannot be reached before its first token costs "
           "one, and the request is placed again without it.");
 KVMESH_FLAG_RANGE(router_max_attempts, 1, 100);
+ABSL_FLAG(int64_t, router_placement_view_refresh_ms, 1000,
+          "How often the router refreshes its worker view from the scheduler, to place requests itself while the "
+          "scheduler is unreachable; 0: no fallback");
+KVMESH_FLAG_RANGE(router_placement_view_refresh_ms, 0, 3'600'000);
 
 namespace kvmesh::cli {
 
@@ -73,6 +77,7 @@ int RunRouter(int argc, char** argv) {
   options.max_num_seqs = absl::GetFlag(FLAGS_router_max_num_seqs);
   options.generate_timeout_ms = absl::GetFlag(FLAGS_router_generate_timeout_ms);
   options.max_attempts = absl::GetFlag(FLAGS_router_max_attempts);
+  options.placement_view_refresh_ms = absl::GetFlag(FLAGS_router_placement_view_refresh_ms);
   options.admission = router::AdmissionOptionsFromFlags(options.max_inflight_requests);
   if (options.scheduler_address.empty()) {
     std::fprintf(stderr, "kvmesh router: --scheduler is required\n");

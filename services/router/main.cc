@@ -41,6 +41,10 @@ ABSL_FLAG(int, max_num_seqs, 256, "The largest n a request may ask for");
 KVMESH_FLAG_RANGE(max_num_seqs, 1, 65536);
 ABSL_FLAG(int, max_attempts, 3, "Placements per request (an unreachable decode worker costs one)");
 KVMESH_FLAG_RANGE(max_attempts, 1, 100);
+ABSL_FLAG(int64_t, placement_view_refresh_ms, 1000,
+          "How often the router refreshes its worker view from the scheduler, to place requests itself while the "
+          "scheduler is unreachable; 0: no fallback");
+KVMESH_FLAG_RANGE(placement_view_refresh_ms, 0, 3'600'000);
 ABSL_FLAG(int64_t, generate_timeout_ms, 600000, "Deadline of one request on its decode worker");
 KVMESH_FLAG_RANGE(generate_timeout_ms, 1, 86400000);
 ABSL_FLAG(int, http_threads, 2, "HTTP I/O threads");
@@ -94,6 +98,7 @@ int Run(int argc, char** argv) {
   options.max_inflight_requests = absl::GetFlag(FLAGS_max_inflight_requests);
   options.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  options.placement_view_refresh_ms = absl::GetFlag(FLAGS_placement_view_refresh_ms);
   options.generate_timeout_ms = absl::GetFlag(FLAGS_generate_timeout_ms);
   options.http_threads = absl::GetFlag(FLAGS_http_threads);
   options.admission = AdmissionOptionsFromFlags(options.max_inflight_requests);

@@ -176,9 +176,24 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
       aborted = aborted_;
     }
     if (aborted) return FinishAborted();
-    if (!grpc_status.ok()) {
-      const absl::Status s = rpc::FromGrpcStatus(grpc_status);
+    std::optional<v1::PlaceResponse> fallback;  // placed by the router itself
+    absl::Status s = rpc::FromGrpcStatus(grpc_status);
+    if (!s.ok()) {
       if (source_.metrics_) source_.metrics_->CountUpstreamError("place", s.code());
+      if (source_.fallback_ && FallbackPlacer::ShouldFallBack(grpc_status)) {
+        absl::StatusOr<v1::PlaceResponse> placed = source_.fallback_->Place(attempt.request);
+        if (placed.ok()) {
+          source_.num_fallback_placements_.fetch_add(1);
+          KVMESH_LOG(kDebug) << "placed by the router from its worker view" << LogKv("request", request_.request_id)
+                             << LogKv("scheduler_error", s.message());
+          fallback = std::move(*placed);
+        } else {
+          s = absl::Status(s.code(), absl::StrCat(s.message(), "; nor could the router place it from its last view "
+                                                             "of the workers: ", placed.status().message()));
+        }
+      }
+    }
+    if (!s.ok() && !fallback) {
       if (!last_error_.ok()) {  // a retry found no other worker: report why it was retried
         return FinishWith(absl::Status(last_error_.code(), absl::StrCat(last_error_.message(),
                                                                         "; no other worker could take the request: ",
@@ -186,7 +201,7 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
       }
       return FinishWith(absl::Status(s.code(), absl::StrCat("placement failed: ", s.message())));
     }
-    const v1::PlaceResponse& placed = attempt.response;
+    const v1::PlaceResponse& placed = fallback ? *fallback : attempt.response;
     KVMESH_LOG(kDebug) << "placed" << LogKv("request", request_.request_id)
                        << LogKv("decode", placed.decode_worker().address())
                        << LogKv("prefill", placed.prefill_worker().address())
@@ -336,7 +351,14 @@ void RemoteTokenSource::Stream::OnDone(const grpc::Status& status) {
 RemoteTokenSource::RemoteTokenSource(RemoteTokenSourceOptions options, RouterMetrics* metrics)
     : options_(std::move(options)),
       metrics_(metrics),
-      scheduler_(v1::Scheduler::NewStub(rpc::CreateChannel(options_.scheduler_address))) {}
+      scheduler_channel_(rpc::CreateChannel(options_.scheduler_address)),
+      scheduler_(v1::Scheduler::NewStub(scheduler_channel_)) {
+  if (options_.placement_view_refresh_ms > 0) {
+    fallback_ = std::make_unique<FallbackPlacer>(
+        FallbackPlacerOptions{.model = options_.model, .refresh_interval_ms = options_.placement_view_refresh_ms},
+        scheduler_channel_);
+  }
+}
 
 RemoteTokenSource::~RemoteTokenSource() {
   std::vector<std::shared_ptr<Call>> calls;

@@ -17,6 +17,11 @@
 // sample; otherwise the request fails with the worker's status, named. Other errors
 // (bad input, an engine error) are not retried.
 //
+// Scheduler unreachable. When Place() fails because the scheduler is down or hung
+// (FallbackPlacer::ShouldFallBack), the request is placed by the router itself from
+// the last worker view the scheduler gave it (FallbackPlacer), and then streams as
+// usual: the control plane is off the token path.
+//
 // Thread-safety: thread-safe. Outputs are delivered on gRPC threads.
 #pragma once
 
@@ -31,6 +36,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "kvmesh/v1/scheduler.grpc.pb.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
+#include "fallback_placer.h"
 #include "router_metrics.h"
 #include "serving/token_source.h"
 
@@ -45,6 +51,9 @@ struct RemoteTokenSourceOptions {
   // Placements per request, the first included (>= 1): an unreachable decode worker
   // costs one.
   int32_t max_attempts = 3;
+  // How often the worker view for placing without the scheduler is refreshed
+  // (FallbackPlacer); 0: no fallback, a Place() failure fails the request.
+  int64_t placement_view_refresh_ms = 1'000;
 };
 
 class RemoteTokenSource final : public serving::TokenSource {
@@ -65,6 +74,11 @@ class RemoteTokenSource final : public serving::TokenSource {
   // New requests are refused (Unavailable) from now on; running ones continue.
   void StartDraining() { draining_.store(true); }
 
+  // The fallback placer (null when off), for tests and metrics.
+  const FallbackPlacer* fallback() const { return fallback_.get(); }
+  // Requests placed by the router itself because the scheduler was unreachable.
+  int64_t num_fallback_placements() const { return num_fallback_placements_.load(); }
+
   // Requests whose final output has not been delivered.
   int64_t num_inflight() const;
   // Blocks until num_inflight() == 0 or `timeout_ms` passed; true when idle.
@@ -84,8 +98,11 @@ class RemoteTokenSource final : public serving::TokenSource {
 
   const RemoteTokenSourceOptions options_;
   RouterMetrics* const metrics_;
+  std::shared_ptr<grpc::Channel> scheduler_channel_;
   std::unique_ptr<v1::Scheduler::Stub> scheduler_;
+  std::unique_ptr<FallbackPlacer> fallback_;  // null when off
   std::atomic<bool> draining_{false};
+  std::atomic<int64_t> num_fallback_placements_{0};
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
   absl::flat_hash_map<std::string, std::shared_ptr<Call>> calls_;  // guarded by mu_

@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<Router>> Router::Start(const RouterOptions& optio
   source_options.limits.prompt_logprobs_supported = false;
   source_options.generate_timeout_ms = options.generate_timeout_ms;
   source_options.max_attempts = options.max_attempts;
+  source_options.placement_view_refresh_ms = options.placement_view_refresh_ms;
   r->source_ = std::make_unique<RemoteTokenSource>(source_options, r->router_metrics_.get());
 
   serving::AdmissionOptions admission = options.admission;

@@ -35,6 +35,9 @@ struct RouterOptions {
   int32_t max_num_seqs = 256;  // the largest n a request may ask for
   int64_t generate_timeout_ms = 600'000;
   int32_t max_attempts = 3;    // placements per request (an unreachable decode worker costs one)
+  // Refresh of the worker view the router places from while the scheduler is
+  // unreachable (FallbackPlacer); 0: no fallback.
+  int64_t placement_view_refresh_ms = 1'000;
 };
 
 }  // namespace kvmesh::router

@@ -5,6 +5,7 @@
 
 #include "core/logging.h"
 #include "core/status_macros.h"
+#include "rpc/kv_conversions.h"
 #include "rpc/status_conversion.h"
 #include "scheduler_conversions.h"
 
@@ -84,7 +85,13 @@ grpc::ServerUnaryReactor* SchedulerService::ListWorkers(grpc::CallbackServerCont
                                                         const v1::ListWorkersRequest* request,
                                                         v1::ListWorkersResponse* response) {
   for (const cluster::WorkerSnapshot& snapshot : registry_.List(request->model())) {
-    WorkerSnapshotToProto(snapshot, response->add_workers());
+    v1::WorkerStatus* status = response->add_workers();
+    WorkerSnapshotToProto(snapshot, status);
+    if (request->max_indexed_blocks_per_worker() <= 0) continue;
+    for (const kv::KvEvent& event :
+         registry_.IndexedBlocks(snapshot.registration.worker_id, request->max_indexed_blocks_per_worker())) {
+      rpc::ToProto(event, status->add_indexed_blocks());
+    }
   }
   return rpc::FinishUnary(context, absl::OkStatus());
 }

@@ -325,6 +325,50 @@ TEST_F(SchedulerIntegrationTest, PlacesByPrefixOverlapAndDropsSilentWorkers) {
   EXPECT_NE(scheduler_.log().find("worker expired worker=prefill-b"), std::string::npos) << scheduler_.log();
 }
 
+TEST_F(SchedulerIntegrationTest, ListWorkersHandsOutIndexedBlocksWhenAskedBounded) {
+  // The router's fallback view (services/router/fallback_placer.h) is built from this.
+  ASSERT_TRUE(Register(Registration("decode-0", v1::WORKER_ROLE_DECODE)).ok());
+  const auto hashes = kv::HashFullBlocks(Prompt(160, 1), kBlockSize, kSalt);
+  v1::HeartbeatRequest request;
+  request.set_worker_id("decode-0");
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    rpc::ToProto(kv::KvEvent{.kind = kv::KvEvent::Kind::kStored,
+                             .block_hash = hashes[i],
+                             .parent_hash = i == 0 ? kv::kRootBlockHash : hashes[i - 1],
+                             .tier = kv::Tier::kDevice,
+                             .num_tokens = kBlockSize},
+                 request.add_kv_events());
+  }
+  ASSERT_TRUE(Heartbeat(request).ok());
+  auto list = [&](int32_t max_blocks) {
+    grpc::ClientContext context;
+    rpc::SetTimeout(&context, 5000);
+    v1::ListWorkersRequest list_request;
+    list_request.set_max_indexed_blocks_per_worker(max_blocks);
+    v1::ListWorkersResponse response;
+    EXPECT_TRUE(stub_->ListWorkers(&context, list_request, &response).ok());
+    EXPECT_EQ(response.workers_size(), 1);
+    return response.workers_size() == 1 ? response.workers(0) : v1::WorkerStatus();
+  };
+  EXPECT_EQ(list(0).indexed_blocks_size(), 0);  // not asked: none
+  const v1::WorkerStatus all = list(1000);
+  EXPECT_EQ(all.num_indexed_blocks(), static_cast<int64_t>(hashes.size()));
+  ASSERT_EQ(all.indexed_blocks_size(), static_cast<int>(hashes.size()));
+  std::set<std::pair<uint64_t, uint64_t>> got, want;
+  for (const auto& e : all.indexed_blocks()) {
+    EXPECT_EQ(e.kind(), v1::KvEvent::KIND_STORED);
+    EXPECT_EQ(e.tier(), v1::TIER_DEVICE);
+    got.insert({e.block_hash().low(), e.block_hash().high()});
+  }
+  for (const auto& h : hashes) {
+    v1::BlockHash proto;
+    rpc::ToProto(h, &proto);
+    want.insert({proto.low(), proto.high()});
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(list(3).indexed_blocks_size(), 3);
+}
+
 TEST_F(SchedulerIntegrationTest, ErrorsAreClearStatuses) {
   // No worker for the model.
   EXPECT_EQ(Place(PlaceTokens(Prompt(100, 1))).status().code(), absl::StatusCode::kUnavailable);

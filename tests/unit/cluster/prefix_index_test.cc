@@ -79,6 +79,23 @@ TEST(GlobalPrefixIndexTest, RemovalsDropHashesAndAreIdempotent) {
   EXPECT_TRUE(index.Match(prompt).empty());
 }
 
+TEST(GlobalPrefixIndexTest, WorkerBlocksRebuildTheSameMatchesInAnotherIndex) {
+  GlobalPrefixIndex index;
+  const auto prompt = Hashes(5);
+  index.Apply("w1", Stored(prompt));
+  index.Apply("w1", Stored({prompt[0], prompt[1]}, Tier::kHost));
+  index.Apply("w2", Stored(Hashes(3, 1000)));
+  const std::vector<KvEvent> blocks = index.WorkerBlocks("w1", /*max_blocks=*/100);
+  EXPECT_EQ(blocks.size(), 7u);  // 5 on device, 2 of them on host too
+  GlobalPrefixIndex copy;
+  copy.Apply("w1", blocks);
+  EXPECT_EQ(copy.MatchWorker(prompt, "w1"), index.MatchWorker(prompt, "w1"));
+  EXPECT_EQ(copy.num_blocks("w1"), 5);
+  EXPECT_EQ(index.WorkerBlocks("w1", 2).size(), 2u);  // bounded, tiers included
+  EXPECT_TRUE(index.WorkerBlocks("nobody", 10).empty());
+  EXPECT_TRUE(index.WorkerBlocks("w1", 0).empty());
+}
+
 TEST(GlobalPrefixIndexTest, StoredTwiceCountsOnce) {
   GlobalPrefixIndex index;
   const auto prompt = Hashes(2);
