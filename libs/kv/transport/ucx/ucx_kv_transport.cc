@@ -33,8 +33,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Active-message ids. To the receiver: Hello, Progress, Done, Abort. Back to the
-// sender: HelloAck, DoneAck, Refused.
-enum AmId : unsigned { kHello = 1, kProgress, kDone, kAbort, kHelloAck, kDoneAck, kRefused };
+// sender: HelloAck, DoneAck, Refused, ProgressAck (the receiver's keepalive).
+enum AmId : unsigned { kHello = 1, kProgress, kDone, kAbort, kHelloAck, kDoneAck, kRefused, kProgressAck };
+constexpr unsigned kLastAmId = kProgressAck;
 
 // Every message starts with the lease token and the sender's push id.
 struct MsgHead {
@@ -137,7 +138,11 @@ struct PushState {
   bool done_sent = false;
   bool cancelled_on_worker = false;
   Clock::time_point last_keepalive;
+  Clock::time_point last_heard_receiver;  // any answer from the receiver
   Clock::time_point ack_deadline;
+  // The peer was lost and its endpoint force-closed: puts still counted in flight will
+  // never write anything, so on_done need not wait for them.
+  bool abandoned = false;
 };
 
 class UcxKvTransport::Impl {
@@ -176,7 +181,7 @@ class UcxKvTransport::Impl {
     if (s != UCS_OK) return UcsError("ucp_worker_get_address", s);
     worker_address_.assign(reinterpret_cast<const char*>(address), address_bytes);
     ucp_worker_release_address(worker_, address);
-    for (unsigned id = kHello; id <= kRefused; ++id) {
+    for (unsigned id = kHello; id <= kLastAmId; ++id) {
       ucp_am_handler_param_t h{};
       h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
       h.id = id;
@@ -310,7 +315,9 @@ class UcxKvTransport::Impl {
       if (st->error.ok()) st->error = result;
       st->done = true;  // nothing was put: no on_done to run
       lock.unlock();
-      Post([this, st] { Retire(st); });
+      // NOTE: synchronously, so that a refused OpenPush leaves nothing open behind it
+      // (num_open_pushes() reads 0 as soon as it returns).
+      RunSync([this, &st] { Retire(st); });
       return result;
     }
     return st;
@@ -484,14 +491,24 @@ class UcxKvTransport::Impl {
     std::vector<std::shared_ptr<PushState>> pushes;
     for (const auto& [id, st] : pushes_) pushes.push_back(st);
     for (const auto& st : pushes) {
+      if (st->ep == nullptr) continue;
+      // A receiver that stops answering (dead on shm, where UCX cannot tell, or
+      // stopped) loses its endpoint: its puts are cancelled and the push ends, so the
+      // sender's caller unpins the source blocks within the deadline.
       if (st->done_sent) {
         if (now > st->ack_deadline) {
-          Fail(st, absl::UnavailableError(absl::StrCat("the KV receiver did not acknowledge the completion within ",
-                                                       options_.ack_timeout_ms, " ms")));
+          LosePeer(st->peer_key, absl::UnavailableError(absl::StrCat(
+                                     "the KV receiver did not acknowledge the completion within ",
+                                     options_.ack_timeout_ms, " ms")));
         }
         continue;
       }
-      if (st->ep != nullptr && MsSince(st->last_keepalive, now) >= options_.keepalive_interval_ms) {
+      if (MsSince(st->last_heard_receiver, now) > options_.receiver_timeout_ms) {
+        LosePeer(st->peer_key, absl::UnavailableError(absl::StrCat("the KV receiver went quiet: no answer for ",
+                                                                   options_.receiver_timeout_ms, " ms")));
+        continue;
+      }
+      if (MsSince(st->last_keepalive, now) >= options_.keepalive_interval_ms) {
         st->last_keepalive = now;
         SendMsg(st->ep, kProgress, MsgHead{st->dest.lease_token, st->id}, {});
       }
@@ -514,11 +531,15 @@ class UcxKvTransport::Impl {
       ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
       ep_params.err_handler.cb = &Impl::OnEpError;
       ep_params.err_handler.arg = this;
-      ucs_status_t s = ucp_ep_create(worker_, &ep_params, &peer.ep);
+      ucs_status_t s = UCS_ERR_UNREACHABLE;
+      if (peer_mode_usable_) s = ucp_ep_create(worker_, &ep_params, &peer.ep);
       if (s == UCS_ERR_UNREACHABLE) {
-        // NOTE: UCX 1.13's shared-memory transports have no peer failure handling: on
-        // one host the endpoint goes without it, and a dead receiver shows as the
-        // completion's ack timeout (a put into its segment cannot fail).
+        // NOTE: UCX 1.13's shared-memory active-message transports (posix, sysv) have no
+        // peer failure handling, so with UCX_TLS=sm the endpoint goes without it (tried
+        // once per transport: UCX logs the refusal). A dead or stopped receiver then
+        // shows as its missing ProgressAcks (receiver_timeout_ms) or DoneAck
+        // (ack_timeout_ms), and LosePeer force-closes the endpoint.
+        peer_mode_usable_ = false;
         ep_params.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
         s = ucp_ep_create(worker_, &ep_params, &peer.ep);
       }
@@ -547,6 +568,7 @@ class UcxKvTransport::Impl {
     }
     st->ep = peer.ep;
     st->last_keepalive = Clock::now();
+    st->last_heard_receiver = st->last_keepalive;
     pushes_[st->id] = st;
     num_pushes_.store(static_cast<int64_t>(pushes_.size()));
     SendMsg(st->ep, kHello, MsgHead{st->dest.lease_token, st->id}, {});
@@ -586,8 +608,10 @@ class UcxKvTransport::Impl {
   static void OnOpDone(void* request, ucs_status_t status, void* user_data) {
     auto* ctx = static_cast<OpContext*>(user_data);
     Impl* self = ctx->impl;
-    --ctx->st->inflight;
-    --self->inflight_;
+    if (!ctx->st->abandoned) {  // LosePeer already stopped counting it
+      --ctx->st->inflight;
+      --self->inflight_;
+    }
     if (status != UCS_OK) {
       self->Fail(ctx->st, absl::UnavailableError(absl::StrCat("KV put to the receiver failed: ", ucs_status_string(status))));
     }
@@ -655,7 +679,7 @@ class UcxKvTransport::Impl {
       std::lock_guard<std::mutex> lock(st->mu);
       if (st->done) return;
       const bool ended = !st->error.ok() || st->done_answer.has_value();
-      if (!ended || st->inflight > 0) return;
+      if (!ended || (st->inflight > 0 && !st->abandoned)) return;
       if (st->on_done == nullptr && !st->cancelled) return;  // Finish will come and report it
       st->done = true;
       status = st->error.ok() ? *st->done_answer : st->error;
@@ -681,17 +705,56 @@ class UcxKvTransport::Impl {
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* self = static_cast<Impl*>(arg);
     const absl::Status error = absl::UnavailableError(absl::StrCat("the KV peer was lost: ", ucs_status_string(status)));
-    for (auto& [key, peer] : self->peers_) {
-      if (peer.ep == ep) {
-        peer.failed = true;
-        peer.error = error;
-      }
+    std::string key;
+    for (auto& [k, peer] : self->peers_) {
+      if (peer.ep == ep) key = k;
     }
+    // A receiver-side reply endpoint (not one of ours): UCX cleans it up.
+    if (key.empty()) return;
+    // NOTE: the endpoint is closed from the loop, not inside UCX's callback.
+    self->Post([self, key, error] { self->LosePeer(key, error); });
+  }
+
+  // The peer at `key` is gone (its endpoint failed, or it stopped answering): every push
+  // to it fails with `error`, its endpoint is force-closed (UCX cancels what is still
+  // queued on it, so nothing more is written), and the next push reconnects.
+  void LosePeer(const std::string& key, const absl::Status& error) {
+    auto it = peers_.find(key);
+    if (it == peers_.end() || it->second.ep == nullptr) return;
+    const ucp_ep_h ep = it->second.ep;
+    it->second.failed = true;
+    it->second.error = error;
+    it->second.ep = nullptr;
     std::vector<std::shared_ptr<PushState>> hit;
-    for (const auto& [id, st] : self->pushes_) {
+    for (const auto& [id, st] : pushes_) {
       if (st->ep == ep) hit.push_back(st);
     }
-    for (const auto& st : hit) self->Fail(st, error);
+    for (const auto& st : hit) {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (st->error.ok()) st->error = error;
+    }
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
+      const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(100);
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker_);
+      ucp_request_free(r);
+    }
+    for (const auto& st : hit) {
+      // Whatever the close did not complete will never write: stop waiting for it.
+      st->abandoned = true;
+      inflight_ -= st->inflight;
+      st->inflight = 0;
+      if (st->rkey != nullptr) {
+        ucp_rkey_destroy(st->rkey);
+        st->rkey = nullptr;
+      }
+      st->ep = nullptr;
+      st->cv.notify_all();
+      Complete(st);
+    }
   }
 
   // ---- Messages ----
@@ -767,6 +830,8 @@ class UcxKvTransport::Impl {
     auto it = pushes_.find(head.push_id);
     if (it == pushes_.end()) return;
     const std::shared_ptr<PushState> st = it->second;
+    st->last_heard_receiver = Clock::now();
+    if (id == kProgressAck) return;
     const absl::Status answer = ReadAnswer(body);
     if (id == kHelloAck) {
       {
@@ -812,7 +877,7 @@ class UcxKvTransport::Impl {
                         absl::FailedPreconditionError("KV lease belongs to another sender"));
     }
     lease.last_heard = Clock::now();
-    if (id == kProgress) return;
+    if (id == kProgress) return SendAnswer(reply, kProgressAck, head.lease_token, head.push_id, absl::OkStatus());
     if (id == kAbort) {
       EndLease(head.lease_token, absl::AbortedError("the KV sender abandoned the transfer"), {});
       return;
@@ -929,7 +994,8 @@ class UcxKvTransport::Impl {
   absl::flat_hash_map<uint64_t, std::shared_ptr<PushState>> pushes_;
   absl::flat_hash_map<std::string, Peer> peers_;
   int64_t inflight_ = 0;
-  AmArg am_args_[kRefused + 1];
+  bool peer_mode_usable_ = true;  // false once UCX refused UCP_ERR_HANDLING_MODE_PEER
+  AmArg am_args_[kLastAmId + 1];
 };
 
 namespace {
