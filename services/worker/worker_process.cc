@@ -76,7 +76,8 @@ ABSL_FLAG(std::string, ucx_tls, "",
           "UCX transports for KV (UCX_TLS syntax: \"sm\", \"tcp\", \"shm,cma,tcp\"); empty: the UCX_TLS "
           "environment variable, else UCX's choice.");
 ABSL_FLAG(int64_t, kv_progress_timeout_ms, 1000,
-          "Decode side: a UCX KV sender not heard from for this long (dead or stopped) fails its lease.");
+          "UCX KV peers not heard from for this long (dead or stopped) fail: the decode side fails the lease, "
+          "the prefill side its push (and unpins the source blocks).");
 KVMESH_FLAG_RANGE(kv_progress_timeout_ms, 1, 3600000);
 
 namespace kvmesh::worker {
@@ -189,7 +190,9 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
                                         : absl::OkStatus();
     if (s.ok()) {
       auto created_ucx = kv::UcxKvTransport::Create(
-          {.tls = absl::GetFlag(FLAGS_ucx_tls), .progress_timeout_ms = absl::GetFlag(FLAGS_kv_progress_timeout_ms)});
+          {.tls = absl::GetFlag(FLAGS_ucx_tls),
+           .progress_timeout_ms = absl::GetFlag(FLAGS_kv_progress_timeout_ms),
+           .receiver_timeout_ms = absl::GetFlag(FLAGS_kv_progress_timeout_ms)});
       s = created_ucx.status();
       if (created_ucx.ok()) {
         auto pool = (*created_ucx)->RegisterPool(storage->data(), storage->layout());
