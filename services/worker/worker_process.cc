@@ -66,12 +66,10 @@ ABSL_FLAG(int64_t, kv_lease_timeout_ms, 30000,
           "released after this.");
 KVMESH_FLAG_RANGE(kv_lease_timeout_ms, 1, 86400000);
 
-// NOTE: grpc stays the default until the UCX path passes all its fault tests (a dead
-// receiver on shm is not yet detected by the sender).
-ABSL_FLAG(std::string, kv_transport, "grpc",
-          "How prefill -> decode KV moves: grpc (the PushKvBlocks byte stream; the default), ucx (one-sided UCX "
-          "puts into the decode worker's leased blocks; fails to start without UCX), or auto: UCX when this "
-          "worker can start it (and the peer has it too), else gRPC.");
+ABSL_FLAG(std::string, kv_transport, "auto",
+          "How prefill -> decode KV moves: auto (the default: UCX when this worker can start it and the peer "
+          "has it too, which the scheduler learns at registration; else gRPC), ucx (one-sided UCX puts into the "
+          "decode worker's leased blocks; fails to start without UCX), or grpc (the PushKvBlocks byte stream).");
 ABSL_FLAG(std::string, ucx_tls, "",
           "UCX transports for KV (UCX_TLS syntax: \"sm\", \"tcp\", \"shm,cma,tcp\"); empty: the UCX_TLS "
           "environment variable, else UCX's choice.");
@@ -271,6 +269,9 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
     registration.mutable_capacity()->set_max_num_seqs(options.scheduler.max_num_seqs);
     registration.mutable_capacity()->set_max_num_batched_tokens(options.scheduler.max_num_batched_tokens);
     registration.mutable_capacity()->set_max_model_len(max_model_len);
+    // What placement pairs workers by: UCX when both sides of a hand-off have it.
+    registration.add_kv_transports(v1::KV_TRANSPORT_GRPC_STREAM);
+    if (ucx) registration.add_kv_transports(v1::KV_TRANSPORT_UCX);
     heartbeater = std::make_unique<Heartbeater>(state, scheduler, std::move(registration), &health);
   }
 

@@ -1,6 +1,9 @@
 #include "kv/transport/ucx/ucx_kv_transport.h"
 
+#include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <ucp/api/ucp.h>
 #include <xxhash.h>
 
@@ -119,6 +122,7 @@ struct PushState {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<bool> sent;  // [layer * num_lease_blocks + index]
+  std::vector<int64_t> puts_per_layer;
   bool finishing = false;
   bool cancelled = false;
   absl::Status error;  // first failure
@@ -165,7 +169,9 @@ class UcxKvTransport::Impl {
     }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+    // WAKEUP: the idle loop sleeps on the worker's event fd, so a message (a Done)
+    // wakes it at once instead of at the next poll tick (the transfer tail).
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     params.name = "kvmesh-kv";
     s = ucp_init(&params, config, &context_);
     ucp_config_release(config);
@@ -181,6 +187,9 @@ class UcxKvTransport::Impl {
     if (s != UCS_OK) return UcsError("ucp_worker_get_address", s);
     worker_address_.assign(reinterpret_cast<const char*>(address), address_bytes);
     ucp_worker_release_address(worker_, address);
+    if (ucp_worker_get_efd(worker_, &worker_efd_) != UCS_OK) worker_efd_ = -1;  // then poll ticks only
+    task_efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (task_efd_ < 0) return absl::InternalError("eventfd failed");
     for (unsigned id = kHello; id <= kLastAmId; ++id) {
       ucp_am_handler_param_t h{};
       h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -202,9 +211,10 @@ class UcxKvTransport::Impl {
         std::lock_guard<std::mutex> lock(mu_);
         stop_ = true;
       }
-      cv_.notify_all();
+      Wake();
       thread_.join();
     }
+    if (task_efd_ >= 0) close(task_efd_);
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     for (Pool& p : pools_) {
       if (p.memh != nullptr) ucp_mem_unmap(context_, p.memh);
@@ -296,6 +306,7 @@ class UcxKvTransport::Impl {
     KVMESH_RETURN_IF_ERROR(CheckKvBlockSpecsMatch(KvBlockSpecOf(*st->local_layout), st->dest.spec));
     st->id = next_push_id_.fetch_add(1) + 1;
     st->sent.assign(static_cast<size_t>(st->dest.spec.num_layers) * st->dest.block_ids.size(), false);
+    st->puts_per_layer.assign(static_cast<size_t>(st->dest.spec.num_layers), 0);
     st->start = Clock::now();
     absl::Status opened = RunSync([&] { return Connect(st); });
     KVMESH_RETURN_IF_ERROR(opened);
@@ -364,7 +375,8 @@ class UcxKvTransport::Impl {
       st->stats.blocks += static_cast<int64_t>(src.size());
       st->stats.bytes += static_cast<int64_t>(src.size()) * block_bytes;
       st->stats.descriptors += static_cast<int64_t>(runs.size());
-      st->stats.runs = std::max<int64_t>(st->stats.runs, static_cast<int64_t>(runs.size()));
+      st->puts_per_layer[layer] += static_cast<int64_t>(runs.size());
+      st->stats.runs = std::max<int64_t>(st->stats.runs, st->puts_per_layer[layer]);
       st->checksums.insert(st->checksums.end(), sums.begin(), sums.end());
     }
     Post([this, st, layer, runs = std::move(runs), block_bytes] {
@@ -422,7 +434,7 @@ class UcxKvTransport::Impl {
       std::lock_guard<std::mutex> lock(mu_);
       tasks_.push_back(std::move(task));
     }
-    cv_.notify_one();
+    Wake();
   }
 
   // Runs `fn` on the worker thread and waits for it (inline when already there).
@@ -433,6 +445,25 @@ class UcxKvTransport::Impl {
     auto future = task.get_future();
     Post([&task] { task(); });
     return future.get();
+  }
+
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!write(task_efd_, &one, sizeof(one));
+  }
+
+  // Sleeps until UCX has an event, a task was posted, or `timeout_ms` passed.
+  void Sleep(int timeout_ms) {
+    if (worker_efd_ >= 0) {
+      const ucs_status_t armed = ucp_worker_arm(worker_);
+      if (armed == UCS_ERR_BUSY) return;  // events already pending: progress them
+    }
+    pollfd fds[2] = {{.fd = task_efd_, .events = POLLIN, .revents = 0}, {.fd = worker_efd_, .events = POLLIN, .revents = 0}};
+    (void)poll(fds, worker_efd_ >= 0 ? 2 : 1, timeout_ms);
+    if ((fds[0].revents & POLLIN) != 0) {
+      uint64_t n = 0;
+      (void)!read(task_efd_, &n, sizeof(n));
+    }
   }
 
   void Loop() {
@@ -465,8 +496,12 @@ class UcxKvTransport::Impl {
         sched_yield();
         continue;
       }
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::microseconds(500), [&] { return stop_ || !tasks_.empty(); });
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_ || !tasks_.empty()) continue;
+      }
+      // 1 ms: the timers' resolution.
+      Sleep(1);
     }
   }
 
@@ -984,7 +1019,8 @@ class UcxKvTransport::Impl {
   std::deque<Pool> pools_;  // guarded by pools_mu_; a deque: entries never move
 
   std::mutex mu_;
-  std::condition_variable cv_;
+  int task_efd_ = -1;    // Post() wakes the loop through it
+  int worker_efd_ = -1;  // UCX's wakeup fd (-1: poll ticks only)
   std::deque<std::function<void()>> tasks_;  // guarded by mu_
   bool stop_ = false;                        // guarded by mu_
   std::thread thread_;
