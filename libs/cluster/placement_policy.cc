@@ -177,10 +177,20 @@ absl::StatusOr<Placement> PlacementPolicy::Choose(int32_t prompt_length_tokens, 
   if (!prefill.has_value()) return local("no prefill-capable worker");
   const WorkerRegistration& p = prefill->candidate->worker.registration;
   if (p.worker_id == d.worker_id) return local("the best prefill worker is the decode worker");
+  // 4. The pair's KV transport: UCX whenever both sides have it.
+  if (p.kv_transports.ucx && d.kv_transports.ucx) {
+    placement.kv_transport = KvTransportKind::kUcx;
+  } else if (p.kv_transports.grpc_stream && d.kv_transports.grpc_stream) {
+    placement.kv_transport = KvTransportKind::kGrpcStream;
+  } else {
+    return local(absl::StrCat("prefill worker ", p.worker_id, " and decode worker ", d.worker_id,
+                              " share no KV transport"));
+  }
   placement.prefill_worker_id = p.worker_id;
   placement.prefill_address = p.address;
   placement.prefill_cached_tokens = prefill->score.cached_tokens;
-  placement.reason = absl::StrCat("prefill=", Describe(*prefill), "; decode=", Describe(*decode));
+  placement.reason = absl::StrCat("prefill=", Describe(*prefill), "; decode=", Describe(*decode), "; kv=",
+                                  placement.kv_transport == KvTransportKind::kUcx ? "ucx" : "grpc");
   return placement;
 }
 

@@ -89,6 +89,9 @@ struct PlacementRequest {
 
 struct Placement {
   std::string prefill_worker_id;  // == decode_worker_id when prefill_locally
+  // How the KV goes from the prefill to the decode worker (not prefill_locally): UCX
+  // when both have it, else the gRPC stream.
+  KvTransportKind kv_transport = KvTransportKind::kGrpcStream;
   std::string prefill_address;
   std::string decode_worker_id;
   std::string decode_address;

@@ -45,6 +45,17 @@ struct KvCacheSpec {
   std::string DebugString() const;
 };
 
+// How KV may move into or out of a worker (prefill -> decode). A worker without the
+// set (an older one) moves it over the gRPC stream only.
+struct KvTransportSet {
+  bool grpc_stream = true;  // Worker.PushKvBlocks
+  bool ucx = false;         // one-sided UCX puts (libs/kv/transport/ucx)
+  bool operator==(const KvTransportSet&) const = default;
+};
+
+// The transport of one hand-off.
+enum class KvTransportKind : uint8_t { kGrpcStream, kUcx };
+
 // Limits a worker reported at registration; 0 = unknown.
 struct WorkerCapacity {
   int32_t max_num_seqs = 0;
@@ -80,6 +91,7 @@ struct WorkerRegistration {
   std::string model;
   KvCacheSpec kv_cache_spec;
   WorkerCapacity capacity;
+  KvTransportSet kv_transports;
 
   // InvalidArgument for an empty id, address or model, or a bad spec.
   absl::Status Validate() const;

@@ -60,6 +60,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
   void OnDone() override { Unref(); }
 
  private:
+  bool offer_ucx_ = true;  // set in Start, before the engine thread reads it
+
   void Start(const v1::WorkerGenerateRequest& request) {
     auto engine_request = state_.ToEngineRequest(request.request_id(), request.prompt_token_ids(),
                                                  request.sampling(), request.eos_token_ids());
@@ -70,6 +72,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     engine_request->resume_output_token_ids.assign(request.resume_output_token_ids().begin(),
                                                    request.resume_output_token_ids().end());
     const std::string& prefill = request.prefill_worker_address();
+    // The scheduler picked the gRPC stream for this pair (the prefill worker has no UCX).
+    offer_ucx_ = request.kv_transport() != v1::KV_TRANSPORT_GRPC_STREAM;
     absl::Status s;
     // A migrated request (resume_output_token_ids) is prefilled here: the prefill
     // worker's path knows the prompt only.
@@ -148,7 +152,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     const engine::KvTransferId id = lease.transfer_id;
     WorkerState* state = &state_;
     const bool want_logprobs = sampling.has_logprobs();
-    if (kv::KvTransport* transport = state_.kv_transport()) {
+    if (kv::KvTransport* transport = offer_ucx_ ? state_.kv_transport() : nullptr) {
       // Offer UCX: the prefill worker puts straight into these blocks when it has UCX
       // too, else it pushes over the gRPC stream (the lease above serves that).
       std::vector<kv::BlockId> ids(lease.block_ids.begin() + lease.num_cached_blocks(), lease.block_ids.end());

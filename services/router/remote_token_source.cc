@@ -215,6 +215,7 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
     generate.mutable_sampling()->set_n(request_.n);
     generate.set_prefill_worker_address(placed.prefill_worker().address());
     generate.set_prefill_locally(placed.prefill_locally());
+    generate.set_kv_transport(placed.kv_transport());
     generate.set_priority(request_.priority);
     if (request_.arrival_order >= 0) generate.set_arrival_order(request_.arrival_order);
     generate.mutable_eos_token_ids()->Add(request_.eos_token_ids.begin(), request_.eos_token_ids.end());

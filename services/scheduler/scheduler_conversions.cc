@@ -87,6 +87,13 @@ absl::StatusOr<cluster::WorkerRegistration> RegistrationFromProto(const v1::Regi
   registration.capacity = cluster::WorkerCapacity{.max_num_seqs = proto.capacity().max_num_seqs(),
                                                   .max_num_batched_tokens = proto.capacity().max_num_batched_tokens(),
                                                   .max_model_len = proto.capacity().max_model_len()};
+  if (proto.kv_transports_size() > 0) {
+    registration.kv_transports = cluster::KvTransportSet{.grpc_stream = false, .ucx = false};
+    for (const int t : proto.kv_transports()) {
+      if (t == v1::KV_TRANSPORT_UCX) registration.kv_transports.ucx = true;
+      if (t == v1::KV_TRANSPORT_GRPC_STREAM) registration.kv_transports.grpc_stream = true;
+    }
+  }
   KVMESH_RETURN_IF_ERROR(registration.Validate());
   return registration;
 }
@@ -128,6 +135,10 @@ void PlacementToProto(const cluster::Placement& placement, v1::PlaceResponse* pr
   proto->set_prefill_cached_tokens(placement.prefill_cached_tokens);
   proto->set_decode_cached_tokens(placement.decode_cached_tokens);
   proto->set_reason(placement.reason);
+  if (!placement.prefill_locally) {
+    proto->set_kv_transport(placement.kv_transport == cluster::KvTransportKind::kUcx ? v1::KV_TRANSPORT_UCX
+                                                                                    : v1::KV_TRANSPORT_GRPC_STREAM);
+  }
 }
 
 void WorkerSnapshotToProto(const cluster::WorkerSnapshot& snapshot, v1::WorkerStatus* proto) {
@@ -138,6 +149,8 @@ void WorkerSnapshotToProto(const cluster::WorkerSnapshot& snapshot, v1::WorkerSt
   proto->set_model(r.model);
   // The spec was validated at registration, so its dtype converts.
   (void)KvCacheSpecToProto(r.kv_cache_spec, proto->mutable_kv_cache_spec());
+  if (r.kv_transports.grpc_stream) proto->add_kv_transports(v1::KV_TRANSPORT_GRPC_STREAM);
+  if (r.kv_transports.ucx) proto->add_kv_transports(v1::KV_TRANSPORT_UCX);
   proto->mutable_capacity()->set_max_num_seqs(r.capacity.max_num_seqs);
   proto->mutable_capacity()->set_max_num_batched_tokens(r.capacity.max_num_batched_tokens);
   proto->mutable_capacity()->set_max_model_len(r.capacity.max_model_len);

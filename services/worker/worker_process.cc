@@ -67,17 +67,16 @@ ABSL_FLAG(int64_t, kv_lease_timeout_ms, 30000,
           "released after this.");
 KVMESH_FLAG_RANGE(kv_lease_timeout_ms, 1, 86400000);
 
-// NOTE: grpc stays the default until the UCX path passes all its fault tests (a dead
-// receiver on shm is not yet detected by the sender).
-ABSL_FLAG(std::string, kv_transport, "grpc",
-          "How prefill -> decode KV moves: grpc (the PushKvBlocks byte stream; the default), ucx (one-sided UCX "
-          "puts into the decode worker's leased blocks; fails to start without UCX), or auto: UCX when this "
-          "worker can start it (and the peer has it too), else gRPC.");
+ABSL_FLAG(std::string, kv_transport, "auto",
+          "How prefill -> decode KV moves: auto (the default: UCX when this worker can start it and the peer "
+          "has it too, which the scheduler learns at registration; else gRPC), ucx (one-sided UCX puts into the "
+          "decode worker's leased blocks; fails to start without UCX), or grpc (the PushKvBlocks byte stream).");
 ABSL_FLAG(std::string, ucx_tls, "",
           "UCX transports for KV (UCX_TLS syntax: \"sm\", \"tcp\", \"shm,cma,tcp\"); empty: the UCX_TLS "
           "environment variable, else UCX's choice.");
 ABSL_FLAG(int64_t, kv_progress_timeout_ms, 1000,
-          "Decode side: a UCX KV sender not heard from for this long (dead or stopped) fails its lease.");
+          "UCX KV peers not heard from for this long (dead or stopped) fail: the decode side fails the lease, "
+          "the prefill side its push (and unpins the source blocks).");
 KVMESH_FLAG_RANGE(kv_progress_timeout_ms, 1, 3600000);
 
 ABSL_FLAG(bool, remote_prefill_fallback, true,
@@ -203,7 +202,9 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
                                         : absl::OkStatus();
     if (s.ok()) {
       auto created_ucx = kv::UcxKvTransport::Create(
-          {.tls = absl::GetFlag(FLAGS_ucx_tls), .progress_timeout_ms = absl::GetFlag(FLAGS_kv_progress_timeout_ms)});
+          {.tls = absl::GetFlag(FLAGS_ucx_tls),
+           .progress_timeout_ms = absl::GetFlag(FLAGS_kv_progress_timeout_ms),
+           .receiver_timeout_ms = absl::GetFlag(FLAGS_kv_progress_timeout_ms)});
       s = created_ucx.status();
       if (created_ucx.ok()) {
         auto pool = (*created_ucx)->RegisterPool(storage->data(), storage->layout());
@@ -308,6 +309,9 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
     registration.mutable_capacity()->set_max_num_seqs(options.scheduler.max_num_seqs);
     registration.mutable_capacity()->set_max_num_batched_tokens(options.scheduler.max_num_batched_tokens);
     registration.mutable_capacity()->set_max_model_len(max_model_len);
+    // What placement pairs workers by: UCX when both sides of a hand-off have it.
+    registration.add_kv_transports(v1::KV_TRANSPORT_GRPC_STREAM);
+    if (ucx) registration.add_kv_transports(v1::KV_TRANSPORT_UCX);
     heartbeater = std::make_unique<Heartbeater>(state, scheduler, std::move(registration), &health);
   }
 

@@ -55,7 +55,9 @@ struct KvPoolHandle {
 struct KvTransferStats {
   int64_t bytes = 0;             // payload bytes put
   int64_t descriptors = 0;       // puts posted (one per layer and merged run)
-  int64_t runs = 0;              // merged runs of the transfer (the most in one layer call)
+  // Merged runs per layer as put: the most of any layer, summed over its PutLayer calls
+  // (a run a call boundary splits counts twice). descriptors <= layers x runs.
+  int64_t runs = 0;
   int64_t blocks = 0;            // (layer, block) pairs put
   double seconds = 0;            // OpenPush to the completion's acknowledgement
 };

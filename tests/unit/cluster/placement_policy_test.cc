@@ -26,7 +26,7 @@ std::vector<int32_t> Prompt(int32_t num_tokens, int32_t first = 1) {
 
 class PlacementPolicyTest : public ::testing::Test {
  protected:
-  void AddWorker(const std::string& id, WorkerRole role, int32_t max_num_seqs = 64) {
+  void AddWorker(const std::string& id, WorkerRole role, int32_t max_num_seqs = 64, KvTransportSet transports = {}) {
     // NOTE: built in one initializer: assigning short literals to std::string members trips
     // GCC 12's -Wrestrict false positive at -O3.
     const WorkerRegistration r{
@@ -35,7 +35,8 @@ class PlacementPolicyTest : public ::testing::Test {
         .role = role,
         .model = "m",
         .kv_cache_spec = KvCacheSpec{.block_size_tokens = kBlock, .num_layers = 2, .num_kv_heads = 2, .head_dim = 8},
-        .capacity = WorkerCapacity{.max_num_seqs = max_num_seqs}};
+        .capacity = WorkerCapacity{.max_num_seqs = max_num_seqs},
+        .kv_transports = transports};
     ASSERT_TRUE(registry_.Register(r).ok());
   }
   // The worker reports `load` and holds the first `num_blocks` blocks of `tokens`.
@@ -192,6 +193,33 @@ TEST_F(PlacementPolicyTest, ShortUncachedPromptsArePrefilledOnTheDecodeWorker) {
   ASSERT_TRUE(placement.ok());
   EXPECT_TRUE(placement->prefill_locally);
   EXPECT_EQ(placement->decode_cached_tokens, 960);
+}
+
+TEST_F(PlacementPolicyTest, UcxWhenBothSidesHaveItElseTheGrpcStream) {
+  AddWorker("d", WorkerRole::kDecode, 64, {.grpc_stream = true, .ucx = true});
+  AddWorker("p", WorkerRole::kPrefill, 64, {.grpc_stream = true, .ucx = true});
+  PlacementPolicy policy({.disaggregation_threshold_tokens = 0});
+  auto placement = policy.Place(Request(Prompt(1000)), registry_);
+  ASSERT_TRUE(placement.ok());
+  ASSERT_FALSE(placement->prefill_locally);
+  EXPECT_EQ(placement->kv_transport, KvTransportKind::kUcx);
+  EXPECT_NE(placement->reason.find("kv=ucx"), std::string::npos) << placement->reason;
+  // The prefill worker re-registers without UCX: the pair falls back to the gRPC stream.
+  ASSERT_TRUE(registry_.Deregister("p").ok());
+  AddWorker("p", WorkerRole::kPrefill, 64, {.grpc_stream = true, .ucx = false});
+  placement = policy.Place(Request(Prompt(1000)), registry_);
+  ASSERT_TRUE(placement.ok());
+  ASSERT_FALSE(placement->prefill_locally);
+  EXPECT_EQ(placement->kv_transport, KvTransportKind::kGrpcStream);
+}
+
+TEST_F(PlacementPolicyTest, APairSharingNoKvTransportPrefillsLocally) {
+  AddWorker("d", WorkerRole::kDecode, 64, {.grpc_stream = false, .ucx = true});
+  AddWorker("p", WorkerRole::kPrefill, 64, {.grpc_stream = true, .ucx = false});
+  const auto placement = PlacementPolicy({.disaggregation_threshold_tokens = 0}).Place(Request(Prompt(1000)), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_TRUE(placement->prefill_locally);
+  EXPECT_NE(placement->reason.find("share no KV transport"), std::string::npos) << placement->reason;
 }
 
 TEST_F(PlacementPolicyTest, WithoutPrefillWorkersTheDecodeWorkerPrefills) {

@@ -16,6 +16,7 @@
 
 #include "kv/kv_layout.h"
 #include "kv/transport/kv_lease_descriptor.h"
+#include "kv/transport/kv_runs.h"
 
 namespace kvmesh::kv {
 namespace {
@@ -59,7 +60,7 @@ class UcxKvTransportTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
     UcxKvTransportOptions o{.tls = GetParam(), .progress_timeout_ms = 300, .hello_timeout_ms = 300, .keepalive_interval_ms = 50,
-                            .ack_timeout_ms = 500, .checksum_runs = true};
+                            .receiver_timeout_ms = 300, .ack_timeout_ms = 500, .checksum_runs = true};
     auto r = UcxKvTransport::Create(o);
     ASSERT_TRUE(r.ok()) << r.status();
     receiver_ = *std::move(r);
@@ -120,7 +121,8 @@ TEST_P(UcxKvTransportTest, MergedRunsLandByteForByte) {
   EXPECT_EQ(lease_stats.bytes, stats.bytes);
   // 4 merged runs, one of them split by the call boundary: 5 puts per layer.
   EXPECT_EQ(stats.descriptors, 4 * 5);
-  EXPECT_LE(stats.descriptors, 4 * (4 + 1));
+  EXPECT_EQ(stats.runs, 5);
+  EXPECT_LE(stats.descriptors, 4 * stats.runs);
   EXPECT_EQ(receiver_->num_open_leases(), 0);
   EXPECT_EQ(sender_->num_open_pushes(), 0);
 }
@@ -141,6 +143,27 @@ TEST_P(UcxKvTransportTest, ContiguousPromptIsOnePutPerLayer) {
   ASSERT_TRUE(lease.Get().first.ok());
   ExpectLanded(src_ids, dst_ids);
   EXPECT_EQ(stats.descriptors, 4);
+}
+
+// Few descriptors: one put per layer and merged run, never one per block.
+TEST_P(UcxKvTransportTest, DescriptorsAreAtMostLayersTimesRuns) {
+  const auto dst_ids = Ids({5, 6, 7, 8, 30, 31, 50, 9, 10, 11, 12, 13});
+  const auto src_ids = Ids({0, 1, 2, 3, 4, 5, 6, 20, 21, 22, 23, 24});  // runs: [0,4) [4,6) [6,7) [7,12)
+  const size_t merged = MergeKvRuns(src_ids, dst_ids).size();
+  ASSERT_EQ(merged, 4u);
+  Outcome lease, push_done;
+  auto grant = receiver_->OpenLease(dst_pool_, {.block_ids = dst_ids}, lease.Fn()).value();
+  auto push = sender_->OpenPush(src_pool_, grant.descriptor).value();
+  for (int32_t layer = 0; layer < 4; ++layer) ASSERT_TRUE(push->PutLayer(layer, 0, src_ids).ok());
+  push->Finish(push_done.Fn());
+  const auto [status, stats] = push_done.Get();
+  ASSERT_TRUE(status.ok()) << status;
+  ASSERT_TRUE(lease.Get().first.ok());
+  ExpectLanded(src_ids, dst_ids);
+  EXPECT_EQ(stats.runs, static_cast<int64_t>(merged));
+  EXPECT_EQ(stats.descriptors, 4 * static_cast<int64_t>(merged));
+  EXPECT_LE(stats.descriptors, 4 * stats.runs);
+  EXPECT_LT(stats.descriptors, stats.blocks);  // 16 puts for 48 (layer, block) pairs
 }
 
 TEST_P(UcxKvTransportTest, IncompleteTransferFailsBothSides) {
@@ -178,9 +201,9 @@ TEST_P(UcxKvTransportTest, NothingIsWrittenForRefusedPuts) {
   EXPECT_TRUE(DestinationUntouched());
 }
 
-// TODO(#12): on tcp the sender's open-push count is cleared asynchronously after the
-// refusal, so the check races it; re-enable once it waits for the refusal to land.
-TEST_P(UcxKvTransportTest, DISABLED_UnknownLeaseIsRefused) {
+// A lease closed before the sender came (so never open for it): refused, nothing left
+// open on the sender once OpenPush returned.
+TEST_P(UcxKvTransportTest, UnknownLeaseIsRefused) {
   Outcome lease;
   auto grant = receiver_->OpenLease(dst_pool_, {.block_ids = Ids({1})}, lease.Fn()).value();
   receiver_->CloseLease(grant.lease_token, absl::CancelledError("test closed it"));
@@ -189,6 +212,22 @@ TEST_P(UcxKvTransportTest, DISABLED_UnknownLeaseIsRefused) {
   EXPECT_EQ(push.status().code(), absl::StatusCode::kNotFound) << push.status();
   EXPECT_TRUE(DestinationUntouched());
   EXPECT_EQ(sender_->num_open_pushes(), 0);
+}
+
+// A well-formed descriptor naming a lease id this receiver never granted.
+TEST_P(UcxKvTransportTest, NeverGrantedLeaseIsRefused) {
+  Outcome lease;
+  auto grant = receiver_->OpenLease(dst_pool_, {.block_ids = Ids({1, 2})}, lease.Fn()).value();
+  KvLeaseDescriptor forged = DecodeKvLeaseDescriptor(grant.descriptor).value();
+  forged.lease_token ^= 0x5a5a5a5a5a5a5a5aULL;
+  auto push = sender_->OpenPush(src_pool_, EncodeKvLeaseDescriptor(forged));
+  EXPECT_EQ(push.status().code(), absl::StatusCode::kNotFound) << push.status();
+  EXPECT_NE(push.status().message().find("not open here"), std::string::npos) << push.status();
+  EXPECT_EQ(sender_->num_open_pushes(), 0);
+  EXPECT_EQ(receiver_->num_open_leases(), 1);  // the real lease is untouched
+  receiver_->CloseLease(grant.lease_token, absl::CancelledError("done"));
+  EXPECT_EQ(lease.Get().first.code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(DestinationUntouched());
 }
 
 TEST_P(UcxKvTransportTest, SpecMismatchIsRefused) {
@@ -201,6 +240,7 @@ TEST_P(UcxKvTransportTest, SpecMismatchIsRefused) {
   EXPECT_NE(push.status().message().find("head_dim"), std::string::npos) << push.status();
   receiver_->CloseLease(grant.lease_token, absl::CancelledError("done"));
   EXPECT_EQ(lease.Get().first.code(), absl::StatusCode::kCancelled);  // CloseLease is asynchronous
+  EXPECT_TRUE(DestinationUntouched());
 }
 
 TEST_P(UcxKvTransportTest, MalformedDescriptorsAreRefused) {
@@ -234,9 +274,9 @@ TEST_P(UcxKvTransportTest, SilentSenderFailsTheLeaseAtTheProgressDeadline) {
   EXPECT_EQ(receiver_->num_open_leases(), 0);
 }
 
-// TODO(#12): a dead receiver on shm is not detected by the sender (the shm transports
-// refuse peer-failure handling); a real bug, kept visible here until it is fixed.
-TEST_P(UcxKvTransportTest, DISABLED_ReceiverGoneFailsTheSender) {
+// The decode side goes away mid-transfer: the push fails (tcp: UCX's endpoint error;
+// shm: the missing ProgressAcks) and on_done runs, so the sender can unpin its blocks.
+TEST_P(UcxKvTransportTest, ReceiverGoneFailsTheSender) {
   const auto ids = Ids({1, 2});
   Outcome lease, push_done;
   auto grant = receiver_->OpenLease(dst_pool_, {.block_ids = ids}, lease.Fn()).value();

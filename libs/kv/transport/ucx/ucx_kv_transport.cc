@@ -1,6 +1,9 @@
 #include "kv/transport/ucx/ucx_kv_transport.h"
 
+#include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <ucp/api/ucp.h>
 #include <xxhash.h>
 
@@ -33,8 +36,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Active-message ids. To the receiver: Hello, Progress, Done, Abort. Back to the
-// sender: HelloAck, DoneAck, Refused.
-enum AmId : unsigned { kHello = 1, kProgress, kDone, kAbort, kHelloAck, kDoneAck, kRefused };
+// sender: HelloAck, DoneAck, Refused, ProgressAck (the receiver's keepalive).
+enum AmId : unsigned { kHello = 1, kProgress, kDone, kAbort, kHelloAck, kDoneAck, kRefused, kProgressAck };
+constexpr unsigned kLastAmId = kProgressAck;
 
 // Every message starts with the lease token and the sender's push id.
 struct MsgHead {
@@ -118,6 +122,7 @@ struct PushState {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<bool> sent;  // [layer * num_lease_blocks + index]
+  std::vector<int64_t> puts_per_layer;
   bool finishing = false;
   bool cancelled = false;
   absl::Status error;  // first failure
@@ -137,7 +142,11 @@ struct PushState {
   bool done_sent = false;
   bool cancelled_on_worker = false;
   Clock::time_point last_keepalive;
+  Clock::time_point last_heard_receiver;  // any answer from the receiver
   Clock::time_point ack_deadline;
+  // The peer was lost and its endpoint force-closed: puts still counted in flight will
+  // never write anything, so on_done need not wait for them.
+  bool abandoned = false;
 };
 
 class UcxKvTransport::Impl {
@@ -160,7 +169,9 @@ class UcxKvTransport::Impl {
     }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
+    // WAKEUP: the idle loop sleeps on the worker's event fd, so a message (a Done)
+    // wakes it at once instead of at the next poll tick (the transfer tail).
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     params.name = "kvmesh-kv";
     s = ucp_init(&params, config, &context_);
     ucp_config_release(config);
@@ -176,7 +187,10 @@ class UcxKvTransport::Impl {
     if (s != UCS_OK) return UcsError("ucp_worker_get_address", s);
     worker_address_.assign(reinterpret_cast<const char*>(address), address_bytes);
     ucp_worker_release_address(worker_, address);
-    for (unsigned id = kHello; id <= kRefused; ++id) {
+    if (ucp_worker_get_efd(worker_, &worker_efd_) != UCS_OK) worker_efd_ = -1;  // then poll ticks only
+    task_efd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (task_efd_ < 0) return absl::InternalError("eventfd failed");
+    for (unsigned id = kHello; id <= kLastAmId; ++id) {
       ucp_am_handler_param_t h{};
       h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
       h.id = id;
@@ -197,9 +211,10 @@ class UcxKvTransport::Impl {
         std::lock_guard<std::mutex> lock(mu_);
         stop_ = true;
       }
-      cv_.notify_all();
+      Wake();
       thread_.join();
     }
+    if (task_efd_ >= 0) close(task_efd_);
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     for (Pool& p : pools_) {
       if (p.memh != nullptr) ucp_mem_unmap(context_, p.memh);
@@ -291,6 +306,7 @@ class UcxKvTransport::Impl {
     KVMESH_RETURN_IF_ERROR(CheckKvBlockSpecsMatch(KvBlockSpecOf(*st->local_layout), st->dest.spec));
     st->id = next_push_id_.fetch_add(1) + 1;
     st->sent.assign(static_cast<size_t>(st->dest.spec.num_layers) * st->dest.block_ids.size(), false);
+    st->puts_per_layer.assign(static_cast<size_t>(st->dest.spec.num_layers), 0);
     st->start = Clock::now();
     absl::Status opened = RunSync([&] { return Connect(st); });
     KVMESH_RETURN_IF_ERROR(opened);
@@ -310,7 +326,9 @@ class UcxKvTransport::Impl {
       if (st->error.ok()) st->error = result;
       st->done = true;  // nothing was put: no on_done to run
       lock.unlock();
-      Post([this, st] { Retire(st); });
+      // NOTE: synchronously, so that a refused OpenPush leaves nothing open behind it
+      // (num_open_pushes() reads 0 as soon as it returns).
+      RunSync([this, &st] { Retire(st); });
       return result;
     }
     return st;
@@ -357,7 +375,8 @@ class UcxKvTransport::Impl {
       st->stats.blocks += static_cast<int64_t>(src.size());
       st->stats.bytes += static_cast<int64_t>(src.size()) * block_bytes;
       st->stats.descriptors += static_cast<int64_t>(runs.size());
-      st->stats.runs = std::max<int64_t>(st->stats.runs, static_cast<int64_t>(runs.size()));
+      st->puts_per_layer[layer] += static_cast<int64_t>(runs.size());
+      st->stats.runs = std::max<int64_t>(st->stats.runs, st->puts_per_layer[layer]);
       st->checksums.insert(st->checksums.end(), sums.begin(), sums.end());
     }
     Post([this, st, layer, runs = std::move(runs), block_bytes] {
@@ -415,7 +434,7 @@ class UcxKvTransport::Impl {
       std::lock_guard<std::mutex> lock(mu_);
       tasks_.push_back(std::move(task));
     }
-    cv_.notify_one();
+    Wake();
   }
 
   // Runs `fn` on the worker thread and waits for it (inline when already there).
@@ -426,6 +445,25 @@ class UcxKvTransport::Impl {
     auto future = task.get_future();
     Post([&task] { task(); });
     return future.get();
+  }
+
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!write(task_efd_, &one, sizeof(one));
+  }
+
+  // Sleeps until UCX has an event, a task was posted, or `timeout_ms` passed.
+  void Sleep(int timeout_ms) {
+    if (worker_efd_ >= 0) {
+      const ucs_status_t armed = ucp_worker_arm(worker_);
+      if (armed == UCS_ERR_BUSY) return;  // events already pending: progress them
+    }
+    pollfd fds[2] = {{.fd = task_efd_, .events = POLLIN, .revents = 0}, {.fd = worker_efd_, .events = POLLIN, .revents = 0}};
+    (void)poll(fds, worker_efd_ >= 0 ? 2 : 1, timeout_ms);
+    if ((fds[0].revents & POLLIN) != 0) {
+      uint64_t n = 0;
+      (void)!read(task_efd_, &n, sizeof(n));
+    }
   }
 
   void Loop() {
@@ -458,8 +496,12 @@ class UcxKvTransport::Impl {
         sched_yield();
         continue;
       }
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::microseconds(500), [&] { return stop_ || !tasks_.empty(); });
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_ || !tasks_.empty()) continue;
+      }
+      // 1 ms: the timers' resolution.
+      Sleep(1);
     }
   }
 
@@ -484,14 +526,24 @@ class UcxKvTransport::Impl {
     std::vector<std::shared_ptr<PushState>> pushes;
     for (const auto& [id, st] : pushes_) pushes.push_back(st);
     for (const auto& st : pushes) {
+      if (st->ep == nullptr) continue;
+      // A receiver that stops answering (dead on shm, where UCX cannot tell, or
+      // stopped) loses its endpoint: its puts are cancelled and the push ends, so the
+      // sender's caller unpins the source blocks within the deadline.
       if (st->done_sent) {
         if (now > st->ack_deadline) {
-          Fail(st, absl::UnavailableError(absl::StrCat("the KV receiver did not acknowledge the completion within ",
-                                                       options_.ack_timeout_ms, " ms")));
+          LosePeer(st->peer_key, absl::UnavailableError(absl::StrCat(
+                                     "the KV receiver did not acknowledge the completion within ",
+                                     options_.ack_timeout_ms, " ms")));
         }
         continue;
       }
-      if (st->ep != nullptr && MsSince(st->last_keepalive, now) >= options_.keepalive_interval_ms) {
+      if (MsSince(st->last_heard_receiver, now) > options_.receiver_timeout_ms) {
+        LosePeer(st->peer_key, absl::UnavailableError(absl::StrCat("the KV receiver went quiet: no answer for ",
+                                                                   options_.receiver_timeout_ms, " ms")));
+        continue;
+      }
+      if (MsSince(st->last_keepalive, now) >= options_.keepalive_interval_ms) {
         st->last_keepalive = now;
         SendMsg(st->ep, kProgress, MsgHead{st->dest.lease_token, st->id}, {});
       }
@@ -514,11 +566,15 @@ class UcxKvTransport::Impl {
       ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
       ep_params.err_handler.cb = &Impl::OnEpError;
       ep_params.err_handler.arg = this;
-      ucs_status_t s = ucp_ep_create(worker_, &ep_params, &peer.ep);
+      ucs_status_t s = UCS_ERR_UNREACHABLE;
+      if (peer_mode_usable_) s = ucp_ep_create(worker_, &ep_params, &peer.ep);
       if (s == UCS_ERR_UNREACHABLE) {
-        // NOTE: UCX 1.13's shared-memory transports have no peer failure handling: on
-        // one host the endpoint goes without it, and a dead receiver shows as the
-        // completion's ack timeout (a put into its segment cannot fail).
+        // NOTE: UCX 1.13's shared-memory active-message transports (posix, sysv) have no
+        // peer failure handling, so with UCX_TLS=sm the endpoint goes without it (tried
+        // once per transport: UCX logs the refusal). A dead or stopped receiver then
+        // shows as its missing ProgressAcks (receiver_timeout_ms) or DoneAck
+        // (ack_timeout_ms), and LosePeer force-closes the endpoint.
+        peer_mode_usable_ = false;
         ep_params.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
         s = ucp_ep_create(worker_, &ep_params, &peer.ep);
       }
@@ -547,6 +603,7 @@ class UcxKvTransport::Impl {
     }
     st->ep = peer.ep;
     st->last_keepalive = Clock::now();
+    st->last_heard_receiver = st->last_keepalive;
     pushes_[st->id] = st;
     num_pushes_.store(static_cast<int64_t>(pushes_.size()));
     SendMsg(st->ep, kHello, MsgHead{st->dest.lease_token, st->id}, {});
@@ -586,8 +643,10 @@ class UcxKvTransport::Impl {
   static void OnOpDone(void* request, ucs_status_t status, void* user_data) {
     auto* ctx = static_cast<OpContext*>(user_data);
     Impl* self = ctx->impl;
-    --ctx->st->inflight;
-    --self->inflight_;
+    if (!ctx->st->abandoned) {  // LosePeer already stopped counting it
+      --ctx->st->inflight;
+      --self->inflight_;
+    }
     if (status != UCS_OK) {
       self->Fail(ctx->st, absl::UnavailableError(absl::StrCat("KV put to the receiver failed: ", ucs_status_string(status))));
     }
@@ -655,7 +714,7 @@ class UcxKvTransport::Impl {
       std::lock_guard<std::mutex> lock(st->mu);
       if (st->done) return;
       const bool ended = !st->error.ok() || st->done_answer.has_value();
-      if (!ended || st->inflight > 0) return;
+      if (!ended || (st->inflight > 0 && !st->abandoned)) return;
       if (st->on_done == nullptr && !st->cancelled) return;  // Finish will come and report it
       st->done = true;
       status = st->error.ok() ? *st->done_answer : st->error;
@@ -681,17 +740,56 @@ class UcxKvTransport::Impl {
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* self = static_cast<Impl*>(arg);
     const absl::Status error = absl::UnavailableError(absl::StrCat("the KV peer was lost: ", ucs_status_string(status)));
-    for (auto& [key, peer] : self->peers_) {
-      if (peer.ep == ep) {
-        peer.failed = true;
-        peer.error = error;
-      }
+    std::string key;
+    for (auto& [k, peer] : self->peers_) {
+      if (peer.ep == ep) key = k;
     }
+    // A receiver-side reply endpoint (not one of ours): UCX cleans it up.
+    if (key.empty()) return;
+    // NOTE: the endpoint is closed from the loop, not inside UCX's callback.
+    self->Post([self, key, error] { self->LosePeer(key, error); });
+  }
+
+  // The peer at `key` is gone (its endpoint failed, or it stopped answering): every push
+  // to it fails with `error`, its endpoint is force-closed (UCX cancels what is still
+  // queued on it, so nothing more is written), and the next push reconnects.
+  void LosePeer(const std::string& key, const absl::Status& error) {
+    auto it = peers_.find(key);
+    if (it == peers_.end() || it->second.ep == nullptr) return;
+    const ucp_ep_h ep = it->second.ep;
+    it->second.failed = true;
+    it->second.error = error;
+    it->second.ep = nullptr;
     std::vector<std::shared_ptr<PushState>> hit;
-    for (const auto& [id, st] : self->pushes_) {
+    for (const auto& [id, st] : pushes_) {
       if (st->ep == ep) hit.push_back(st);
     }
-    for (const auto& st : hit) self->Fail(st, error);
+    for (const auto& st : hit) {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (st->error.ok()) st->error = error;
+    }
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
+      const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(100);
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker_);
+      ucp_request_free(r);
+    }
+    for (const auto& st : hit) {
+      // Whatever the close did not complete will never write: stop waiting for it.
+      st->abandoned = true;
+      inflight_ -= st->inflight;
+      st->inflight = 0;
+      if (st->rkey != nullptr) {
+        ucp_rkey_destroy(st->rkey);
+        st->rkey = nullptr;
+      }
+      st->ep = nullptr;
+      st->cv.notify_all();
+      Complete(st);
+    }
   }
 
   // ---- Messages ----
@@ -767,6 +865,8 @@ class UcxKvTransport::Impl {
     auto it = pushes_.find(head.push_id);
     if (it == pushes_.end()) return;
     const std::shared_ptr<PushState> st = it->second;
+    st->last_heard_receiver = Clock::now();
+    if (id == kProgressAck) return;
     const absl::Status answer = ReadAnswer(body);
     if (id == kHelloAck) {
       {
@@ -812,7 +912,7 @@ class UcxKvTransport::Impl {
                         absl::FailedPreconditionError("KV lease belongs to another sender"));
     }
     lease.last_heard = Clock::now();
-    if (id == kProgress) return;
+    if (id == kProgress) return SendAnswer(reply, kProgressAck, head.lease_token, head.push_id, absl::OkStatus());
     if (id == kAbort) {
       EndLease(head.lease_token, absl::AbortedError("the KV sender abandoned the transfer"), {});
       return;
@@ -919,7 +1019,8 @@ class UcxKvTransport::Impl {
   std::deque<Pool> pools_;  // guarded by pools_mu_; a deque: entries never move
 
   std::mutex mu_;
-  std::condition_variable cv_;
+  int task_efd_ = -1;    // Post() wakes the loop through it
+  int worker_efd_ = -1;  // UCX's wakeup fd (-1: poll ticks only)
   std::deque<std::function<void()>> tasks_;  // guarded by mu_
   bool stop_ = false;                        // guarded by mu_
   std::thread thread_;
@@ -929,7 +1030,8 @@ class UcxKvTransport::Impl {
   absl::flat_hash_map<uint64_t, std::shared_ptr<PushState>> pushes_;
   absl::flat_hash_map<std::string, Peer> peers_;
   int64_t inflight_ = 0;
-  AmArg am_args_[kRefused + 1];
+  bool peer_mode_usable_ = true;  // false once UCX refused UCP_ERR_HANDLING_MODE_PEER
+  AmArg am_args_[kLastAmId + 1];
 };
 
 namespace {

@@ -15,13 +15,19 @@
 // Control messages (active messages on the sender's endpoint; the receiver answers on
 // the reply endpoint): Hello (opens the push: refused for an unknown lease), Progress
 // (the sender's keepalive, every keepalive_interval_ms while a push is open), Done,
-// Abort (sender cancelled); HelloAck, DoneAck and Refused (lease unknown or failed:
-// the sender stops) back.
+// Abort (sender cancelled); HelloAck, ProgressAck (the receiver's keepalive), DoneAck
+// and Refused (lease unknown or failed: the sender stops) back.
 //
-// Faults: endpoints use UCP_ERR_HANDLING_MODE_PEER, so a dead receiver fails the
-// sender's puts (cma, tcp) or its completion times out (ack_timeout_ms, shm where a put
-// into a dead peer's segment cannot fail); a sender that dies or stops (SIGKILL,
-// SIGSTOP) stops sending Progress and its lease fails after progress_timeout_ms.
+// Faults, both directions symmetric and bounded:
+//  - the receiver dies or stops: endpoints use UCP_ERR_HANDLING_MODE_PEER where UCX
+//    allows it (tcp; not UCX_TLS=sm, whose posix/sysv active messages have no peer
+//    failure handling), so UCX's endpoint error handler fails the push at once; where
+//    it cannot tell, the missing ProgressAcks do after receiver_timeout_ms (or the
+//    missing DoneAck after ack_timeout_ms). Either way the endpoint is force-closed
+//    (queued puts are cancelled, nothing more is written) and on_done reports
+//    Unavailable, so the caller unpins its source blocks;
+//  - the sender dies or stops (SIGKILL, SIGSTOP): it stops sending Progress and its
+//    lease fails after progress_timeout_ms.
 // Shutting a transport down ends its leases (Cancelled) and pushes (Cancelled).
 //
 // NOTE: a one-sided put cannot be refused by the receiver once the rkey is handed out.
@@ -53,8 +59,13 @@ struct UcxKvTransportOptions {
   // Receiver: a lease with no Hello this long after OpenLease fails; 0: no limit (the
   // control plane's own deadline and the engine's lease timeout cover that wait).
   int64_t hello_timeout_ms = 0;
-  // Sender: Progress messages this often while a push is open.
+  // Sender: Progress messages this often while a push is open (the receiver answers
+  // each with a ProgressAck).
   int64_t keepalive_interval_ms = 200;
+  // Sender: a push whose receiver answered nothing (no HelloAck, ProgressAck, ...) for
+  // this long fails (Unavailable) and its endpoint is force-closed: how a dead receiver
+  // is noticed where UCX cannot tell (shared memory) and how a stopped one is.
+  int64_t receiver_timeout_ms = 1000;
   // Sender: how long the HelloAck and the DoneAck may take (Unavailable past it).
   int64_t ack_timeout_ms = 2000;
   // Sender: XXH64 of every run goes with the completion and the receiver verifies it
