@@ -238,7 +238,12 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
       }
     }
     if (close_ucx) {
-      state.kv_transport()->CloseLease(call->ucx_token, absl::CancelledError("the KV went another way"));
+      // Unavailable: the prefill worker is gone or unreachable, so the transport must
+      // not answer on its endpoint (UCX may have torn it down: sending there crashed).
+      const bool peer_lost = failure.has_value() && failure->code() == absl::StatusCode::kUnavailable;
+      state.kv_transport()->CloseLease(call->ucx_token, peer_lost
+                                                            ? absl::UnavailableError("the KV sender is unreachable")
+                                                            : absl::CancelledError("the KV went another way"));
     }
     if (cancel_call) call->context.TryCancel();
     if (failure.has_value()) return FailOrFallBack(state, id, *failure, call->prefill_address);

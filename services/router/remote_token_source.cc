@@ -370,7 +370,7 @@ RemoteTokenSource::~RemoteTokenSource() {
   for (auto& call : calls) call->Abort();
   calls.clear();
   std::unique_lock<std::mutex> lock(mu_);
-  idle_cv_.wait(lock, [this] { return calls_.empty(); });
+  idle_cv_.wait(lock, [this] { return calls_.empty() && pending_reports_ == 0; });
 }
 
 absl::Status RemoteTokenSource::Submit(engine::EngineRequest request) {
@@ -439,9 +439,17 @@ void RemoteTokenSource::ReportUnreachable(const std::string& worker_id, std::str
   pending->request.set_reporter("router");
   pending->request.set_reason(std::string(reason));
   rpc::SetTimeout(&pending->context, options_.place_timeout_ms);
-  // Fire and forget: the heartbeat expiry covers a report that does not arrive.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++pending_reports_;
+  }
+  // Fire and forget (the heartbeat expiry covers a report that does not arrive), but
+  // counted, so the destructor outwaits it.
   scheduler_->async()->ReportUnreachable(&pending->context, &pending->request, &pending->response,
-                                         [pending](grpc::Status) {});
+                                         [this, pending](grpc::Status) {
+                                           std::lock_guard<std::mutex> lock(mu_);
+                                           if (--pending_reports_ == 0) idle_cv_.notify_all();
+                                         });
 }
 
 void RemoteTokenSource::Forget(const std::string& request_id) {

@@ -105,6 +105,9 @@ class RemoteTokenSource final : public serving::TokenSource {
   std::atomic<int64_t> num_fallback_placements_{0};
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
+  // ReportUnreachable calls still in flight (guarded by mu_): the destructor waits for
+  // them, since a call outliving its stub and channel breaks gRPC at exit.
+  int32_t pending_reports_ = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<Call>> calls_;  // guarded by mu_
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
 };

@@ -12,6 +12,11 @@ namespace kvmesh::worker {
 UnreachableReporter::UnreachableReporter(UnreachableReporterOptions options)
     : options_(std::move(options)), stub_(v1::Scheduler::NewStub(rpc::CreateChannel(options_.scheduler_address))) {}
 
+UnreachableReporter::~UnreachableReporter() {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_.wait(lock, [this] { return in_flight_ == 0; });
+}
+
 void UnreachableReporter::Report(const std::string& address, const std::string& reason) {
   const auto now = std::chrono::steady_clock::now();
   {
@@ -21,6 +26,7 @@ void UnreachableReporter::Report(const std::string& address, const std::string& 
       if (now - it->second < std::chrono::milliseconds(options_.min_interval_ms)) return;
       it->second = now;
     }
+    ++in_flight_;
   }
   struct Pending {
     grpc::ClientContext context;
@@ -35,11 +41,13 @@ void UnreachableReporter::Report(const std::string& address, const std::string& 
   KVMESH_LOG(kWarning) << "reporting an unreachable peer to the scheduler" << LogKv("peer", address)
                        << LogKv("reason", reason);
   stub_->async()->ReportUnreachable(&pending->context, &pending->request, &pending->response,
-                                    [pending, address](grpc::Status status) {
+                                    [this, pending, address](grpc::Status status) {
                                       if (!status.ok()) {
                                         KVMESH_LOG(kWarning) << "unreachable report failed" << LogKv("peer", address)
                                                              << LogKv("status", status.error_message());
                                       }
+                                      std::lock_guard<std::mutex> lock(mu_);
+                                      if (--in_flight_ == 0) idle_.notify_all();
                                     });
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,9 @@ struct UnreachableReporterOptions {
 class UnreachableReporter {
  public:
   explicit UnreachableReporter(UnreachableReporterOptions options);
+  // Waits for the reports in flight (each bounded by timeout_ms): a call outliving its
+  // stub and channel breaks gRPC at exit.
+  ~UnreachableReporter();
 
   // Reports `address` (unless reported within min_interval_ms).
   void Report(const std::string& address, const std::string& reason);
@@ -38,6 +42,8 @@ class UnreachableReporter {
   std::unique_ptr<v1::Scheduler::Stub> stub_;
   std::mutex mu_;
   absl::flat_hash_map<std::string, std::chrono::steady_clock::time_point> last_report_;  // guarded by mu_
+  int32_t in_flight_ = 0;  // guarded by mu_
+  std::condition_variable idle_;
 };
 
 }  // namespace kvmesh::worker

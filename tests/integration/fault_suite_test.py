@@ -59,7 +59,11 @@ class Cluster:
         self.run_dir = tempfile.mkdtemp(prefix="kvmesh-faults-")
         self.env = dict(os.environ, KVMESH_BIN=KVMESH, KVMESH_SCHEDULER_BIN=SCHEDULER)
         out = subprocess.run([sys.executable, DEV_CLUSTER, "start", "--run-dir", self.run_dir, "--heartbeat-ms", "200",
-                              "--prefill-workers", str(prefill_workers), "--decode-workers", str(decode_workers)],
+                              "--prefill-workers", str(prefill_workers), "--decode-workers", str(decode_workers),
+                              # A slow but live prefill worker (ctest runs two tests on two cores)
+                              # must not fall back in the undisturbed run; a dead or stopped one
+                              # is found by the peer channel's keepalive (~1 s), not this deadline.
+                              "--worker-arg=--remote-prefill-timeout-base-ms=30000"],
                              capture_output=True, text=True, env=self.env, timeout=300)
         assert out.returncode == 0, out.stderr + self.logs()
         self.state = json.loads(out.stdout)

@@ -121,6 +121,7 @@ class KvTransport {
                                                  KvLeaseDoneFn on_done) = 0;
   // Receiver: ends a lease early (on_done gets `status` unless it already ran); the
   // sender's later messages are refused. Unknown tokens are ignored.
+  // An Unavailable `status` says the sender is gone: nothing is sent to it.
   virtual void CloseLease(uint64_t lease_token, absl::Status status) = 0;
 
   // Sender: opens a push from local `pool` into the lease of `descriptor`. Blocks until

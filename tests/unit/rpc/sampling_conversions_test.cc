@@ -60,13 +60,23 @@ TEST(SamplingConversionsTest, DefaultsRoundTrip) {
   EXPECT_TRUE(Equal(*back, engine::SamplingParams()));
 }
 
-TEST(SamplingConversionsTest, UnsupportedFieldsAreUnimplemented) {
+TEST(SamplingConversionsTest, LogitBiasAndPromptLogprobsRoundTrip) {
   v1::SamplingParams proto;
   (*proto.mutable_logit_bias())[5] = 2.0f;
-  EXPECT_EQ(SamplingParamsFromProto(proto).status().code(), absl::StatusCode::kUnimplemented);
-  proto.Clear();
+  (*proto.mutable_logit_bias())[1] = -100.0f;
   proto.set_prompt_logprobs(1);
-  EXPECT_EQ(SamplingParamsFromProto(proto).status().code(), absl::StatusCode::kUnimplemented);
+  const auto params = SamplingParamsFromProto(proto);
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_EQ(params->prompt_logprobs, 1);
+  ASSERT_EQ(params->logit_bias.size(), 2u);
+  EXPECT_EQ(params->logit_bias[0].first, 1);  // sorted by token id
+  EXPECT_EQ(params->logit_bias[0].second, -100.0f);
+  EXPECT_EQ(params->logit_bias[1].first, 5);
+  v1::SamplingParams back;
+  SamplingParamsToProto(*params, &back);
+  EXPECT_EQ(back.logit_bias().size(), 2);
+  EXPECT_EQ(back.logit_bias().at(5), 2.0f);
+  EXPECT_EQ(back.prompt_logprobs(), 1);
 }
 
 TEST(SamplingConversionsTest, NumSamples) {

@@ -283,7 +283,10 @@ class UcxKvTransport::Impl {
     Post([this, token, status = std::move(status)] {
       auto it = leases_.find(token);
       if (it == leases_.end()) return;
-      if (it->second.has_sender && it->second.reply_ep != nullptr) {
+      // Tell a live sender to stop. Not one that is gone (Unavailable): UCX may already
+      // have destroyed its reply endpoint, and a send there is a use after free; a
+      // sender that is merely slow learns it from its next keepalive (kRefused).
+      if (it->second.has_sender && it->second.reply_ep != nullptr && !absl::IsUnavailable(status)) {
         SendAnswer(it->second.reply_ep, kRefused, token, it->second.sender_push_id, status);
       }
       EndLease(token, status, {});
