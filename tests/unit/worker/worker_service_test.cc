@@ -263,15 +263,24 @@ v1::WorkerGenerateRequest GenerateRequest(const std::string& id, std::vector<int
   return request;
 }
 
+// The Prefill call's deadline is capped by the lease's, so when a silent prefill peer
+// lets the lease run out, either the call's deadline fires first (the decode worker
+// falls back to a local prefill: tokens) or the lease expiry does (DeadlineExceeded).
+// Which one wins is a race of two 300 ms timers; both must free the lease's blocks and
+// cancel the remote prefill.
 TEST(WorkerServiceTest, AnExpiredLeaseEndsTheRequestWithDeadlineExceededAndFreesItsBlocks) {
   SilentPeer prefill;
   Worker decode(/*lease_timeout_ms=*/300);
   grpc::ClientContext context;
   auto reader = decode.stub->Generate(&context, GenerateRequest("r", Prompt(10, 3), prefill.server->address()));
   v1::WorkerGenerateResponse response;
+  int32_t tokens = 0;
   while (reader->Read(&response)) {
+    tokens += response.token_ids_size();
   }
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  const grpc::StatusCode code = reader->Finish().error_code();
+  EXPECT_TRUE(code == grpc::StatusCode::DEADLINE_EXCEEDED || (code == grpc::StatusCode::OK && tokens == 6))
+      << "status " << code << " after " << tokens << " tokens";
   EXPECT_EQ(decode.UsedBlocksEventually(), 0);
   EXPECT_EQ(prefill.service.prefill.cancelled.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready)
       << "the prefill call outlived its lease";
