@@ -59,6 +59,12 @@ class EngineTiersTest : public ::testing::TestWithParam<std::string> {
     auto runner = PagedModelRunner::Create(*model_, {.block_size_tokens = kBlock, .num_blocks = num_blocks});
     EXPECT_TRUE(runner.ok()) << runner.status();
     w.runner = std::move(runner).value();
+    w.engine = MakeEngine(*w.runner, std::move(tiers));
+    return w;
+  }
+
+  // The engine every test here runs: small steps, no events, the given tiers.
+  static std::unique_ptr<Engine> MakeEngine(ModelRunner& runner, EngineKvTierOptions tiers) {
     EngineOptions options;
     options.scheduler.max_num_batched_tokens = 256;
     options.scheduler.max_num_seqs = 4;
@@ -66,10 +72,9 @@ class EngineTiersTest : public ::testing::TestWithParam<std::string> {
     options.kv.record_events = false;
     options.max_model_len = 512;
     options.tiers = std::move(tiers);
-    auto engine = Engine::Create(options, *w.runner);
+    auto engine = Engine::Create(options, runner);
     EXPECT_TRUE(engine.ok()) << engine.status();
-    w.engine = std::move(engine).value();
-    return w;
+    return engine.ok() ? std::move(engine).value() : nullptr;
   }
 
   static SamplingParams Greedy(int32_t max_tokens) {
@@ -314,16 +319,7 @@ TEST_P(EngineTiersTest, TensorParallelRanksOffloadAndOnboardTheirOwnHeads) {
                                            .num_blocks = num_blocks, .total_threads = 2});
     EXPECT_TRUE(r.ok()) << r.status();
     *runner = std::move(r).value();
-    EngineOptions options;
-    options.scheduler.max_num_batched_tokens = 256;
-    options.scheduler.max_num_seqs = 4;
-    options.kv.block_size_tokens = kBlock;
-    options.kv.record_events = false;
-    options.max_model_len = 512;
-    options.tiers = std::move(tiers);
-    auto engine = Engine::Create(options, **runner);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    return std::move(engine).value();
+    return MakeEngine(**runner, std::move(tiers));
   };
   std::unique_ptr<TensorParallelRunner> plain_runner;
   std::unique_ptr<Engine> plain = make(64, {}, &plain_runner);
