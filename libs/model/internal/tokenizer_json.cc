@@ -1,5 +1,7 @@
 #include "model/internal/tokenizer_json.h"
 
+#include <cstdint>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +23,18 @@ struct Loader {
   }
   absl::Status Unsupported(const std::string& kind, const std::string& type) const {
     return Error(absl::StrCat("unsupported ", kind, " '", type, "'"));
+  }
+
+  // nlohmann's get<int32_t>() casts a float such as 1e300 to int, which is
+  // undefined behaviour; token ids must be JSON integers that fit int32.
+  absl::StatusOr<int32_t> TokenId(const json& v, const std::string& where) const {
+    if (v.is_number_integer()) {
+      const int64_t id = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}
+                             ? int64_t{-1}
+                             : v.get<int64_t>();
+      if (id >= 0 && id <= INT32_MAX) return static_cast<int32_t>(id);
+    }
+    return Error(absl::StrCat(where, ": token id must be an integer in [0, 2^31), got ", v.dump()));
   }
 
   static std::string TypeOf(const json& j) {
@@ -172,13 +186,16 @@ struct Loader {
         if (!specials.contains(id)) {
           return Error(absl::StrCat("TemplateProcessing names special token '", id, "' missing from special_tokens"));
         }
-        for (const json& v : specials[id].at("ids")) (seen_sequence ? suffix : prefix).push_back(v.get<int32_t>());
+        for (const json& v : specials[id].at("ids")) {
+          KVMESH_ASSIGN_OR_RETURN(const int32_t token, TokenId(v, "TemplateProcessing special_tokens"));
+          (seen_sequence ? suffix : prefix).push_back(token);
+        }
       }
       return std::unique_ptr<PostProcessor>(new WrapPostProcessor(std::move(prefix), std::move(suffix)));
     }
     if (type == "BertProcessing" || type == "RobertaProcessing") {
-      const int32_t cls = j.at("cls").at(1);
-      const int32_t sep = j.at("sep").at(1);
+      KVMESH_ASSIGN_OR_RETURN(const int32_t cls, TokenId(j.at("cls").at(1), absl::StrCat(type, " cls")));
+      KVMESH_ASSIGN_OR_RETURN(const int32_t sep, TokenId(j.at("sep").at(1), absl::StrCat(type, " sep")));
       return std::unique_ptr<PostProcessor>(new WrapPostProcessor({cls}, {sep}));
     }
     return Unsupported("post_processor", type);
@@ -199,7 +216,9 @@ struct Loader {
     if (!vocab_json.is_object()) return Error("model.vocab must be an object of token -> id");
     absl::flat_hash_map<std::string, int32_t> vocab;
     vocab.reserve(vocab_json.size());
-    for (auto it = vocab_json.begin(); it != vocab_json.end(); ++it) vocab[it.key()] = it.value().get<int32_t>();
+    for (auto it = vocab_json.begin(); it != vocab_json.end(); ++it) {
+      KVMESH_ASSIGN_OR_RETURN(vocab[it.key()], TokenId(it.value(), absl::StrCat("model.vocab['", it.key(), "']")));
+    }
     std::vector<std::pair<std::string, std::string>> merges;
     if (j.contains("merges")) {
       const json& merges_json = j["merges"];
@@ -256,14 +275,13 @@ struct Loader {
     if (root.contains("added_tokens") && root["added_tokens"].is_array()) {
       for (const json& t : root["added_tokens"]) {
         AddedToken token;
-        token.id = t.at("id").get<int32_t>();
+        KVMESH_ASSIGN_OR_RETURN(token.id, TokenId(t.at("id"), "added_tokens id"));
         token.content = t.at("content").get<std::string>();
         token.single_word = t.value("single_word", false);
         token.lstrip = t.value("lstrip", false);
         token.rstrip = t.value("rstrip", false);
         token.normalized = t.value("normalized", true);
         token.special = t.value("special", false);
-        if (token.id < 0) return Error(absl::StrCat("added token '", token.content, "' has a negative id"));
         parts.added_tokens.push_back(std::move(token));
       }
       AssignAddedTokenIds(*parts.model, &parts.added_tokens);

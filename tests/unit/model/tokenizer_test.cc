@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "tokenizer_test_util.h"
 
 namespace kvmesh::model {
@@ -135,6 +136,27 @@ TEST(TokenizerTest, UnsupportedComponentsAreInvalidArgumentNamingThem) {
   // A field of the wrong type is an error, not an exception.
   ExpectInvalid(Tokenizer::FromJson(replace(R"("fuse_unk": false)", R"("fuse_unk": "yes")"), "/m/t.json"), "/m/t.json",
                 "malformed");
+}
+
+// A token id that is a float, negative or past int32 is an error; a float
+// such as 1e300 used to be cast to int (undefined behaviour; found by
+// tools/fuzz tokenizer_json).
+TEST(TokenizerTest, TokenIdsMustBeInt32Integers) {
+  std::string json = TinyByteLevelJson();
+  const auto replace = [&](const std::string& from, const std::string& to) {
+    std::string s = json;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  for (const char* bad : {"1e300", "2.5", "-3", "4294967296", "18446744073709551615"}) {
+    SCOPED_TRACE(bad);
+    ExpectInvalid(Tokenizer::FromJson(replace(R"("id": 260)", absl::StrCat(R"("id": )", bad)), "/m/t.json"),
+                  "/m/t.json", "added_tokens id");
+    ExpectInvalid(Tokenizer::FromJson(replace(R"("hello": 259)", absl::StrCat(R"("hello": )", bad)), "/m/t.json"),
+                  "/m/t.json", "model.vocab['hello']");
+    ExpectInvalid(Tokenizer::FromJson(replace(R"("ids": [260])", absl::StrCat(R"("ids": [)", bad, "]")), "/m/t.json"),
+                  "/m/t.json", "TemplateProcessing");
+  }
 }
 
 TEST(TokenizerTest, SentencePieceModelLoadsAndMatchesKnownIds) {
