@@ -370,13 +370,25 @@ RemoteTokenSource::~RemoteTokenSource() {
   for (auto& call : calls) call->Abort();
   calls.clear();
   std::unique_lock<std::mutex> lock(mu_);
-  idle_cv_.wait(lock, [this] { return calls_.empty() && pending_reports_ == 0; });
+  idle_cv_.wait(lock, [this] { return calls_.empty() && live_calls_ == 0 && pending_reports_ == 0; });
 }
 
 absl::Status RemoteTokenSource::Submit(engine::EngineRequest request) {
   if (draining_.load()) return absl::UnavailableError("the router is draining; retry on another replica");
   if (absl::Status s = engine::ValidateEngineRequest(request, options_.limits); !s.ok()) return s;
-  auto call = std::make_shared<Call>(*this, std::move(request));
+  // NOTE: the deleter runs after the Call and everything it owns (its streams, their
+  // stubs and contexts) is gone, on whichever gRPC thread dropped the last reference;
+  // the destructor waits for it, since a gRPC object outliving main() aborts the
+  // process at exit (ref_counted.h "prior > 0", seen in deploy_chart_processes).
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++live_calls_;
+  }
+  std::shared_ptr<Call> call(new Call(*this, std::move(request)), [this](Call* c) {
+    delete c;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--live_calls_ == 0) idle_cv_.notify_all();
+  });
   const std::string id = call->request_id();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -434,22 +446,28 @@ void RemoteTokenSource::ReportUnreachable(const std::string& worker_id, std::str
     v1::ReportUnreachableRequest request;
     v1::ReportUnreachableResponse response;
   };
-  auto pending = std::make_shared<Pending>();
-  pending->request.set_worker_id(worker_id);
-  pending->request.set_reporter("router");
-  pending->request.set_reason(std::string(reason));
-  rpc::SetTimeout(&pending->context, options_.place_timeout_ms);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++pending_reports_;
   }
+  // Counted down when the call's state is destroyed (after the callback, with the
+  // lambda that holds it), not in the callback: the context must not outlive this.
+  std::shared_ptr<Pending> pending(new Pending, [this](Pending* p) {
+    delete p;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--pending_reports_ == 0) idle_cv_.notify_all();
+  });
+  pending->request.set_worker_id(worker_id);
+  pending->request.set_reporter("router");
+  pending->request.set_reason(std::string(reason));
+  rpc::SetTimeout(&pending->context, options_.place_timeout_ms);
   // Fire and forget (the heartbeat expiry covers a report that does not arrive), but
   // counted, so the destructor outwaits it.
-  scheduler_->async()->ReportUnreachable(&pending->context, &pending->request, &pending->response,
-                                         [this, pending](grpc::Status) {
-                                           std::lock_guard<std::mutex> lock(mu_);
-                                           if (--pending_reports_ == 0) idle_cv_.notify_all();
-                                         });
+  v1::ReportUnreachableRequest* request = &pending->request;
+  v1::ReportUnreachableResponse* response = &pending->response;
+  grpc::ClientContext* context = &pending->context;
+  scheduler_->async()->ReportUnreachable(context, request, response,
+                                         [pending = std::move(pending)](grpc::Status) {});
 }
 
 void RemoteTokenSource::Forget(const std::string& request_id) {

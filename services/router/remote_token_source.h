@@ -108,6 +108,9 @@ class RemoteTokenSource final : public serving::TokenSource {
   // ReportUnreachable calls still in flight (guarded by mu_): the destructor waits for
   // them, since a call outliving its stub and channel breaks gRPC at exit.
   int32_t pending_reports_ = 0;
+  // Calls not yet destroyed (guarded by mu_): a call leaves calls_ at its final output
+  // but a gRPC thread may hold it, its streams and their contexts a while longer.
+  int64_t live_calls_ = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<Call>> calls_;  // guarded by mu_
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
 };

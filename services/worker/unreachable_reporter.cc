@@ -33,21 +33,28 @@ void UnreachableReporter::Report(const std::string& address, const std::string& 
     v1::ReportUnreachableRequest request;
     v1::ReportUnreachableResponse response;
   };
-  auto pending = std::make_shared<Pending>();
+  // Counted down when the call's state is destroyed (with the callback that holds it),
+  // not in the callback: the context must not outlive this (gRPC aborts at exit).
+  std::shared_ptr<Pending> pending(new Pending, [this](Pending* p) {
+    delete p;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--in_flight_ == 0) idle_.notify_all();
+  });
   pending->request.set_address(address);
   pending->request.set_reporter(options_.reporter);
   pending->request.set_reason(reason);
   rpc::SetTimeout(&pending->context, options_.timeout_ms);
   KVMESH_LOG(kWarning) << "reporting an unreachable peer to the scheduler" << LogKv("peer", address)
                        << LogKv("reason", reason);
-  stub_->async()->ReportUnreachable(&pending->context, &pending->request, &pending->response,
-                                    [this, pending, address](grpc::Status status) {
+  grpc::ClientContext* context = &pending->context;
+  v1::ReportUnreachableRequest* request = &pending->request;
+  v1::ReportUnreachableResponse* response = &pending->response;
+  stub_->async()->ReportUnreachable(context, request, response,
+                                    [pending = std::move(pending), address](grpc::Status status) {
                                       if (!status.ok()) {
                                         KVMESH_LOG(kWarning) << "unreachable report failed" << LogKv("peer", address)
                                                              << LogKv("status", status.error_message());
                                       }
-                                      std::lock_guard<std::mutex> lock(mu_);
-                                      if (--in_flight_ == 0) idle_.notify_all();
                                     });
 }
 

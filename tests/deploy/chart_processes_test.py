@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -85,8 +86,11 @@ def _args(pod):
 
 def _post(url, body, timeout=120):
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.status, r.read().decode()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:  # the caller's assertion shows the error body
+        return e.code, e.read().decode()
 
 
 def _metric(pod, name, labels=""):

@@ -117,7 +117,10 @@ def test_per_key_request_rate_is_429_with_retry_after_and_keys_do_not_share_buck
 
 
 def test_per_key_token_rate_is_429_with_retry_after():
-    s = Serve("--key_tokens_per_s=20", "--key_token_burst=40")
+    # NOTE: a slow refill (2 tokens/s: a debt of ~20 tokens takes ~10 s to pay) so that
+    # the first request's own run time cannot pay the debt before the second arrives on
+    # a loaded machine (at 20 tokens/s it could, and the 429 did not come in CI).
+    s = Serve("--key_tokens_per_s=2", "--key_token_burst=40")
     try:
         ka = s.client("ka")
         # A full bucket admits a request larger than it (and goes into debt)...

@@ -9,14 +9,21 @@ Prefill call and the KV push, on pd: static /32 routes send the workers to each 
 over it). Under a concurrent streaming load through the router each fault is injected
 on one link and taken away again: a cut link (link down) between router and decode
 and between prefill and decode, a slow link (tbf rate limit), and, where the kernel
-has sch_netem, delay with jitter and packet loss. Every request must end with tokens
+has sch_netem, delay with jitter and packet loss. Packet loss is also injected with
+nftables (`numgen random ... drop` on each end's output: real drops in the kernel,
+both directions), and delay with jitter by a delaying TCP relay in front of a decode
+worker (tcp_delay_relay.py, as toxiproxy does it: every gRPC hop into the decode
+worker, the router's streams and the prefill worker's KV push, crosses it), so both
+run where the kernel lacks sch_netem too. Every request must end with tokens
 or a clear error within END_BOUND_S (the clients' timeout): none hangs or is
 truncated; afterwards a request is served and no KV block is left in use on the
 decode worker. The shares are printed per fault.
 
 Skipped, saying why, without root or where namespaces cannot be made; the netem cases
-skip, saying why, where `tc qdisc ... netem` is unknown to the kernel."""
+skip, saying why, where `tc qdisc ... netem` is unknown to the kernel, and the nftables
+case where `nft` cannot make a table."""
 
+import json
 import os
 import re
 import signal
@@ -159,7 +166,7 @@ def cluster():
         router = NsProc("r", [KVMESH, "router", f"--host={ROUTER_IP}", "--port=0", "--grpc-port=-1",
                               f"--scheduler=127.0.0.1:{port}"], r"router listening on (http://\S+)")
         procs.append(router)
-        yield {"url": router.match.group(1), "decode_metrics": metrics_url, "procs": procs}
+        yield {"url": router.match.group(1), "decode_metrics": metrics_url, "procs": procs, "scheduler_port": port}
     finally:
         for p in reversed(procs):
             p.stop()
@@ -191,6 +198,10 @@ def _under_fault(cluster, name, inject, heal, fault_s=CUT_S):
     kinds = fault_load.summarize(outcomes, f"{name}: all")
     fault_load.summarize(during, f"{name}: overlapping the {fault_s:.0f} s fault")
     longest = max((o.end - o.start for o in outcomes), default=0.0)
+    for label, group in (("before and after", [o for o in outcomes if o not in during]), ("during", during)):
+        times = sorted(o.end - o.start for o in group if o.kind == "ok")
+        if times:
+            print(f"{name}: request time median {times[len(times) // 2] * 1000:.0f} ms {label} the fault", flush=True)
     print(f"{name}: longest request {longest:.1f} s (bound {END_BOUND_S:.0f} s, ratio {longest / END_BOUND_S:.3f})",
           flush=True)
     hung = [o for o in outcomes if o.kind == "error" and "Timeout" in o.error]
@@ -297,3 +308,117 @@ def test_netem_on_every_worker_link(cluster, spec):
         return out if out.returncode != 0 else _qdisc_both_ends("pd", "netem", *spec)
 
     _under_fault(cluster, f"netem {' '.join(spec)}", inject, lambda: (_clear_qdisc("rd"), _clear_qdisc("pd")))
+
+
+def _nft(ns, script):
+    return subprocess.run(["ip", "netns", "exec", NS[ns], "nft", "-f", "-"], input=script, capture_output=True,
+                          text=True)
+
+
+def _nft_loss(link, percent):
+    """Drops `percent`% of the packets leaving either end of `link` (both directions)."""
+    for ns, dev, _ in LINKS[link]:
+        out = _nft(ns, f"""table inet kvfault_{link} {{
+  chain out {{
+    type filter hook output priority 0; policy accept;
+    oifname "{dev}" numgen random mod 100 < {percent} drop
+  }}
+}}
+""")
+        if out.returncode != 0:
+            return out
+    return out
+
+
+def _clear_nft(link):
+    for ns, _, _ in LINKS[link]:
+        _sh("ip", "netns", "exec", NS[ns], "nft", "delete", "table", "inet", f"kvfault_{link}")
+
+
+@pytest.mark.parametrize("percent", [2, 10])
+def test_packet_loss_on_every_worker_link_with_nftables(cluster, percent):
+    probe = _nft_loss("rd", 0)
+    _clear_nft("rd")
+    if probe.returncode != 0:
+        pytest.skip(f"nftables cannot drop packets here ({probe.stderr.strip()})")
+
+    def inject():
+        out = _nft_loss("rd", percent)
+        return out if out.returncode != 0 else _nft_loss("pd", percent)
+
+    _under_fault(cluster, f"loss {percent}% (nftables) on router<->decode and prefill<->decode", inject,
+                 lambda: (_clear_nft("rd"), _clear_nft("pd")))
+
+
+def _free_port(ns, ip):
+    out = _sh("ip", "netns", "exec", NS[ns], "python3", "-c",
+              "import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])", ip)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def relayed_decode(cluster):
+    """Replaces the cluster's decode worker by one behind a delaying relay (the relay
+    listens on the address the worker advertises). Module-scoped and requested by the
+    last tests of this file only: the cut-link tests above run against the direct one."""
+    control = f"/tmp/{TAG}-relay.json"
+    with open(control, "w") as f:
+        json.dump({"target": None, "delay_ms": 0, "jitter_ms": 0}, f)
+    relay = NsProc("d", ["python3", os.path.join(os.path.dirname(__file__), "tcp_delay_relay.py"),
+                         f"--listen={DECODE_IP}:0", f"--control={control}"], r"relay listening on \S+:(\d+)")
+    cluster["procs"].append(relay)
+    old = cluster["procs"][2]
+    old.stop()  # drains, then deregisters (and the scheduler's TTL is 3 s)
+    port = _free_port("d", DECODE_IP)
+    with open(control, "w") as f:
+        json.dump({"target": f"{DECODE_IP}:{port}", "delay_ms": 0, "jitter_ms": 0}, f)
+    # gRPC KV push (not UCX, which would go to the worker's own address, around the relay).
+    decode = NsProc("d", [KVMESH, "worker", "--role=decode", f"--listen={DECODE_IP}:{port}",
+                          f"--advertise_address={DECODE_IP}:{relay.match.group(1)}",
+                          f"--scheduler=10.201.2.1:{cluster['scheduler_port']}", f"--worker_id={TAG}-decode-relayed",
+                          f"--metrics_host={DECODE_IP}", "--kv-transport=grpc", "--kv-cache-bytes", str(128 << 20),
+                          "--threads=1", "--metrics-port=0"], r"worker listening on (\S+)")
+    cluster["procs"][2] = decode
+    decode.wait_log(r"registered with the scheduler")
+    decode.wait_log(r"worker metrics on http://\S+/metrics")
+    cluster["decode_metrics"] = re.search(r"worker metrics on (http://\S+)/metrics", "".join(decode.log)).group(1)
+    time.sleep(4.0)  # the old registration is gone from the scheduler's view
+
+    def set_delay(delay_ms, jitter_ms):
+        tmp = control + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"target": f"{DECODE_IP}:{port}", "delay_ms": delay_ms, "jitter_ms": jitter_ms}, f)
+        os.replace(tmp, control)
+        time.sleep(0.3)  # the relay re-reads it every 100 ms
+        return subprocess.CompletedProcess(args=[], returncode=0)
+
+    yield set_delay
+    os.unlink(control)
+
+
+@pytest.mark.parametrize("delay_ms,jitter_ms,loss_percent", [(50, 20, 0), (20, 10, 2)],
+                         ids=["delay 50ms jitter 20ms", "delay 20ms + loss 2%"])
+def test_delay_with_jitter_into_the_decode_worker_through_a_relay(cluster, relayed_decode, delay_ms, jitter_ms,
+                                                                   loss_percent):
+    def inject():
+        out = relayed_decode(delay_ms, jitter_ms)
+        if loss_percent:
+            out = _nft_loss("rd", loss_percent)
+            if out.returncode == 0:
+                out = _nft_loss("pd", loss_percent)
+        return out
+
+    def heal():
+        relayed_decode(0, 0)
+        _clear_nft("rd")
+        _clear_nft("pd")
+
+    name = f"delay {delay_ms}ms jitter {jitter_ms}ms" + (f" + loss {loss_percent}%" if loss_percent else "")
+    _under_fault(cluster, f"{name} (relay) on router->decode and prefill->decode", inject, heal)
+    # The delayed hops really crossed the relay: the router's streams and the prefill
+    # worker's KV push.
+    relay = cluster["procs"][-1]
+    sources = {re.search(r"relay connection from (\S+):", l).group(1) for l in relay.log if "relay connection" in l}
+    assert ROUTER_IP in sources or "10.201.2.1" in sources, sources
+    assert PREFILL_IP in sources or "10.201.3.1" in sources, sources
