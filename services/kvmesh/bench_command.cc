@@ -15,7 +15,7 @@
 
 #include "absl/flags/flag.h"
 #include "backend/cpu/memory_bandwidth.h"
-#include "cli_common.h"
+#include "cli/cli_common.h"
 #include "commands.h"
 #include "core/flag_checks.h"
 

@@ -29,12 +29,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "cli_common.h"
+#include "cli/cli_common.h"
 #include "commands.h"
 #include "engine/engine.h"
 #include "core/flag_checks.h"
 #include "core/status_macros.h"
-#include "engine_flags.h"
+#include "cli/engine_flags.h"
 
 ABSL_FLAG(int, sessions, 64, "multi-turn: chat sessions.");
 ABSL_FLAG(int, turns, 8, "multi-turn: turns per session.");

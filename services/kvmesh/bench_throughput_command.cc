@@ -15,9 +15,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "cli_common.h"
+#include "cli/cli_common.h"
 #include "commands.h"
-#include "engine_flags.h"
+#include "cli/engine_flags.h"
 #include "engine/engine.h"
 #include "engine/paged_model_runner.h"
 #include "core/flag_checks.h"

@@ -12,16 +12,16 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
-#include "cli_common.h"
+#include "cli/cli_common.h"
 #include "commands.h"
 #include "core/logging.h"
-#include "router.h"
-#include "admission_flags.h"
+#include "router/router.h"
+#include "router/admission_flags.h"
 #include "rpc/tls_flags.h"
 #include "core/flag_checks.h"
 
 // Shared with `kvmesh serve` (serve_command.cc, serving_flags.cc), `kvmesh worker`
-// (services/worker/worker_process.cc) and the engine flags (engine_flags.cc).
+// (libs/worker/worker_process.cc) and the engine flags (libs/cli/engine_flags.cc).
 ABSL_DECLARE_FLAG(std::string, host);
 ABSL_DECLARE_FLAG(int, port);
 ABSL_DECLARE_FLAG(int, grpc_port);

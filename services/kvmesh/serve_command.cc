@@ -20,9 +20,9 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cli_common.h"
+#include "cli/cli_common.h"
 #include "commands.h"
-#include "engine_flags.h"
+#include "cli/engine_flags.h"
 #include "core/logging.h"
 #include "engine/async_engine.h"
 #include "engine/paged_model_runner.h"
@@ -33,7 +33,7 @@
 #include "serving/openai_routes.h"
 #include "serving/openai_service.h"
 #include "serving/serving_metrics.h"
-#include "admission_flags.h"
+#include "router/admission_flags.h"
 #include "core/flag_checks.h"
 
 ABSL_DECLARE_FLAG(std::string, served_model_name);  // serving_flags.cc

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "cli_common.h"
+#include "cli/cli_common.h"
 #include "commands.h"
 #include "core/file_util.h"
 #include "model/tokenizer.h"

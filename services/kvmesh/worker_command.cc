@@ -1,4 +1,4 @@
-// `kvmesh worker --role prefill|decode|both`: the worker process of services/worker
+// `kvmesh worker --role prefill|decode|both`: the worker process of libs/worker
 // (worker_process.h), the same one kvmesh-prefill-worker and kvmesh-decode-worker run.
 #include "commands.h"
 #include "worker/worker_process.h"

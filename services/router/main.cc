@@ -12,10 +12,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
-#include "admission_flags.h"
+#include "router/admission_flags.h"
 #include "core/command_line.h"
 #include "core/logging.h"
-#include "router.h"
+#include "router/router.h"
 #include "rpc/tls_flags.h"
 #include "core/flag_checks.h"
 

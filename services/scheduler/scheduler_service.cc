@@ -7,7 +7,7 @@
 #include "core/status_macros.h"
 #include "rpc/kv_conversions.h"
 #include "rpc/status_conversion.h"
-#include "scheduler_conversions.h"
+#include "cluster_rpc/cluster_conversions.h"
 
 namespace kvmesh::scheduler {
 
@@ -18,7 +18,7 @@ SchedulerService::SchedulerService(cluster::WorkerRegistry& registry, const clus
 grpc::ServerUnaryReactor* SchedulerService::Register(grpc::CallbackServerContext* context,
                                                      const v1::RegisterRequest* request,
                                                      v1::RegisterResponse* response) {
-  absl::StatusOr<cluster::WorkerRegistration> registration = RegistrationFromProto(*request);
+  absl::StatusOr<cluster::WorkerRegistration> registration = cluster_rpc::RegistrationFromProto(*request);
   absl::Status status = registration.status();
   if (status.ok()) status = registry_.Register(*registration);
   if (metrics_) metrics_->CountRegistration(status.code());
@@ -39,7 +39,7 @@ grpc::ServerUnaryReactor* SchedulerService::Register(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* SchedulerService::Heartbeat(grpc::CallbackServerContext* context,
                                                       const v1::HeartbeatRequest* request,
                                                       v1::HeartbeatResponse* response) {
-  absl::StatusOr<cluster::HeartbeatReport> report = HeartbeatReportFromProto(*request);
+  absl::StatusOr<cluster::HeartbeatReport> report = cluster_rpc::HeartbeatReportFromProto(*request);
   absl::Status status = report.status();
   if (status.ok()) status = registry_.Heartbeat(request->worker_id(), *report);
   if (metrics_) metrics_->CountHeartbeat(status.code());
@@ -66,7 +66,7 @@ grpc::ServerUnaryReactor* SchedulerService::Place(grpc::CallbackServerContext* c
                                                   const v1::PlaceRequest* request, v1::PlaceResponse* response) {
   const auto start = std::chrono::steady_clock::now();
   const absl::StatusOr<cluster::Placement> placement =
-      policy_.Place(PlacementRequestFromProto(*request), registry_);
+      policy_.Place(cluster_rpc::PlacementRequestFromProto(*request), registry_);
   if (metrics_) {
     metrics_->ObservePlace(placement.status().code(), placement.ok() && placement->prefill_locally,
                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -77,7 +77,7 @@ grpc::ServerUnaryReactor* SchedulerService::Place(grpc::CallbackServerContext* c
     return rpc::FinishUnary(context, placement.status());
   }
   KVMESH_LOG(kDebug) << "placed" << LogKv("request", request->request_id()) << LogKv("reason", placement->reason);
-  PlacementToProto(*placement, response);
+  cluster_rpc::PlacementToProto(*placement, response);
   return rpc::FinishUnary(context, absl::OkStatus());
 }
 
@@ -86,7 +86,7 @@ grpc::ServerUnaryReactor* SchedulerService::ListWorkers(grpc::CallbackServerCont
                                                         v1::ListWorkersResponse* response) {
   for (const cluster::WorkerSnapshot& snapshot : registry_.List(request->model())) {
     v1::WorkerStatus* status = response->add_workers();
-    WorkerSnapshotToProto(snapshot, status);
+    cluster_rpc::WorkerSnapshotToProto(snapshot, status);
     if (request->max_indexed_blocks_per_worker() <= 0) continue;
     for (const kv::KvEvent& event :
          registry_.IndexedBlocks(snapshot.registration.worker_id, request->max_indexed_blocks_per_worker())) {

@@ -49,7 +49,7 @@
 #include "kv/kv_layout.h"
 #include "kv/transport/ucx/ucx_kv_transport.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
-#include "prefill_worker/kv_push_stream.h"
+#include "worker/kv_push_stream.h"
 #include "rpc/channel.h"
 
 extern char** environ;
@@ -102,7 +102,7 @@ bool WriteAll(int fd, const void* buf, size_t n) {
   return true;
 }
 
-// What the worker's UcxKvTransport gets (services/worker/worker_process.cc, defaults).
+// What the worker's UcxKvTransport gets (libs/worker/worker_process.cc, defaults).
 kv::UcxKvTransportOptions WorkerOptions(const std::string& tls) {
   return {.tls = tls, .progress_timeout_ms = 1000, .receiver_timeout_ms = 1000};
 }

@@ -2,7 +2,7 @@
 `openai` client against `kvmesh serve` started with small limits: each refusal is the
 error the client raises for its status (400 BadRequestError naming the field, 429
 RateLimitError with Retry-After), and the OpenAI error JSON says why. The same
-AdmissionController serves the router's front doors (services/router/router.cc); the
+AdmissionController serves the router's front doors (libs/router/router.cc); the
 gRPC API's RESOURCE_EXHAUSTED is in serve_grpc_test.py."""
 
 import os

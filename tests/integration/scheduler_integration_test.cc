@@ -326,7 +326,7 @@ TEST_F(SchedulerIntegrationTest, PlacesByPrefixOverlapAndDropsSilentWorkers) {
 }
 
 TEST_F(SchedulerIntegrationTest, ListWorkersHandsOutIndexedBlocksWhenAskedBounded) {
-  // The router's fallback view (services/router/fallback_placer.h) is built from this.
+  // The router's fallback view (libs/router/fallback_placer.h) is built from this.
   ASSERT_TRUE(Register(Registration("decode-0", v1::WORKER_ROLE_DECODE)).ok());
   const auto hashes = kv::HashFullBlocks(Prompt(160, 1), kBlockSize, kSalt);
   v1::HeartbeatRequest request;

@@ -1,4 +1,4 @@
-#include "fallback_placer.h"
+#include "router/fallback_placer.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>

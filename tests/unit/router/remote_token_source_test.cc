@@ -1,4 +1,4 @@
-#include "remote_token_source.h"
+#include "router/remote_token_source.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -18,7 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "metrics/registry.h"
-#include "router_metrics.h"
+#include "router/router_metrics.h"
 #include "rpc/grpc_server.h"
 
 namespace kvmesh::router {

@@ -1,4 +1,4 @@
-#include "router.h"
+#include "router/router.h"
 
 #include <gtest/gtest.h>
 

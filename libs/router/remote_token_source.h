@@ -36,8 +36,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "kvmesh/v1/scheduler.grpc.pb.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
-#include "fallback_placer.h"
-#include "router_metrics.h"
+#include "router/fallback_placer.h"
+#include "router/router_metrics.h"
 #include "serving/token_source.h"
 
 namespace kvmesh::router {

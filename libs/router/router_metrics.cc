@@ -1,4 +1,4 @@
-#include "router_metrics.h"
+#include "router/router_metrics.h"
 
 #include <string>
 #include <utility>

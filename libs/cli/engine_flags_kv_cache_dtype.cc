@@ -5,9 +5,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "cli_common.h"
+#include "cli/cli_common.h"
 #include "core/status_macros.h"
-#include "engine_flags.h"
+#include "cli/engine_flags.h"
 
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache element type: auto (bf16 for a bf16 model, else f32), f32, bf16, or fp8 (e4m3, scales 1.0; "

@@ -1,4 +1,4 @@
-#include "decode_worker/kv_push_receiver.h"
+#include "worker/kv_push_receiver.h"
 
 #include <xxhash.h>
 

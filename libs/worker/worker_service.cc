@@ -1,8 +1,8 @@
 #include "worker/worker_service.h"
 
-#include "decode_worker/generate_call.h"
-#include "decode_worker/kv_push_receiver.h"
-#include "prefill_worker/prefill_call.h"
+#include "worker/generate_call.h"
+#include "worker/kv_push_receiver.h"
+#include "worker/prefill_call.h"
 #include "rpc/status_conversion.h"
 
 namespace kvmesh::worker {

@@ -1,4 +1,4 @@
-#include "prefill_worker/kv_push_stream.h"
+#include "worker/kv_push_stream.h"
 
 #include <xxhash.h>
 

@@ -1,4 +1,4 @@
-#include "prefill_worker/prefill_call.h"
+#include "worker/prefill_call.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
-#include "prefill_worker/kv_push_stream.h"
+#include "worker/kv_push_stream.h"
 #include "rpc/status_conversion.h"
 
 namespace kvmesh::worker {

@@ -1,4 +1,4 @@
-#include "decode_worker/generate_call.h"
+#include "worker/generate_call.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,10 +1,10 @@
-#include "scheduler_conversions.h"
+#include "cluster_rpc/cluster_conversions.h"
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "rpc/kv_conversions.h"
 
-namespace kvmesh::scheduler {
+namespace kvmesh::cluster_rpc {
 
 absl::StatusOr<cluster::KvCacheSpec> KvCacheSpecFromProto(const v1::KvCacheSpec& proto) {
   cluster::KvCacheSpec spec;
@@ -161,4 +161,4 @@ void WorkerSnapshotToProto(const cluster::WorkerSnapshot& snapshot, v1::WorkerSt
   proto->set_num_indexed_blocks(snapshot.num_indexed_blocks);
 }
 
-}  // namespace kvmesh::scheduler
+}  // namespace kvmesh::cluster_rpc

@@ -1,4 +1,4 @@
-#include "engine_flags.h"
+#include "cli/engine_flags.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -16,7 +16,7 @@
 #include "core/logging.h"
 #include "core/memory_info.h"
 #include "core/status_macros.h"
-#include "cli_common.h"
+#include "cli/cli_common.h"
 #include "engine/cuda_model_runner.h"
 #include "engine/tensor_parallel_runner.h"
 #include "xxhash.h"

@@ -1,4 +1,4 @@
-#include "cli_common.h"
+#include "cli/cli_common.h"
 
 #include <pthread.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "admission_flags.h"
+#include "router/admission_flags.h"
 
 #include "absl/flags/flag.h"
 #include "core/flag_checks.h"

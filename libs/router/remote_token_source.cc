@@ -1,4 +1,4 @@
-#include "remote_token_source.h"
+#include "router/remote_token_source.h"
 
 #include <chrono>
 #include <optional>

@@ -1,8 +1,8 @@
-#include "scheduler_conversions.h"
+#include "cluster_rpc/cluster_conversions.h"
 
 #include <gtest/gtest.h>
 
-namespace kvmesh::scheduler {
+namespace kvmesh::cluster_rpc {
 namespace {
 
 TEST(SchedulerConversionsTest, WorkerLoadRoundTripsWithMeasuredSpeeds) {
@@ -33,4 +33,4 @@ TEST(SchedulerConversionsTest, UnmeasuredSpeedsAreZero) {
 }
 
 }  // namespace
-}  // namespace kvmesh::scheduler
+}  // namespace kvmesh::cluster_rpc

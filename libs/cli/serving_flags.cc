@@ -1,5 +1,5 @@
 // Flags of the long-running serving commands — `kvmesh serve`, `kvmesh router`, `kvmesh
-// worker` and the worker binaries (services/worker) — defined once here so that each
+// worker` and the worker binaries (libs/worker) — defined once here so that each
 // of them can declare them (ABSL_DECLARE_FLAG). --help lists this file as
 // "serving_flags".
 #include <cstdint>

@@ -1,9 +1,9 @@
 // The kvmesh.v1.Worker service of a worker process (worker_process.h): thin gRPC
 // callback reactors over the worker's AsyncEngine (WorkerState), for either role.
-//   - Generate (decode side): GenerateCall (decode_worker/generate_call.h).
-//   - Prefill (prefill side): PrefillCall (prefill_worker/prefill_call.h), streaming each
+//   - Generate (decode side): GenerateCall (worker/generate_call.h).
+//   - Prefill (prefill side): PrefillCall (worker/prefill_call.h), streaming each
 //     layer's KV to the decode worker as soon as it is computed.
-//   - PushKvBlocks (decode side): KvPushReceiver (decode_worker/kv_push_receiver.h).
+//   - PushKvBlocks (decode side): KvPushReceiver (worker/kv_push_receiver.h).
 //   - Abort.
 //
 // Thread-safety: thread-safe (gRPC calls it from its threads).

@@ -1,4 +1,4 @@
-#include "fallback_placer.h"
+#include "router/fallback_placer.h"
 
 #include <chrono>
 #include <utility>
@@ -10,7 +10,7 @@
 #include "rpc/channel.h"
 #include "rpc/kv_conversions.h"
 #include "rpc/status_conversion.h"
-#include "scheduler_conversions.h"
+#include "cluster_rpc/cluster_conversions.h"
 
 namespace kvmesh::router {
 namespace {
@@ -23,9 +23,9 @@ absl::StatusOr<cluster::WorkerRegistration> RegistrationFromStatus(const v1::Wor
   cluster::WorkerRegistration r;
   r.worker_id = w.worker_id();
   r.address = w.address();
-  KVMESH_ASSIGN_OR_RETURN(r.role, scheduler::WorkerRoleFromProto(w.role()));
+  KVMESH_ASSIGN_OR_RETURN(r.role, cluster_rpc::WorkerRoleFromProto(w.role()));
   r.model = w.model();
-  KVMESH_ASSIGN_OR_RETURN(r.kv_cache_spec, scheduler::KvCacheSpecFromProto(w.kv_cache_spec()));
+  KVMESH_ASSIGN_OR_RETURN(r.kv_cache_spec, cluster_rpc::KvCacheSpecFromProto(w.kv_cache_spec()));
   r.capacity = cluster::WorkerCapacity{.max_num_seqs = w.capacity().max_num_seqs(),
                                        .max_num_batched_tokens = w.capacity().max_num_batched_tokens(),
                                        .max_model_len = w.capacity().max_model_len()};
@@ -68,7 +68,7 @@ absl::Status FallbackPlacer::Update(const v1::ListWorkersResponse& workers) {
     }
     KVMESH_RETURN_IF_ERROR(registry->Register(*registration));
     cluster::HeartbeatReport report;
-    report.load = scheduler::WorkerLoadFromProto(w.load());
+    report.load = cluster_rpc::WorkerLoadFromProto(w.load());
     report.draining = w.draining();
     report.kv_events_snapshot = true;
     report.kv_events.reserve(static_cast<size_t>(w.indexed_blocks_size()));
@@ -95,11 +95,11 @@ absl::StatusOr<v1::PlaceResponse> FallbackPlacer::Place(const v1::PlaceRequest& 
   if (!registry) {
     return absl::UnavailableError("the scheduler is unreachable and the router has no view of the workers yet");
   }
-  cluster::PlacementRequest placement_request = scheduler::PlacementRequestFromProto(request);
+  cluster::PlacementRequest placement_request = cluster_rpc::PlacementRequestFromProto(request);
   KVMESH_ASSIGN_OR_RETURN(cluster::Placement placement, policy_.Place(placement_request, *registry));
   placement.reason = absl::StrCat("router fallback (scheduler unreachable): ", placement.reason);
   v1::PlaceResponse response;
-  scheduler::PlacementToProto(placement, &response);
+  cluster_rpc::PlacementToProto(placement, &response);
   return response;
 }
 

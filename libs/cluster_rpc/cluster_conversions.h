@@ -10,7 +10,7 @@
 #include "cluster/worker_registry.h"
 #include "kvmesh/v1/scheduler.pb.h"
 
-namespace kvmesh::scheduler {
+namespace kvmesh::cluster_rpc {
 
 absl::StatusOr<cluster::KvCacheSpec> KvCacheSpecFromProto(const v1::KvCacheSpec& proto);
 absl::Status KvCacheSpecToProto(const cluster::KvCacheSpec& spec, v1::KvCacheSpec* proto);
@@ -27,4 +27,4 @@ cluster::PlacementRequest PlacementRequestFromProto(const v1::PlaceRequest& prot
 void PlacementToProto(const cluster::Placement& placement, v1::PlaceResponse* proto);
 void WorkerSnapshotToProto(const cluster::WorkerSnapshot& snapshot, v1::WorkerStatus* proto);
 
-}  // namespace kvmesh::scheduler
+}  // namespace kvmesh::cluster_rpc
