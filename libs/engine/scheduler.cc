@@ -232,7 +232,7 @@ absl::Status Scheduler::RequeueRemotePrefill(const std::string& request_id) {
   seq->num_computed_tokens = 0;
   seq->num_prefill_tokens = seq->num_tokens();
   seq->admitted_block_hashes.clear();
-  seq->disk_load_started = false;
+  seq->disk_load_from = -1;
   it->second->num_cached_prompt_tokens = -1;
   EnqueueWaiting(seq, /*front=*/true);
   return absl::OkStatus();
@@ -359,7 +359,7 @@ absl::Status Scheduler::Preempt(Sequence* seq, SchedulerOutput* out, int32_t* bu
   seq->num_computed_tokens = 0;
   seq->num_prefill_tokens = seq->num_tokens();
   ++seq->num_preemptions;
-  seq->disk_load_started = false;  // its blocks may be offloaded now: a resume may load them
+  seq->disk_load_from = -1;  // its blocks may be offloaded now: a resume may load them
   ++stats_.num_preemptions;
   ++out->num_preempted;
   EnqueueWaiting(seq, /*front=*/true);
@@ -450,9 +450,10 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
       // taken from the prefix cache has no logits.
       kv::ComputedPrefix prefix =
           seq->request->wants_prompt_logprobs() ? kv::ComputedPrefix{} : kv_.FindCachedPrefix(seq->token_ids);
-      if (prefix.num_disk_blocks > 0 && !seq->disk_load_started) {
-        // Onboard from disk first (once: what is gone by then is recomputed).
-        seq->disk_load_started = true;
+      if (prefix.num_disk_blocks > 0 && prefix.num_blocks() > seq->disk_load_from) {
+        // Onboard from disk first. Each load begins past the last one's start: what is
+        // gone again by then is recomputed, and the wait always ends.
+        seq->disk_load_from = prefix.num_blocks();
         if (kv_.StartDiskLoads(prefix) > 0) {
           const size_t first = static_cast<size_t>(prefix.num_blocks());
           seq->loading_block_hashes.assign(prefix.block_hashes.begin() + static_cast<std::ptrdiff_t>(first),

@@ -59,9 +59,12 @@ struct Sequence {
   // request with the same block defers instead of computing it twice.
   std::vector<kv::BlockHash> admitted_block_hashes;
   // Waiting for these blocks of its prefix to be read from the disk tier (empty: not
-  // waiting); a sequence starts one disk load per admission attempt cycle at most.
+  // waiting). disk_load_from: the prefix block the last disk load began at (-1: none
+  // since admission); a new load must begin further on, so a sequence cannot wait for
+  // the same blocks forever, yet a load cut short (host tier full) continues where the
+  // first one ended instead of recomputing the rest.
   std::vector<kv::BlockHash> loading_block_hashes;
-  bool disk_load_started = false;
+  int32_t disk_load_from = -1;
   // Not yet reported in a RequestOutput.
   std::vector<int32_t> pending_token_ids;
   std::vector<SampleResult> pending_logprobs;

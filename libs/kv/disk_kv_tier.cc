@@ -139,6 +139,16 @@ class DiskKvTier::Impl {
   int64_t num_records() const { return static_cast<int64_t>(lru_.size()); }
   int64_t capacity_records() const { return static_cast<int64_t>(slots_.size()); }
   int32_t num_in_flight() const { return user_ops_in_flight_; }
+  // NOTE: writes are capped at half the queue: with write-through traffic saturating
+  // it, a read (a request waiting for its prefix) would otherwise be refused and the
+  // prefix recomputed — the disk tier would be written and never read.
+  bool CanStartWrite() const {
+    return ring_ready_ && user_ops_in_flight_ < options_.queue_depth &&
+           writes_in_flight_ < MaxWritesInFlight(options_.queue_depth) && io_uring_sq_space_left(&ring_) >= 3;
+  }
+  bool CanStartRead() const {
+    return ring_ready_ && user_ops_in_flight_ < options_.queue_depth && io_uring_sq_space_left(&ring_) >= 1;
+  }
   const KvTierStats& stats() const { return stats_; }
   absl::Status CheckInvariants() const;
   std::optional<DiskRecordLocation> LocationOf(const BlockHash& hash) const {
@@ -513,7 +523,7 @@ absl::StatusOr<int64_t> DiskKvTier::Impl::StartWrite(const BlockHash& hash, cons
                                                    options_.record_payload_bytes));
   }
   if (index_.contains(hash)) return absl::AlreadyExistsError(absl::StrCat("disk KV tier: ", hash.ToHex(), " held"));
-  if (user_ops_in_flight_ >= options_.queue_depth || io_uring_sq_space_left(&ring_) < 3) {
+  if (!CanStartWrite()) {
     ++stats_.write_failures;
     return absl::ResourceExhaustedError("disk KV tier: I/O queue full");
   }
@@ -599,7 +609,7 @@ absl::StatusOr<int64_t> DiskKvTier::Impl::StartRead(const BlockHash& hash, std::
   if (it == index_.end() || slots_[it->second].state != SlotState::kHeld) {
     return absl::NotFoundError(absl::StrCat("disk KV tier: ", hash.ToHex(), " not held"));
   }
-  if (user_ops_in_flight_ >= options_.queue_depth || io_uring_sq_space_left(&ring_) < 1) {
+  if (!CanStartRead()) {
     return absl::ResourceExhaustedError("disk KV tier: I/O queue full");
   }
   const int32_t slot = it->second;
@@ -904,6 +914,8 @@ std::vector<KvEvent> DiskKvTier::DrainEvents() { return impl_->DrainEvents(); }
 int64_t DiskKvTier::num_records() const { return impl_->num_records(); }
 int64_t DiskKvTier::capacity_records() const { return impl_->capacity_records(); }
 int32_t DiskKvTier::num_in_flight() const { return impl_->num_in_flight(); }
+bool DiskKvTier::CanStartWrite() const { return impl_->CanStartWrite(); }
+bool DiskKvTier::CanStartRead() const { return impl_->CanStartRead(); }
 const KvTierStats& DiskKvTier::stats() const { return impl_->stats(); }
 absl::Status DiskKvTier::CheckInvariants() const { return impl_->CheckInvariants(); }
 std::optional<DiskRecordLocation> DiskKvTier::LocationOf(const BlockHash& hash) const { return impl_->LocationOf(hash); }

@@ -26,7 +26,8 @@
 // Asynchronous: StartWrite / StartRead queue I/O and return at once; Poll() reaps what
 // has completed without blocking. The engine thread calls Poll() every step: it never
 // waits for the disk. A full disk (ENOSPC) or a full queue fails that one write
-// (the block simply is not offloaded) and never a request. Reads verify the payload's
+// (the block simply is not offloaded, or its caller retries: kv/kv_tiers.h) and never
+// a request. Writes never take more than half the queue, so reads always have room. Reads verify the payload's
 // checksum on completion; a mismatch is kDataLoss (the caller recomputes) and drops
 // the record.
 //
@@ -59,7 +60,12 @@ struct DiskKvTierOptions {
   int32_t num_layers = 0;
   int64_t block_bytes = 0;  // one block of one layer
   int32_t dtype = 0;        // DType as an integer, recorded in headers
-  int32_t queue_depth = 64;  // I/O in flight at most; StartWrite beyond it is refused
+  // I/O in flight at most. Writes may hold at most half of it (MaxWritesInFlight), so a
+  // read always finds room: a prefix hit on disk must never be recomputed because
+  // write-through traffic filled the queue. Deep because reads beyond it wait for the
+  // engine's next Poll (a step, up to a second of prefill on a CPU worker): 256 reads
+  // cover a 4k-token prefix of 16-token blocks in one submission.
+  int32_t queue_depth = 512;
   bool use_direct_io = true;  // O_DIRECT when the filesystem allows; else buffered + fdatasync-free
   // Tokens per block, only for KvEvent::num_tokens (the disk never sees tokens).
   int32_t block_size_tokens = kDefaultBlockSizeTokens;
@@ -70,6 +76,8 @@ inline constexpr int64_t kDiskRecordAlignment = 4096;   // header size, payload 
 inline constexpr uint32_t kDiskRecordFormatVersion = 1;
 // Bytes of one record on disk: a header plus the payload rounded up to 4 KiB.
 int64_t DiskRecordBytes(int64_t record_payload_bytes);
+// Writes in flight at most for a queue of `queue_depth`: half of it (at least 1).
+inline int32_t MaxWritesInFlight(int32_t queue_depth) { return queue_depth > 1 ? queue_depth / 2 : 1; }
 // Where a held record sits: its slab file and the record's byte offset in it (the
 // header; the payload follows at offset + kDiskRecordAlignment).
 struct DiskRecordLocation {
@@ -112,7 +120,8 @@ class DiskKvTier {
   // unchanged until the completion) under `hash`, whose payload checksum (XXH3-64 of
   // the bytes) is `checksum`. Evicts LRU records to stay within capacity. Returns the
   // ticket. AlreadyExists if the hash is held or being written; ResourceExhausted when
-  // the queue is full; InvalidArgument for a payload of the wrong size.
+  // writes hold their share of the queue (CanStartWrite); InvalidArgument for a payload
+  // of the wrong size.
   absl::StatusOr<int64_t> StartWrite(const BlockHash& hash, const BlockHash& parent_hash,
                                      std::span<const std::byte> payload, uint64_t checksum);
 
@@ -120,6 +129,11 @@ class DiskKvTier {
   // completion). The record is pinned (never evicted) until its read completes.
   // NotFound if not held; ResourceExhausted when the queue is full.
   absl::StatusOr<int64_t> StartRead(const BlockHash& hash, std::span<std::byte> dst);
+
+  // Whether StartWrite / StartRead would find room in the queue now (callers with a
+  // backlog submit it as room frees, kv/kv_tiers.h).
+  bool CanStartWrite() const;
+  bool CanStartRead() const;
 
   // Reaps completed I/O without blocking.
   std::vector<DiskIoCompletion> Poll();

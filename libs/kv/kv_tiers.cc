@@ -113,11 +113,71 @@ void KvTiers::FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds,
 
 void KvTiers::StartWriteThrough(HostSlot slot) {
   if (disk_ == nullptr || disk_->Contains(host_->hash(slot))) return;
+  if (!write_backlog_.empty() || !disk_->CanStartWrite()) {
+    // NOTE: the queue is busy (a burst of evictions, or reads holding it): wait for
+    // room rather than drop the block, which would leave a hole in the disk's copy of
+    // the prefix and cut every later disk hit short at it.
+    const size_t max_backlog = std::min<size_t>(kMaxWriteBacklog, static_cast<size_t>(host_->num_slots() / 2));
+    if (write_backlog_.size() >= max_backlog) {
+      ++stats_.writes_skipped;
+      return;
+    }
+    host_->Pin(slot);
+    write_backlog_.push_back(slot);
+    ++stats_.writes_queued;
+    return;
+  }
   absl::StatusOr<int64_t> ticket =
       disk_->StartWrite(host_->hash(slot), host_->parent_hash(slot), host_->data(slot), host_->checksum(slot));
-  if (!ticket.ok()) return;  // queue full or already held: the host copy is enough
+  if (!ticket.ok()) return;  // already held, or no slot / memory: the host copy is enough
   host_->Pin(slot);
   writes_[*ticket] = slot;
+}
+
+bool KvTiers::SubmitRead(int64_t batch, HostSlot slot, const BlockHash& hash) {
+  absl::StatusOr<int64_t> ticket = disk_->StartRead(hash, host_->data(slot));
+  if (!ticket.ok()) return false;
+  reads_[*ticket] = Read{.slot = slot, .hash = hash, .batch = batch};
+  return true;
+}
+
+void KvTiers::DropFromBatch(int64_t batch) {
+  const auto b = load_batches_.find(batch);
+  if (b == load_batches_.end()) return;
+  b->second.bytes -= host_->slot_bytes();
+  if (--b->second.outstanding > 0) return;
+  if (b->second.bytes > 0 && b->second.latest > b->second.started) {
+    RecordBandwidth(disk_load_bytes_per_second_, b->second.bytes,
+                    std::chrono::duration<double>(b->second.latest - b->second.started).count());
+  }
+  load_batches_.erase(b);
+}
+
+void KvTiers::SubmitBacklog() {
+  // Reads first: a request is waiting for them; a write only makes a later hit possible.
+  while (!read_backlog_.empty() && disk_->CanStartRead()) {
+    const Read r = read_backlog_.front();
+    read_backlog_.pop_front();
+    if (SubmitRead(r.batch, r.slot, r.hash)) continue;
+    // The record went (evicted or dropped) while the read waited: recompute the block.
+    ++stats_.reads_lost;
+    host_->AbortStore(r.slot);
+    loading_.erase(r.hash);
+    DropFromBatch(r.batch);
+  }
+  while (!write_backlog_.empty() && disk_->CanStartWrite()) {
+    const HostSlot slot = write_backlog_.front();
+    write_backlog_.pop_front();
+    absl::StatusOr<int64_t> ticket =
+        disk_->Contains(host_->hash(slot))
+            ? absl::StatusOr<int64_t>(absl::AlreadyExistsError("held"))
+            : disk_->StartWrite(host_->hash(slot), host_->parent_hash(slot), host_->data(slot), host_->checksum(slot));
+    if (ticket.ok()) {
+      writes_[*ticket] = slot;  // the backlog's pin passes to the write
+    } else {
+      host_->Unpin(slot);  // held already, or no disk slot: the host copy is enough
+    }
+  }
 }
 
 int32_t KvTiers::StartDiskLoads(std::span<const BlockHash> hashes, size_t first, size_t n) {
@@ -129,12 +189,16 @@ int32_t KvTiers::StartDiskLoads(std::span<const BlockHash> hashes, size_t first,
     const BlockHash& parent = i == 0 ? kRootBlockHash : hashes[i - 1];
     absl::StatusOr<HostSlot> slot = host_->BeginStore(hashes[i], parent);
     if (!slot.ok()) break;  // host full of pinned slots: recompute the rest
-    absl::StatusOr<int64_t> ticket = disk_->StartRead(hashes[i], host_->data(*slot));
-    if (!ticket.ok()) {
-      host_->AbortStore(*slot);
-      break;
+    if (read_backlog_.empty() && disk_->CanStartRead()) {
+      if (!SubmitRead(batch, *slot, hashes[i])) {  // not held after all: recompute from here
+        host_->AbortStore(*slot);
+        break;
+      }
+    } else {
+      // NOTE: a busy queue makes the load wait (Poll submits it), never a recompute.
+      read_backlog_.push_back(Read{.slot = *slot, .hash = hashes[i], .batch = batch});
+      ++stats_.reads_queued;
     }
-    reads_[*ticket] = Read{.slot = *slot, .hash = hashes[i], .batch = batch};
     loading_.insert(hashes[i]);
     ++started;
   }
@@ -158,7 +222,7 @@ bool KvTiers::AnyLoading(std::span<const BlockHash> hashes) const {
 void KvTiers::Poll() {
   if (disk_ == nullptr) return;
   if (!record_events_) (void)disk_->DrainEvents();  // nobody consumes them: keep the queue empty
-  if (writes_.empty() && reads_.empty()) return;
+  if (writes_.empty() && reads_.empty() && read_backlog_.empty() && write_backlog_.empty()) return;
   for (const DiskIoCompletion& c : disk_->Poll()) {
     if (c.kind == DiskIoCompletion::Kind::kWrite) {
       if (const auto it = writes_.find(c.ticket); it != writes_.end()) {
@@ -169,6 +233,7 @@ void KvTiers::Poll() {
     }
     FinishRead(c.ticket, c.status, c.completed_at);
   }
+  SubmitBacklog();
 }
 
 void KvTiers::FinishRead(int64_t ticket, const absl::Status& status,
@@ -198,10 +263,11 @@ void KvTiers::FinishRead(int64_t ticket, const absl::Status& status,
 
 void KvTiers::DrainDisk() {
   if (disk_ == nullptr) return;
-  while (!writes_.empty() || !reads_.empty()) {
-    const size_t before = writes_.size() + reads_.size();
+  auto busy = [this] { return writes_.size() + reads_.size() + read_backlog_.size() + write_backlog_.size(); };
+  while (busy() > 0) {
+    const size_t before = busy();
     Poll();
-    if (writes_.size() + reads_.size() == before) {
+    if (busy() == before) {
       // Nothing reaped without blocking: wait for the rest, then reap what Drain returned.
       for (const DiskIoCompletion& c : disk_->Drain()) {
         if (const auto w = writes_.find(c.ticket); w != writes_.end()) {
@@ -211,6 +277,7 @@ void KvTiers::DrainDisk() {
           FinishRead(c.ticket, c.status, c.completed_at);
         }
       }
+      SubmitBacklog();
     }
   }
 }
@@ -233,6 +300,7 @@ absl::Status KvTiers::CheckInvariants() const {
   absl::flat_hash_map<int32_t, int32_t> holders;
   for (const KvSwap& s : pending_.in) ++holders[s.slot.value];
   for (const auto& [ticket, slot] : writes_) ++holders[slot.value];
+  for (const HostSlot slot : write_backlog_) ++holders[slot.value];
   int32_t pinned = host_->num_pinned();
   if (lookup_pins_ == 0 && static_cast<int32_t>(holders.size()) != pinned) {
     return absl::InternalError(absl::StrCat("KV tiers: ", pinned, " host slots are pinned but ", holders.size(),
@@ -243,8 +311,12 @@ absl::Status KvTiers::CheckInvariants() const {
       return absl::InternalError(absl::StrCat("KV tiers: host slot ", slot, " is held but not pinned"));
     }
   }
-  if (static_cast<int32_t>(loading_.size()) != static_cast<int32_t>(reads_.size())) {
-    return absl::InternalError("KV tiers: loading set and disk reads disagree");
+  if (loading_.size() != reads_.size() + read_backlog_.size()) {
+    return absl::InternalError(absl::StrCat("KV tiers: ", loading_.size(), " blocks loading but ", reads_.size(),
+                                            " disk reads in flight and ", read_backlog_.size(), " queued"));
+  }
+  if (disk_ != nullptr && !read_backlog_.empty() && disk_->num_in_flight() == 0) {
+    return absl::InternalError("KV tiers: reads wait in the backlog while the disk queue is idle");
   }
   return absl::OkStatus();
 }

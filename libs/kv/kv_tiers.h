@@ -16,9 +16,17 @@
 //   4. Each step: TakeSwaps before the model runs, FinishSwaps after it (checksums,
 //      bandwidths, write-through), Poll for the disk's completions.
 //
+// Disk queue: the disk tier keeps at most queue_depth I/Os in flight, writes at most
+// half of them. What does not fit waits in a backlog that Poll submits as room frees,
+// reads first: a disk hit is never recomputed because the queue was busy (it waits,
+// like any load), and a write-through is never dropped because a burst of evictions
+// outran the queue (up to kMaxWriteBacklog of host slots; beyond that it is skipped and
+// counted, the host copy still serves).
+//
 // Pins: a pinned host slot is never evicted. Every pin is held by exactly one of: a
 // lookup not yet used or released (ExtendPrefix -> AllocateSlots or Release), a queued
-// or running swap-in, a disk write in flight. CheckInvariants counts them.
+// or running swap-in, a disk write in flight or waiting in the backlog. CheckInvariants
+// counts them.
 //
 // Load or recompute: a lower-tier hit is loaded only when its bytes at the tier's
 // measured read bandwidth arrive sooner than recomputing its tokens at the engine's
@@ -31,6 +39,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <vector>
@@ -64,6 +73,10 @@ struct KvTiersStats {
   int64_t loads_started = 0;       // disk blocks read into the host tier
   int64_t load_decisions = 0;      // lower-tier hits loaded ...
   int64_t recompute_decisions = 0; // ... or recomputed because loading would be slower
+  int64_t reads_queued = 0;        // disk reads that waited in the backlog for queue room
+  int64_t writes_queued = 0;       // write-throughs that waited in the backlog for queue room
+  int64_t writes_skipped = 0;      // write-throughs dropped: the backlog was full
+  int64_t reads_lost = 0;          // queued reads whose record was gone when room came (recomputed)
 };
 
 class KvTiers {
@@ -103,12 +116,15 @@ class KvTiers {
   bool has_pending_swaps() const { return !pending_.empty(); }
 
   // Reads hashes[first, first + n) from the disk tier into host slots (parents from the
-  // chain); returns how many reads started.
+  // chain); returns how many reads started or wait in the backlog for queue room (the
+  // host slots are reserved now either way; stops early only when the host tier has no
+  // slot to give).
   int32_t StartDiskLoads(std::span<const BlockHash> hashes, size_t first, size_t n);
   // Whether any of `hashes` is still being read from disk.
   bool AnyLoading(std::span<const BlockHash> hashes) const;
-  bool has_loads_in_flight() const { return !reads_.empty(); }
-  // Reaps the disk's completions (non-blocking).
+  bool has_loads_in_flight() const { return !loading_.empty(); }
+  // Reaps the disk's completions (non-blocking) and submits the backlog into the room
+  // they freed (reads first).
   void Poll();
   // Waits for every disk I/O in flight (shutdown, tests).
   void DrainDisk();
@@ -137,6 +153,12 @@ class KvTiers {
   // Whether loading `num_blocks` at `bytes_per_second` beats recomputing them.
   bool LoadBeatsRecompute(int64_t num_blocks, double bytes_per_second) const;
   void StartWriteThrough(HostSlot slot);
+  // Submits backlogged reads, then writes, while the disk queue has room.
+  void SubmitBacklog();
+  // Submits the read of `read` into its reserved slot; false when the record is gone.
+  bool SubmitRead(int64_t batch, HostSlot slot, const BlockHash& hash);
+  // One read of a batch will never complete (its record was gone): counts it out.
+  void DropFromBatch(int64_t batch);
   // A disk read finished (any status): commits or aborts its slot and times its batch.
   // `completed_at`: when the disk finished it (DiskIoCompletion), for the load bandwidth.
   void FinishRead(int64_t ticket, const absl::Status& status, std::chrono::steady_clock::time_point completed_at);
@@ -154,6 +176,11 @@ class KvTiers {
     int64_t batch = 0;
   };
   absl::flat_hash_map<int64_t, Read> reads_;
+  // Reads and write-throughs waiting for disk queue room, oldest first. A queued read
+  // holds its host slot in the filling state; a queued write pins its resident slot.
+  std::deque<Read> read_backlog_;
+  std::deque<HostSlot> write_backlog_;
+  static constexpr int32_t kMaxWriteBacklog = 4096;
   // One StartDiskLoads call's reads, timed together: the disk serves them in parallel,
   // so what a load costs is the batch's bytes over its wall time, not one read's.
   struct LoadBatch {

@@ -3,8 +3,12 @@
 // plays the runner, copying bytes between a KvStorage and the slots as a step would.
 #include "kv/kv_tiers.h"
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <numeric>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -142,6 +146,107 @@ TEST_F(KvTiersTest, AttachNeedsPrefixCaching) {
   ASSERT_TRUE(host.ok());
   EXPECT_EQ((*kv)->AttachTiers(std::make_unique<KvTiers>(std::move(host).value(), nullptr, kBlock)).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// KvTiers with a host and a disk tier and no pool: blocks enter the host tier as a
+// step's swap-outs would (FinishSwaps), and the disk tier's queue is smaller than the
+// bursts, as under a write-through-heavy workload.
+class KvTiersDiskTest : public ::testing::Test {
+ protected:
+  static constexpr int32_t kLayers = 2;
+  static constexpr int64_t kBlockBytes = 8192;
+  static constexpr int64_t kSlotBytes = kLayers * kBlockBytes;
+  static constexpr int32_t kQueueDepth = 4;  // writes may hold 2 of it
+
+  void SetUp() override {
+    dir_ = (std::filesystem::path(::testing::TempDir()) / ("kvtiers-disk-" + std::to_string(::getpid()))).string();
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::unique_ptr<KvTiers> MakeTiers(int32_t host_slots) {
+    auto host = HostKvTier::Create({.capacity_bytes = host_slots * kSlotBytes, .slot_bytes = kSlotBytes});
+    EXPECT_TRUE(host.ok()) << host.status();
+    auto disk = DiskKvTier::Create({.directory = dir_, .capacity_bytes = 256 * DiskRecordBytes(kSlotBytes),
+                                    .record_payload_bytes = kSlotBytes, .salt = 7, .num_layers = kLayers,
+                                    .block_bytes = kBlockBytes, .dtype = 1, .queue_depth = kQueueDepth});
+    EXPECT_TRUE(disk.ok()) << disk.status();
+    return std::make_unique<KvTiers>(std::move(host).value(), std::move(disk).value(), kBlock);
+  }
+
+  static std::vector<BlockHash> Chain(int n) {
+    std::vector<BlockHash> v;
+    for (int i = 0; i < n; ++i) v.push_back(BlockHash{.low = 1000 + static_cast<uint64_t>(i), .high = 77});
+    return v;
+  }
+
+  // Offloads `hashes` into the host tier in one step, as one burst of evictions.
+  static void OffloadBurst(KvTiers& tiers, const std::vector<BlockHash>& hashes) {
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      tiers.OnDeviceEvict(BlockId{static_cast<int32_t>(i)}, hashes[i], i == 0 ? kRootBlockHash : hashes[i - 1]);
+    }
+    KvSwaps swaps = tiers.TakeSwaps();
+    ASSERT_EQ(swaps.out.size(), hashes.size());
+    for (size_t i = 0; i < swaps.out.size(); ++i) {
+      std::memset(swaps.out[i].host, static_cast<int>(i + 1), static_cast<size_t>(kSlotBytes));
+    }
+    tiers.FinishSwaps(swaps, /*copied=*/true, 1e-6, 1e-6);
+  }
+
+  std::string dir_;
+};
+
+TEST_F(KvTiersDiskTest, ABurstOfWriteThroughsLargerThanTheQueueAllReachTheDisk) {
+  auto tiers = MakeTiers(64);
+  const std::vector<BlockHash> hashes = Chain(20);
+  OffloadBurst(*tiers, hashes);
+  EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
+  tiers->DrainDisk();
+  EXPECT_EQ(tiers->disk()->num_records(), 20) << "a write-through refused by a full queue must wait, not vanish";
+  for (const BlockHash& h : hashes) EXPECT_TRUE(tiers->disk()->Contains(h));
+  EXPECT_EQ(tiers->stats().writes_skipped, 0);
+  EXPECT_EQ(tiers->host().num_pinned(), 0);
+  EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
+}
+
+TEST_F(KvTiersDiskTest, WritesInFlightNeverMakeADiskHitRecompute) {
+  const std::vector<BlockHash> prefix = Chain(12);
+  {
+    auto writer = MakeTiers(64);
+    OffloadBurst(*writer, prefix);
+    writer->DrainDisk();
+    ASSERT_EQ(writer->disk()->num_records(), 12);
+  }
+  // A restarted worker: the prefix is on disk only. Another burst of offloads keeps
+  // the disk's write queue full while a request finds the prefix and loads it.
+  auto tiers = MakeTiers(64);
+  ASSERT_EQ(tiers->disk()->num_records(), 12);
+  std::vector<BlockHash> other;
+  for (int i = 0; i < 16; ++i) other.push_back(BlockHash{.low = 5000 + static_cast<uint64_t>(i), .high = 9});
+  OffloadBurst(*tiers, other);
+  std::vector<HostSlot> host_slots;
+  const int32_t on_disk = tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots);
+  EXPECT_TRUE(host_slots.empty());
+  ASSERT_EQ(on_disk, 12);
+  // Every block of the hit is loaded (12 reads, more than the whole queue of 4): the
+  // ones that find no room wait for it.
+  EXPECT_EQ(tiers->StartDiskLoads(prefix, 0, static_cast<size_t>(on_disk)), 12);
+  EXPECT_TRUE(tiers->AnyLoading(prefix));
+  EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
+  tiers->DrainDisk();
+  EXPECT_FALSE(tiers->AnyLoading(prefix));
+  EXPECT_EQ(tiers->stats().reads_lost, 0);
+  // Now all 12 are host hits, byte for byte what was offloaded.
+  const int32_t still_on_disk = tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots);
+  EXPECT_EQ(still_on_disk, 0);
+  ASSERT_EQ(host_slots.size(), 12u);
+  for (size_t i = 0; i < host_slots.size(); ++i) {
+    EXPECT_EQ(tiers->host().data(host_slots[i])[kSlotBytes - 1], std::byte{static_cast<uint8_t>(i + 1)}) << i;
+  }
+  tiers->Release(host_slots);
+  tiers->DrainDisk();
+  EXPECT_EQ(tiers->host().num_pinned(), 0);
+  EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
 }
 
 }  // namespace
