@@ -711,7 +711,9 @@ void Connection::Close() {
   next_.clear();
   if (auto writer = writer_.lock()) writer->OnDisconnect();
   writer_.reset();
-  parser_.reset();
+  // NOTE: parser_ stays: a read still in flight (ReadHeader's, or the body's) holds a
+  // reference to it and touches it when it completes with the close's error. It dies
+  // with the connection, after that handler.
   server_->Unregister(id_);
 }
 

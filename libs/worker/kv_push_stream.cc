@@ -83,9 +83,13 @@ void KvPushStream::OnDone(const grpc::Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
     bytes = bytes_written_;
   }
-  on_done_(rpc::FromGrpcStatus(status), ack_, bytes);
-  // NOTE: may delete this; nothing touches the object afterwards.
+  // The callback is moved out, so its captures die with this call: they hold the
+  // stream's owner (a prefill job holds its stream), and a stream that kept them would
+  // keep itself and its owner alive forever.
+  DoneFn on_done = std::move(on_done_);
+  // NOTE: releasing these two may delete this; nothing touches the object afterwards.
   std::shared_ptr<KvPushStream> self = std::move(self_);
+  on_done(rpc::FromGrpcStatus(status), ack_, bytes);
 }
 
 }  // namespace kvmesh::worker

@@ -57,7 +57,7 @@ class KvPushStream : public grpc::ClientWriteReactor<v1::KvBlockChunk> {
   std::unique_ptr<v1::Worker::Stub> stub_;
   v1::KvPushAck ack_;
   const std::string transfer_id_;
-  const DoneFn on_done_;
+  DoneFn on_done_;  // moved out (and so dropped) by OnDone
   std::shared_ptr<KvPushStream> self_;  // until OnDone
 
   std::mutex mu_;
