@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace {
 
@@ -57,6 +58,38 @@ Fn Real(std::atomic<void*>& slot, const char* name) {
   return reinterpret_cast<Fn>(fn);
 }
 
+// A Condition is evaluated inside the library with the mutex held (by the waiter, or by
+// the thread letting the mutex go, which checks its waiters' conditions), where no
+// wrapper runs: the predicate's reads would look unguarded. So the wrappers that take a
+// Condition pass the library a Condition of their own, made with its exported
+// Condition(bool (*)(void*), void*), that tells TSan the mutex is held around the
+// original's evaluation. absl 20220623's Condition is 40 bytes; its first field is the
+// evaluator, bool (*eval_)(const Condition*), null for "true" (Condition::Eval inlined).
+struct HeldCondition {
+  const void* original;
+  void* mu;
+  alignas(8) unsigned char wrapper[40];
+};
+
+bool EvalHeld(void* arg) {
+  auto* held = static_cast<HeldCondition*>(arg);
+  __tsan_acquire(held->mu);
+  bool (*eval)(const void*);
+  std::memcpy(&eval, held->original, sizeof(eval));
+  const bool result = eval == nullptr || eval(held->original);
+  __tsan_release(held->mu);
+  return result;
+}
+
+const void* MakeHeld(HeldCondition* held, const void* cond, void* mu) {
+  static std::atomic<void*> slot{nullptr};
+  held->original = cond;
+  held->mu = mu;
+  Real<void (*)(void*, bool (*)(void*), void*)>(slot, "_ZN4absl7debian39ConditionC1EPFbPvES2_")(held->wrapper,
+                                                                                                 &EvalHeld, held);
+  return held->wrapper;
+}
+
 }  // namespace
 
 // Each KVMESH_TSAN_WRAP defines one interposer: NAME (mangled), the return type, the
@@ -78,6 +111,10 @@ Fn Real(std::atomic<void*>& slot, const char* name) {
     AFTER;                                                                  \
   }
 #define KVMESH_COMMA ,
+// BEFORE of the wrappers that take a Condition `cond`: the library gets `held_cond`.
+#define KVMESH_HOLD \
+  HeldCondition held; \
+  const void* held_cond = MakeHeld(&held, cond, self)
 
 // absl::Mutex: Lock, ReaderLock, Unlock, ReaderUnlock, TryLock, ReaderTryLock.
 KVMESH_TSAN_WRAP_VOID(_ZN4absl7debian35Mutex4LockEv, , , (void)0, __tsan_acquire(self))
@@ -92,31 +129,31 @@ KVMESH_TSAN_WRAP(_ZN4absl7debian35Mutex13ReaderTryLockEv, bool, , , (void)0,
 // absl::Mutex::LockWhen* and ReaderLockWhen*: return holding the mutex (the timed ones
 // even on timeout).
 KVMESH_TSAN_WRAP_VOID(_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE, KVMESH_COMMA const void* cond,
-                      KVMESH_COMMA cond, (void)0, __tsan_acquire(self))
+                      KVMESH_COMMA held_cond, KVMESH_HOLD, __tsan_acquire(self))
 KVMESH_TSAN_WRAP_VOID(_ZN4absl7debian35Mutex14ReaderLockWhenERKNS0_9ConditionE,
-                      KVMESH_COMMA const void* cond, KVMESH_COMMA cond, (void)0, __tsan_acquire(self))
+                      KVMESH_COMMA const void* cond, KVMESH_COMMA held_cond, KVMESH_HOLD, __tsan_acquire(self))
 KVMESH_TSAN_WRAP(_ZN4absl7debian35Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE, bool,
-                 KVMESH_COMMA const void* cond KVMESH_COMMA Duration d, KVMESH_COMMA cond KVMESH_COMMA d,
-                 (void)0, __tsan_acquire(self))
+                 KVMESH_COMMA const void* cond KVMESH_COMMA Duration d, KVMESH_COMMA held_cond KVMESH_COMMA d,
+                 KVMESH_HOLD, __tsan_acquire(self))
 KVMESH_TSAN_WRAP(_ZN4absl7debian35Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE, bool,
-                 KVMESH_COMMA const void* cond KVMESH_COMMA Time t, KVMESH_COMMA cond KVMESH_COMMA t,
-                 (void)0, __tsan_acquire(self))
+                 KVMESH_COMMA const void* cond KVMESH_COMMA Time t, KVMESH_COMMA held_cond KVMESH_COMMA t,
+                 KVMESH_HOLD, __tsan_acquire(self))
 KVMESH_TSAN_WRAP(_ZN4absl7debian35Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE, bool,
-                 KVMESH_COMMA const void* cond KVMESH_COMMA Duration d, KVMESH_COMMA cond KVMESH_COMMA d,
-                 (void)0, __tsan_acquire(self))
+                 KVMESH_COMMA const void* cond KVMESH_COMMA Duration d, KVMESH_COMMA held_cond KVMESH_COMMA d,
+                 KVMESH_HOLD, __tsan_acquire(self))
 KVMESH_TSAN_WRAP(_ZN4absl7debian35Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE, bool,
-                 KVMESH_COMMA const void* cond KVMESH_COMMA Time t, KVMESH_COMMA cond KVMESH_COMMA t,
-                 (void)0, __tsan_acquire(self))
+                 KVMESH_COMMA const void* cond KVMESH_COMMA Time t, KVMESH_COMMA held_cond KVMESH_COMMA t,
+                 KVMESH_HOLD, __tsan_acquire(self))
 
 // absl::Mutex::Await*: called holding the mutex; may let it go and take it back.
 KVMESH_TSAN_WRAP_VOID(_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE, KVMESH_COMMA const void* cond,
-                      KVMESH_COMMA cond, __tsan_release(self), __tsan_acquire(self))
+                      KVMESH_COMMA held_cond, KVMESH_HOLD; __tsan_release(self), __tsan_acquire(self))
 KVMESH_TSAN_WRAP(_ZN4absl7debian35Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE, bool,
-                 KVMESH_COMMA const void* cond KVMESH_COMMA Duration d, KVMESH_COMMA cond KVMESH_COMMA d,
-                 __tsan_release(self), __tsan_acquire(self))
+                 KVMESH_COMMA const void* cond KVMESH_COMMA Duration d, KVMESH_COMMA held_cond KVMESH_COMMA d,
+                 KVMESH_HOLD; __tsan_release(self), __tsan_acquire(self))
 KVMESH_TSAN_WRAP(_ZN4absl7debian35Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE, bool,
-                 KVMESH_COMMA const void* cond KVMESH_COMMA Time t, KVMESH_COMMA cond KVMESH_COMMA t,
-                 __tsan_release(self), __tsan_acquire(self))
+                 KVMESH_COMMA const void* cond KVMESH_COMMA Time t, KVMESH_COMMA held_cond KVMESH_COMMA t,
+                 KVMESH_HOLD; __tsan_release(self), __tsan_acquire(self))
 
 // absl::CondVar::Wait*(Mutex* mu): lets `mu` go while waiting and takes it back.
 KVMESH_TSAN_WRAP_VOID(_ZN4absl7debian37CondVar4WaitEPNS0_5MutexE, KVMESH_COMMA void* mu,
