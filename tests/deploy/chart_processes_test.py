@@ -153,12 +153,21 @@ def test_rendered_cpu_chart_serves_and_probes_like_the_kubelet(image_root):
             reply = json.loads(body)
             assert status == 200 and reply["usage"]["completion_tokens"] == 8, body
             # A long prompt is prefilled on the prefill worker and its KV pushed to decode.
-            long_prompt = " ".join(f"word{i}" for i in range(400))
-            status, body = _post(url + "/v1/completions", {"model": model, "prompt": long_prompt, "max_tokens": 4,
-                                                           "temperature": 0, "ignore_eos": True})
-            assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 4, body
-            assert _metric(decode, "kvmesh_kv_transfer_bytes_total", 'direction="received"') > 0
-            assert _metric(prefill, "kvmesh_kv_transfer_bytes_total", 'direction="sent"') > 0
+            # NOTE: a remote prefill that fails or stalls is served by the decode worker
+            # itself (the local-prefill fallback, kvmesh_kv_remote_prefill_fallbacks), which
+            # a loaded CI machine has hit once: up to three fresh prompts, one must move KV.
+            for attempt in range(3):
+                long_prompt = " ".join(f"word{i}-{attempt}" for i in range(400))
+                status, body = _post(url + "/v1/completions", {"model": model, "prompt": long_prompt,
+                                                               "max_tokens": 4, "temperature": 0, "ignore_eos": True})
+                assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 4, body
+                if _metric(decode, "kvmesh_kv_transfer_bytes_total", 'direction="received"') > 0:
+                    break
+                print(f"attempt {attempt}: no KV moved (fallbacks so far: "
+                      f"{_metric(decode, 'kvmesh_kv_remote_prefill_fallbacks')})", flush=True)
+            logs = "\n".join(f"--- {p.name}\n{p.log()[-3000:]}" for p in (decode, prefill))
+            assert _metric(decode, "kvmesh_kv_transfer_bytes_total", 'direction="received"') > 0, logs
+            assert _metric(prefill, "kvmesh_kv_transfer_bytes_total", 'direction="sent"') > 0, logs
 
             # Drain: a long stream runs; the kubelet deletes the router and the decode pod
             # (preStop, then SIGTERM). Readiness fails at once, liveness holds, the stream
