@@ -2,6 +2,7 @@
 // registration and heartbeats with KV events, cache-aware Place(), lease expiry,
 // gRPC health and reflection, and a clean exit on SIGTERM.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -50,6 +51,9 @@ class SchedulerProcess {
     pid_ = fork();
     ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
+      // Dies with the test: a test killed mid-run (a sanitizer's halt, a ctest timeout)
+      // must not leave a scheduler behind holding the test's inherited descriptors.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       dup2(fds[1], STDERR_FILENO);
       close(fds[0]);
       close(fds[1]);
