@@ -62,9 +62,10 @@ std::optional<Scored> Pick(const std::vector<Scored>& pool, PlacementStrategy st
 
 std::string Describe(const Scored& s) {
   const PrefixMatch& m = s.candidate->prefix;
-  return absl::StrFormat("%s(score=%.3f cached=%d tiers=%d/%d/%d saved=%.2f%s pending=%.2f kv=%.2f%s)",
+  return absl::StrFormat("%s(score=%.3f cached=%d tiers=%d/%d/%d in_flight=%d saved=%.2f%s pending=%.2f kv=%.2f%s)",
                          s.candidate->worker.registration.worker_id, s.score.score, s.score.cached_tokens,
                          m.num_blocks_by_tier[0], m.num_blocks_by_tier[1], m.num_blocks_by_tier[2],
+                         m.num_blocks_in_flight,
                          s.score.cached_fraction, s.score.measured_tier_weights ? "" : " (tier weights unmeasured)",
                          s.score.pending_ratio, s.score.kv_usage, s.score.overloaded ? " overloaded" : "");
 }
@@ -109,7 +110,10 @@ WorkerScore PlacementPolicy::Score(const WorkerCandidate& candidate, int32_t pro
   const PrefixMatch& m = candidate.prefix;
   const int64_t bs = std::max(block_size_tokens, 1);
   const int64_t prompt = std::max(prompt_length_tokens, 0);
-  s.cached_tokens = static_cast<int32_t>(std::min<int64_t>(m.num_blocks * bs, prompt));
+  // In-flight blocks draw the request to the worker but are not cached yet: the
+  // disaggregation rule and the reported cached tokens count only what is held.
+  s.cached_tokens = static_cast<int32_t>(std::min<int64_t>((m.num_blocks - m.num_blocks_in_flight) * bs, prompt));
+  s.in_flight_tokens = static_cast<int32_t>(std::min<int64_t>(m.num_blocks_in_flight * bs, prompt - s.cached_tokens));
   const WorkerSnapshot& w = candidate.worker;
   const int64_t block_bytes = KvBlockBytes(w.registration.kv_cache_spec);
   bool host_measured = false, disk_measured = false;
@@ -120,7 +124,10 @@ WorkerScore PlacementPolicy::Score(const WorkerCandidate& candidate, int32_t pro
   const int32_t host_blocks = m.num_blocks_by_tier[static_cast<int>(kv::Tier::kHost)];
   const int32_t disk_blocks = m.num_blocks_by_tier[static_cast<int>(kv::Tier::kDisk)];
   if (prompt > 0) {
-    const double weighted_blocks = device_blocks + s.host_block_weight * host_blocks + s.disk_block_weight * disk_blocks;
+    // Blocks in flight will be on the device by the time this request's prefill reaches
+    // them (or it computes them on the worker that caches them anyway): device weight.
+    const double weighted_blocks = device_blocks + m.num_blocks_in_flight + s.host_block_weight * host_blocks +
+                                   s.disk_block_weight * disk_blocks;
     s.cached_fraction = std::clamp(weighted_blocks * static_cast<double>(bs) / static_cast<double>(prompt), 0.0, 1.0);
     if (w.load.prefill_tokens_per_second > 0) {
       // Saved share of the recompute time -> what is left of it.
@@ -232,8 +239,10 @@ absl::StatusOr<Placement> PlacementPolicy::Place(const PlacementRequest& request
         absl::StrCat("no worker for model \"", request.model, "\" is accepting requests (all draining or excluded)"));
   }
   KVMESH_ASSIGN_OR_RETURN(Placement placement, Choose(prompt_length, spec.block_size_tokens, candidates));
-  registry.NotePlacement(placement.decode_worker_id);
-  if (!placement.prefill_locally) registry.NotePlacement(placement.prefill_worker_id);
+  // The decode worker caches the prompt's blocks either way (computed or received), so a
+  // prompt with the same prefix placed before they are reported should find them there.
+  registry.NotePlacement(placement.decode_worker_id, hashes);
+  if (!placement.prefill_locally) registry.NotePlacement(placement.prefill_worker_id, hashes);
   return placement;
 }
 

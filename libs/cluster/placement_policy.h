@@ -25,9 +25,12 @@
 // worker's prefill speed, and nothing when loading is slower (the worker recomputes
 // then). So device > host > disk > recompute follows from the bandwidths each worker
 // reports in its heartbeat (WorkerLoad), and cached_fraction is the share of the
-// prompt's recompute time the worker's cached prefix saves. Before a worker has
-// measured both its tier's bandwidth and its prefill speed, the constant
-// host_tier_weight / disk_tier_weight stand in (NOTE: fallback only).
+// prompt's recompute time the worker's cached prefix saves. Blocks in flight (placed on
+// the worker moments ago, not reported yet: cluster/in_flight_prefixes.h) count as
+// device blocks, so the requests of one prefix stick to one worker from the first on
+// instead of landing on whichever looked idler before the first one's KV was reported.
+// Before a worker has measured both its tier's bandwidth and its prefill speed, the
+// constant host_tier_weight / disk_tier_weight stand in (NOTE: fallback only).
 //
 // The baselines (PlacementStrategy) replace only the choice among the candidates: round
 // robin over the live workers of a role, or the least pending work; the conditional
@@ -105,6 +108,9 @@ struct Placement {
 struct WorkerScore {
   double score = 0.0;
   int32_t cached_tokens = 0;  // leading prompt tokens it holds on any tier
+  // Tokens after those that a request placed on it moments ago is computing (PrefixMatch::
+  // num_blocks_in_flight): they count in cached_fraction, not in cached_tokens.
+  int32_t in_flight_tokens = 0;
   double cached_fraction = 0.0;  // share of the prefill time the cached prefix saves, in [0, 1]
   // Weight of one host / disk block relative to a device block: measured, or the fallback.
   double host_block_weight = 0.0;

@@ -32,6 +32,7 @@ std::vector<std::string> WorkerRegistry::ExpireLocked(absl::Time now) {
 
 void WorkerRegistry::RemoveLocked(const std::string& worker_id) {
   index_.RemoveWorker(worker_id);
+  in_flight_.RemoveWorker(worker_id);
   workers_.erase(worker_id);
 }
 
@@ -59,6 +60,7 @@ absl::Status WorkerRegistry::Register(const WorkerRegistration& registration) {
   if (workers_.contains(registration.worker_id)) {
     // A restart (or a retried Register): its old blocks are gone or will be re-sent.
     index_.RemoveWorker(registration.worker_id);
+    in_flight_.RemoveWorker(registration.worker_id);
   }
   WorkerState& state = workers_[registration.worker_id];
   state.snapshot = WorkerSnapshot{};
@@ -83,6 +85,7 @@ absl::Status WorkerRegistry::Heartbeat(std::string_view worker_id, const Heartbe
   snapshot.num_recent_placements = 0;
   if (report.kv_events_snapshot) index_.RemoveWorker(worker_id);
   index_.Apply(worker_id, report.kv_events);
+  in_flight_.Apply(worker_id, report.kv_events, now);
   return absl::OkStatus();
 }
 
@@ -147,6 +150,10 @@ std::vector<WorkerCandidate> WorkerRegistry::Candidates(std::string_view model,
       if (std::find(exclude_worker_ids.begin(), exclude_worker_ids.end(), id) != exclude_worker_ids.end()) continue;
       WorkerCandidate candidate{.worker = SnapshotLocked(state), .prefix = {}};
       if (auto m = matches.find(id); m != matches.end()) candidate.prefix = m->second;
+      const int32_t in_flight =
+          in_flight_.LeadingRun(id, prompt_hashes, static_cast<size_t>(candidate.prefix.num_blocks), now);
+      candidate.prefix.num_blocks += in_flight;
+      candidate.prefix.num_blocks_in_flight = in_flight;
       result.push_back(std::move(candidate));
     }
   }
@@ -172,10 +179,18 @@ absl::StatusOr<std::string> WorkerRegistry::ReportUnreachable(std::string_view w
   return absl::NotFoundError(absl::StrCat("no live worker ", worker_id.empty() ? "at " : "", ToAbsl(worker_id.empty() ? address : worker_id)));
 }
 
-void WorkerRegistry::NotePlacement(std::string_view worker_id) {
+void WorkerRegistry::NotePlacement(std::string_view worker_id, std::span<const kv::BlockHash> prompt_hashes) {
+  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(ToAbsl(worker_id));
-  if (it != workers_.end()) ++it->second.snapshot.num_recent_placements;
+  if (it == workers_.end()) return;
+  ++it->second.snapshot.num_recent_placements;
+  if (options_.in_flight_prefix_ttl_ms <= 0 || prompt_hashes.empty()) return;
+  // What the worker holds already is not in flight: its eviction must show at once.
+  const auto held = static_cast<size_t>(index_.MatchWorker(prompt_hashes, worker_id).num_blocks);
+  if (held < prompt_hashes.size()) {
+    in_flight_.Note(worker_id, prompt_hashes.subspan(held), now + absl::Milliseconds(options_.in_flight_prefix_ttl_ms));
+  }
 }
 
 int32_t WorkerRegistry::num_workers() const {

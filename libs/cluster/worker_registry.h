@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cluster/clock.h"
+#include "cluster/in_flight_prefixes.h"
 #include "cluster/prefix_index.h"
 #include "cluster/worker_info.h"
 #include "kv/kv_types.h"
@@ -38,6 +39,10 @@ struct WorkerRegistryOptions {
   // registers again): long enough for its lease to expire if it is dead, short enough
   // that a partition that heals costs little.
   int64_t unreachable_ttl_ms = 10'000;
+  // A placed prompt's blocks count as held by its worker (PrefixMatch::num_blocks_in_flight)
+  // until the worker reports them, or for this long (cluster/in_flight_prefixes.h): long
+  // enough to cover a long prompt's queueing and prefill on a busy worker. 0: off.
+  int64_t in_flight_prefix_ttl_ms = 30'000;
 };
 
 // One heartbeat's report.
@@ -59,7 +64,9 @@ struct RegistryStats {
   int64_t num_expired_total = 0;    // workers dropped for missing heartbeats, since start
 };
 
-// A live worker of the requested model with its match against a prompt.
+// A live worker of the requested model with its match against a prompt: the indexed
+// leading run, continued by the blocks a request placed on it is computing
+// (prefix.num_blocks_in_flight, counted in prefix.num_blocks).
 struct WorkerCandidate {
   WorkerSnapshot worker;
   PrefixMatch prefix;
@@ -113,9 +120,11 @@ class WorkerRegistry {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Counts a request placed on the worker as load until its next heartbeat (heartbeats
-  // lag: without this, a burst would all go to the worker that looked idlest). No-op for
-  // an unknown worker.
-  void NotePlacement(std::string_view worker_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // lag: without this, a burst would all go to the worker that looked idlest), and the
+  // prompt's blocks (`prompt_hashes`) the worker does not hold yet as in flight on it
+  // (in_flight_prefix_ttl_ms). No-op for an unknown worker.
+  void NotePlacement(std::string_view worker_id, std::span<const kv::BlockHash> prompt_hashes = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   int64_t heartbeat_interval_ms() const { return options_.heartbeat_interval_ms; }
   int64_t worker_ttl_ms() const { return options_.worker_ttl_ms; }
@@ -138,6 +147,7 @@ class WorkerRegistry {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, WorkerState> workers_ ABSL_GUARDED_BY(mu_);
   GlobalPrefixIndex index_ ABSL_GUARDED_BY(mu_);
+  InFlightPrefixes in_flight_ ABSL_GUARDED_BY(mu_);
   int64_t num_expired_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

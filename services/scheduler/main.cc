@@ -42,6 +42,10 @@ KVMESH_FLAG_RANGE(worker_ttl_ms, 1, 86400000);
 ABSL_FLAG(int64_t, unreachable_ttl_ms, 10000,
           "A worker a peer reported unreachable (ReportUnreachable) gets no placements for this long");
 KVMESH_FLAG_RANGE(unreachable_ttl_ms, 1, 86400000);
+ABSL_FLAG(int64_t, in_flight_prefix_ttl_ms, 30000,
+          "A placed prompt's blocks count as its worker's until the worker reports them, or for this long "
+          "(0: off; placement then sees a prefix only once its KV events arrive)");
+KVMESH_FLAG_RANGE(in_flight_prefix_ttl_ms, 0, 86400000);
 ABSL_FLAG(int32_t, disaggregation_threshold_tokens, 256,
           "Prompts with fewer uncached tokens are prefilled on the decode worker (0: always disaggregate)");
 KVMESH_FLAG_RANGE(disaggregation_threshold_tokens, 0, 1 << 24);
@@ -120,6 +124,7 @@ int Run(int argc, char** argv) {
   options.heartbeat_interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
   options.worker_ttl_ms = absl::GetFlag(FLAGS_worker_ttl_ms);
   options.unreachable_ttl_ms = absl::GetFlag(FLAGS_unreachable_ttl_ms);
+  options.in_flight_prefix_ttl_ms = absl::GetFlag(FLAGS_in_flight_prefix_ttl_ms);
   options.shutdown_grace_ms = absl::GetFlag(FLAGS_shutdown_grace_ms);
   options.placement.disaggregation_threshold_tokens = absl::GetFlag(FLAGS_disaggregation_threshold_tokens);
   options.placement.overlap_weight = absl::GetFlag(FLAGS_overlap_weight);
@@ -159,7 +164,8 @@ int Run(int argc, char** argv) {
   cluster::WorkerRegistry registry({.heartbeat_interval_ms = options.heartbeat_interval_ms,
                                     .worker_ttl_ms = options.worker_ttl_ms,
                                     .clock = nullptr,
-                                    .unreachable_ttl_ms = options.unreachable_ttl_ms});
+                                    .unreachable_ttl_ms = options.unreachable_ttl_ms,
+                                    .in_flight_prefix_ttl_ms = options.in_flight_prefix_ttl_ms});
   const cluster::PlacementPolicy policy(options.placement);
   metrics::Registry metrics_registry;
   absl::StatusOr<std::unique_ptr<SchedulerMetrics>> metrics = SchedulerMetrics::Create(metrics_registry, registry);

@@ -26,6 +26,14 @@ std::vector<int32_t> Prompt(int32_t num_tokens, int32_t first = 1) {
 
 class PlacementPolicyTest : public ::testing::Test {
  protected:
+  // The tests below check scores from reported blocks alone, placing the same prompt
+  // several times: in-flight records (InFlightPlacementTest) are off here.
+  explicit PlacementPolicyTest(int64_t in_flight_prefix_ttl_ms = 0)
+      : registry_({.heartbeat_interval_ms = 100,
+                   .worker_ttl_ms = 1000,
+                   .clock = &clock_,
+                   .in_flight_prefix_ttl_ms = in_flight_prefix_ttl_ms}) {}
+
   void AddWorker(const std::string& id, WorkerRole role, int32_t max_num_seqs = 64, KvTransportSet transports = {}) {
     // NOTE: built in one initializer: assigning short literals to std::string members trips
     // GCC 12's -Wrestrict false positive at -O3.
@@ -56,7 +64,7 @@ class PlacementPolicyTest : public ::testing::Test {
   }
 
   ManualClock clock_;
-  WorkerRegistry registry_{{.heartbeat_interval_ms = 100, .worker_ttl_ms = 1000, .clock = &clock_}};
+  WorkerRegistry registry_;
 };
 
 TEST_F(PlacementPolicyTest, NoWorkersIsUnavailable) {
@@ -477,6 +485,103 @@ TEST(PlacementConcurrencyTest, ConcurrentHeartbeatsPlacementsAndListings) {
   stop = true;
   for (auto& thread : threads) thread.join();
   EXPECT_GT(placed.load(), 0);
+}
+
+// With in-flight records on (the registry's default is 30 s; 500 ms here, inside the
+// workers' 1 s lease so expiry can be stepped over).
+class InFlightPlacementTest : public PlacementPolicyTest {
+ protected:
+  InFlightPlacementTest() : PlacementPolicyTest(/*in_flight_prefix_ttl_ms=*/500) {}
+
+  // A prompt of `tenant`'s 40-block system prompt plus a user turn of its own.
+  static std::vector<int32_t> TenantPrompt(int32_t tenant, int32_t turn) {
+    std::vector<int32_t> tokens = Prompt(40 * kBlock, 1 + 10'000 * tenant);
+    const std::vector<int32_t> user = Prompt(24, 5'000 + 100 * turn + 10'000 * tenant);
+    tokens.insert(tokens.end(), user.begin(), user.end());
+    return tokens;
+  }
+};
+
+// The regression: before in-flight records, the second request of a prefix arriving
+// while the first one's prefill was running (no KV event reported yet) went by load to
+// the other worker, and from then on both workers cached that prefix.
+TEST_F(InFlightPlacementTest, ATenantsSecondRequestFollowsItsFirstBeforeItsBlocksAreReported) {
+  AddWorker("d1", WorkerRole::kDecode);
+  AddWorker("d2", WorkerRole::kDecode);
+  PlacementPolicy policy;
+  auto first = policy.Place(Request(TenantPrompt(0, 0)), registry_);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string home = first->decode_worker_id;
+  const std::string other = home == "d1" ? "d2" : "d1";
+  // The home worker is busy prefilling it (KV in use, nothing reported stored yet);
+  // the other worker is idle.
+  Report(home, {}, 0, WorkerLoad{.num_running_seqs = 1, .kv_blocks_total = 100, .kv_blocks_used = 41});
+  Report(other, {}, 0, WorkerLoad{.kv_blocks_total = 100});
+  auto second = policy.Place(Request(TenantPrompt(0, 1)), registry_);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->decode_worker_id, home) << second->reason;
+  EXPECT_EQ(second->decode_cached_tokens, 0);  // in flight, not cached: nothing claimed
+  EXPECT_NE(second->reason.find("in_flight=40"), std::string::npos) << second->reason;
+  // Another tenant, unknown everywhere, goes by load to the idle worker.
+  auto stranger = policy.Place(Request(TenantPrompt(1, 0)), registry_);
+  ASSERT_TRUE(stranger.ok());
+  EXPECT_EQ(stranger->decode_worker_id, other) << stranger->reason;
+}
+
+TEST_F(InFlightPlacementTest, ReportedBlocksTakeOverAndAnUnreportedRecordExpires) {
+  AddWorker("d1", WorkerRole::kDecode);
+  AddWorker("d2", WorkerRole::kDecode);
+  PlacementPolicy policy;
+  const auto prompt = TenantPrompt(0, 0);
+  ASSERT_EQ(policy.Place(Request(prompt), registry_)->decode_worker_id, "d1");
+  const WorkerLoad busy{.num_running_seqs = 1, .kv_blocks_total = 100, .kv_blocks_used = 60};
+  // d1 reports the first 10 blocks: 10 cached, the next 30 still in flight.
+  Report("d1", prompt, 10, busy);
+  Report("d2", {}, 0, WorkerLoad{.kv_blocks_total = 100});
+  auto placement = policy.Place(Request(TenantPrompt(0, 1)), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->decode_worker_id, "d1") << placement->reason;
+  EXPECT_EQ(placement->decode_cached_tokens, 10 * kBlock);
+  EXPECT_NE(placement->reason.find("in_flight=30"), std::string::npos) << placement->reason;
+  // The requests died before computing the rest: past the deadline only the 10 reported
+  // blocks count (0.24 of the prompt), less than d1's load (0.3), so the idle d2 wins.
+  clock_.Advance(absl::Milliseconds(600));
+  Report("d1", {}, 0, busy);
+  Report("d2", {}, 0, WorkerLoad{.kv_blocks_total = 100});
+  placement = policy.Place(Request(TenantPrompt(0, 2)), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->decode_worker_id, "d2") << placement->reason;
+}
+
+TEST_F(InFlightPlacementTest, AnEvictedPrefixIsSeenAtOnceDespiteARecentPlacement) {
+  AddWorker("d1", WorkerRole::kDecode);
+  AddWorker("d2", WorkerRole::kDecode);
+  PlacementPolicy policy;
+  const auto prompt = TenantPrompt(0, 0);
+  Report("d1", prompt, 40);  // d1 holds the whole system prompt
+  ASSERT_EQ(policy.Place(Request(prompt), registry_)->decode_worker_id, "d1");
+  // Then evicts it (a placement of a held prefix records nothing for the held blocks).
+  HeartbeatReport evicted;
+  const auto hashes = kv::HashFullBlocks(prompt, kBlock, 0);
+  for (int i = 0; i < 40; ++i) {
+    evicted.kv_events.push_back({.kind = kv::KvEvent::Kind::kRemoved, .block_hash = hashes[i], .num_tokens = kBlock});
+  }
+  evicted.load = WorkerLoad{.num_waiting_seqs = 2, .kv_blocks_total = 100};
+  ASSERT_TRUE(registry_.Heartbeat("d1", evicted).ok());
+  const auto placement = policy.Place(Request(TenantPrompt(0, 1)), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->decode_worker_id, "d2") << placement->reason;
+}
+
+TEST_F(InFlightPlacementTest, RoundRobinStillIgnoresThem) {
+  AddWorker("d1", WorkerRole::kDecode);
+  AddWorker("d2", WorkerRole::kDecode);
+  PlacementPolicy policy({.strategy = PlacementStrategy::kRoundRobin});
+  std::vector<std::string> chosen;
+  for (int turn = 0; turn < 4; ++turn) {
+    chosen.push_back(policy.Place(Request(TenantPrompt(0, turn)), registry_)->decode_worker_id);
+  }
+  EXPECT_EQ(chosen, (std::vector<std::string>{"d1", "d2", "d1", "d2"}));
 }
 
 }  // namespace

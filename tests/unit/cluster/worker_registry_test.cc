@@ -227,6 +227,39 @@ TEST_F(WorkerRegistryTest, PlacementsCountUntilTheNextHeartbeat) {
   EXPECT_EQ(registry_.List()[0].num_recent_placements, 0);
 }
 
+TEST_F(WorkerRegistryTest, APlacedPromptsUnheldBlocksAreInFlightUntilReported) {
+  const auto hashes = kv::HashFullBlocks(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, 4, 0);
+  ASSERT_TRUE(registry_.Register(Worker("a")).ok());
+  ASSERT_TRUE(registry_.Register(Worker("b")).ok());
+  ASSERT_TRUE(registry_.Heartbeat("a", {.kv_events = StoredEvents({hashes[0]})}).ok());
+  registry_.NotePlacement("a", hashes);
+  auto candidates = registry_.Candidates("m", hashes);
+  ASSERT_EQ(candidates.size(), 2u);
+  EXPECT_EQ(candidates[0].prefix.num_blocks, 3);
+  EXPECT_EQ(candidates[0].prefix.num_blocks_in_flight, 2);
+  EXPECT_EQ(candidates[0].prefix.num_blocks_by_tier[0], 1);
+  EXPECT_EQ(candidates[1].prefix.num_blocks, 0);
+  // Reported: cached now, no longer in flight.
+  ASSERT_TRUE(registry_.Heartbeat("a", {.kv_events = StoredEvents({hashes[1], hashes[2]})}).ok());
+  candidates = registry_.Candidates("m", hashes);
+  EXPECT_EQ(candidates[0].prefix.num_blocks, 3);
+  EXPECT_EQ(candidates[0].prefix.num_blocks_in_flight, 0);
+  // A restart forgets the records with the blocks.
+  registry_.NotePlacement("b", hashes);
+  ASSERT_TRUE(registry_.Register(Worker("b")).ok());
+  EXPECT_EQ(registry_.Candidates("m", hashes)[1].prefix.num_blocks, 0);
+}
+
+TEST(WorkerRegistryInFlightTest, AZeroTtlRecordsNothing) {
+  ManualClock clock;
+  WorkerRegistry registry({.clock = &clock, .in_flight_prefix_ttl_ms = 0});
+  const auto hashes = kv::HashFullBlocks(std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}, 4, 0);
+  ASSERT_TRUE(registry.Register(Worker("a")).ok());
+  registry.NotePlacement("a", hashes);
+  EXPECT_EQ(registry.Candidates("m", hashes)[0].prefix.num_blocks, 0);
+  EXPECT_EQ(registry.List()[0].num_recent_placements, 1);
+}
+
 TEST_F(WorkerRegistryTest, ModelKvCacheSpecIsUnavailableWithoutWorkers) {
   EXPECT_EQ(registry_.ModelKvCacheSpec("m").status().code(), absl::StatusCode::kUnavailable);
   ASSERT_TRUE(registry_.Register(Worker("a")).ok());
