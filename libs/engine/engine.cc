@@ -278,6 +278,7 @@ EngineStats Engine::stats() const {
   e.num_kv_blocks_stranded = CountStrandedBlocks();
   e.prefix_cache_host_hit_tokens = p.host_hit_tokens;
   e.num_waiting_for_disk = s.num_waiting_for_disk;
+  e.num_disk_blocks_lost = s.num_disk_blocks_lost;
   e.prefill_tokens_per_second = prefill_tokens_per_second_;
   if (const kv::KvTiers* tiers = kv_->tiers(); tiers != nullptr) {
     e.has_host_tier = true;

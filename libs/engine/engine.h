@@ -144,6 +144,7 @@ struct EngineStats {
   int64_t disk_tier_records = 0;
   int64_t prefix_cache_host_hit_tokens = 0;
   int64_t num_waiting_for_disk = 0;
+  int64_t num_disk_blocks_lost = 0;  // read from disk, gone again before use (SchedulerStats)
   double prefill_tokens_per_second = 0;  // measured on prefill-heavy steps (0: not yet)
 };
 

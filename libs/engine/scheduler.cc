@@ -437,6 +437,7 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
     while (w < waiting_.size() && budget > 0) {
       Sequence* seq = waiting_[w];
       if (NumRunningSlots() + seq->request->num_seq_slots_if_unforked() > options_.max_num_seqs) break;
+      int32_t loaded_end = -1;  // past the blocks the finished disk load read, if one did
       // A sequence whose prefix is being read from disk waits for it (holding no
       // tier-0 block, so the load cannot deadlock anyone); later ones may pass it.
       if (!seq->loading_block_hashes.empty()) {
@@ -444,12 +445,16 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
           ++w;
           continue;
         }
+        loaded_end = seq->disk_load_from + static_cast<int32_t>(seq->loading_block_hashes.size());
         seq->loading_block_hashes.clear();
       }
       // A request that still needs its prompt logprobs computes the whole prompt: a block
       // taken from the prefix cache has no logits.
       kv::ComputedPrefix prefix =
           seq->request->wants_prompt_logprobs() ? kv::ComputedPrefix{} : kv_.FindCachedPrefix(seq->token_ids);
+      if (loaded_end > prefix.num_blocks()) {
+        stats_.num_disk_blocks_lost += loaded_end - std::max(prefix.num_blocks(), seq->disk_load_from);
+      }
       if (prefix.num_disk_blocks > 0 && prefix.num_blocks() > seq->disk_load_from) {
         // Onboard from disk first. Each load begins past the last one's start: what is
         // gone again by then is recomputed, and the wait always ends.
