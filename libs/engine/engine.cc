@@ -234,7 +234,12 @@ int64_t Engine::CountStrandedBlocks() const {
     if (!scheduler_->HasSequence(id)) stranded += static_cast<int64_t>(kv_->block_table(id).size());
   }
   stranded += handoffs_.StrandedBlocks(NowMs());
-  if (kv_->has_tiers()) stranded += kv_->tiers()->num_lookup_pins();
+  if (kv_->has_tiers()) {
+    stranded += kv_->tiers()->num_lookup_pins();
+    for (const auto& [owner, held] : kv_->tiers()->load_holds()) {
+      if (!scheduler_->HasSequence(owner)) stranded += held;  // a load hold nobody releases
+    }
+  }
   return stranded;
 }
 

@@ -130,7 +130,8 @@ struct EngineStats {
   // Prefill-only requests (prefill side) whose release timed out.
   int64_t num_prefill_releases_expired = 0;
   // Blocks that nothing live should be holding: held by no live request, leased or
-  // pinned past their deadline, or host slots pinned by a lookup nobody used. Always 0
+  // pinned past their deadline, host slots pinned by a lookup nobody used, or
+  // held for a disk load whose request is gone. Always 0
   // unless something leaks (kvmesh_kv_blocks_stranded).
   int64_t num_kv_blocks_stranded = 0;
   // Lower tiers (all zero without them).

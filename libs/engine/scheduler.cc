@@ -459,7 +459,7 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
         // Onboard from disk first. Each load begins past the last one's start: what is
         // gone again by then is recomputed, and the wait always ends.
         seq->disk_load_from = prefix.num_blocks();
-        if (kv_.StartDiskLoads(prefix) > 0) {
+        if (kv_.StartDiskLoads(seq->kv_id, prefix) > 0) {
           const size_t first = static_cast<size_t>(prefix.num_blocks());
           seq->loading_block_hashes.assign(prefix.block_hashes.begin() + static_cast<std::ptrdiff_t>(first),
                                            prefix.block_hashes.begin() +
@@ -495,6 +495,9 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
         if (alloc.status().code() == absl::StatusCode::kResourceExhausted) break;  // wait for room
         return KvBroken(alloc.status(), "AllocateSlots for a waiting sequence");
       }
+      // Admitted: the lookup pinned what it uses, so whatever loads it waited for stop
+      // holding the host tier.
+      kv_.ReleaseLoadHold(seq->kv_id);
       waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
       seq->status = SequenceStatus::kRunning;
       seq->num_computed_tokens = prefix.num_tokens;
@@ -646,7 +649,10 @@ void Scheduler::FinishSequence(Sequence* seq, CompletionFinishReason reason) {
     (void)kv_.Free(seq->kv_id);
   }
   if (seq->status == SequenceStatus::kRunning) RemoveFromRunning(seq);
-  if (seq->status == SequenceStatus::kWaiting) RemoveFromWaiting(seq);
+  if (seq->status == SequenceStatus::kWaiting) {
+    kv_.ReleaseLoadHold(seq->kv_id);  // it may have been waiting for a disk load
+    RemoveFromWaiting(seq);
+  }
   if (seq->status == SequenceStatus::kReceiving || seq->status == SequenceStatus::kPrefilled) RemoveFromParked(seq);
   seq->status = SequenceStatus::kFinished;
   seq->finish_reason = reason;
