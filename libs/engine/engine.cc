@@ -234,7 +234,12 @@ int64_t Engine::CountStrandedBlocks() const {
     if (!scheduler_->HasSequence(id)) stranded += static_cast<int64_t>(kv_->block_table(id).size());
   }
   stranded += handoffs_.StrandedBlocks(NowMs());
-  if (kv_->has_tiers()) stranded += kv_->tiers()->num_lookup_pins();
+  if (kv_->has_tiers()) {
+    stranded += kv_->tiers()->num_lookup_pins();
+    for (const auto& [owner, held] : kv_->tiers()->load_holds()) {
+      if (!scheduler_->HasSequence(owner)) stranded += held;  // a load hold nobody releases
+    }
+  }
   return stranded;
 }
 
@@ -278,6 +283,7 @@ EngineStats Engine::stats() const {
   e.num_kv_blocks_stranded = CountStrandedBlocks();
   e.prefix_cache_host_hit_tokens = p.host_hit_tokens;
   e.num_waiting_for_disk = s.num_waiting_for_disk;
+  e.num_disk_blocks_lost = s.num_disk_blocks_lost;
   e.prefill_tokens_per_second = prefill_tokens_per_second_;
   if (const kv::KvTiers* tiers = kv_->tiers(); tiers != nullptr) {
     e.has_host_tier = true;

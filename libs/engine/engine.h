@@ -130,7 +130,8 @@ struct EngineStats {
   // Prefill-only requests (prefill side) whose release timed out.
   int64_t num_prefill_releases_expired = 0;
   // Blocks that nothing live should be holding: held by no live request, leased or
-  // pinned past their deadline, or host slots pinned by a lookup nobody used. Always 0
+  // pinned past their deadline, host slots pinned by a lookup nobody used, or
+  // held for a disk load whose request is gone. Always 0
   // unless something leaks (kvmesh_kv_blocks_stranded).
   int64_t num_kv_blocks_stranded = 0;
   // Lower tiers (all zero without them).
@@ -144,6 +145,7 @@ struct EngineStats {
   int64_t disk_tier_records = 0;
   int64_t prefix_cache_host_hit_tokens = 0;
   int64_t num_waiting_for_disk = 0;
+  int64_t num_disk_blocks_lost = 0;  // read from disk, gone again before use (SchedulerStats)
   double prefill_tokens_per_second = 0;  // measured on prefill-heavy steps (0: not yet)
 };
 

@@ -437,6 +437,7 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
     while (w < waiting_.size() && budget > 0) {
       Sequence* seq = waiting_[w];
       if (NumRunningSlots() + seq->request->num_seq_slots_if_unforked() > options_.max_num_seqs) break;
+      int32_t loaded_end = -1;  // past the blocks the finished disk load read, if one did
       // A sequence whose prefix is being read from disk waits for it (holding no
       // tier-0 block, so the load cannot deadlock anyone); later ones may pass it.
       if (!seq->loading_block_hashes.empty()) {
@@ -444,17 +445,21 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
           ++w;
           continue;
         }
+        loaded_end = seq->disk_load_from + static_cast<int32_t>(seq->loading_block_hashes.size());
         seq->loading_block_hashes.clear();
       }
       // A request that still needs its prompt logprobs computes the whole prompt: a block
       // taken from the prefix cache has no logits.
       kv::ComputedPrefix prefix =
           seq->request->wants_prompt_logprobs() ? kv::ComputedPrefix{} : kv_.FindCachedPrefix(seq->token_ids);
+      if (loaded_end > prefix.num_blocks()) {
+        stats_.num_disk_blocks_lost += loaded_end - std::max(prefix.num_blocks(), seq->disk_load_from);
+      }
       if (prefix.num_disk_blocks > 0 && prefix.num_blocks() > seq->disk_load_from) {
         // Onboard from disk first. Each load begins past the last one's start: what is
         // gone again by then is recomputed, and the wait always ends.
         seq->disk_load_from = prefix.num_blocks();
-        if (kv_.StartDiskLoads(prefix) > 0) {
+        if (kv_.StartDiskLoads(seq->kv_id, prefix) > 0) {
           const size_t first = static_cast<size_t>(prefix.num_blocks());
           seq->loading_block_hashes.assign(prefix.block_hashes.begin() + static_cast<std::ptrdiff_t>(first),
                                            prefix.block_hashes.begin() +
@@ -490,6 +495,9 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
         if (alloc.status().code() == absl::StatusCode::kResourceExhausted) break;  // wait for room
         return KvBroken(alloc.status(), "AllocateSlots for a waiting sequence");
       }
+      // Admitted: the lookup pinned what it uses, so whatever loads it waited for stop
+      // holding the host tier.
+      kv_.ReleaseLoadHold(seq->kv_id);
       waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
       seq->status = SequenceStatus::kRunning;
       seq->num_computed_tokens = prefix.num_tokens;
@@ -641,7 +649,10 @@ void Scheduler::FinishSequence(Sequence* seq, CompletionFinishReason reason) {
     (void)kv_.Free(seq->kv_id);
   }
   if (seq->status == SequenceStatus::kRunning) RemoveFromRunning(seq);
-  if (seq->status == SequenceStatus::kWaiting) RemoveFromWaiting(seq);
+  if (seq->status == SequenceStatus::kWaiting) {
+    kv_.ReleaseLoadHold(seq->kv_id);  // it may have been waiting for a disk load
+    RemoveFromWaiting(seq);
+  }
   if (seq->status == SequenceStatus::kReceiving || seq->status == SequenceStatus::kPrefilled) RemoveFromParked(seq);
   seq->status = SequenceStatus::kFinished;
   seq->finish_reason = reason;

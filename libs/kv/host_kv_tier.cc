@@ -92,6 +92,12 @@ std::optional<HostSlot> HostKvTier::Find(const BlockHash& hash) {
   return HostSlot{it->second};
 }
 
+std::optional<HostSlot> HostKvTier::Peek(const BlockHash& hash) const {
+  const auto it = index_.find(hash);
+  if (it == index_.end() || slots_[it->second].state != State::kResident) return std::nullopt;
+  return HostSlot{it->second};
+}
+
 absl::StatusOr<HostSlot> HostKvTier::BeginStore(const BlockHash& hash, const BlockHash& parent_hash) {
   if (index_.contains(hash)) return absl::AlreadyExistsError("host KV tier already holds this block");
   int32_t s = -1;

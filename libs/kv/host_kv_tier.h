@@ -67,6 +67,8 @@ class HostKvTier {
   // The resident slot holding `hash`, marked most recently used; counts a query (and a
   // hit) in stats().
   std::optional<HostSlot> Find(const BlockHash& hash);
+  // The resident slot holding `hash`, without counting or touching the LRU.
+  std::optional<HostSlot> Peek(const BlockHash& hash) const;
   // Whether `hash` is resident or filling, without counting or touching the LRU.
   bool Contains(const BlockHash& hash) const { return index_.contains(hash); }
 

@@ -77,10 +77,10 @@ absl::Status KvCacheManager::AttachTiers(std::unique_ptr<KvTiers> tiers) {
   return absl::OkStatus();
 }
 
-int32_t KvCacheManager::StartDiskLoads(const ComputedPrefix& prefix) {
+int32_t KvCacheManager::StartDiskLoads(RequestId owner, const ComputedPrefix& prefix) {
   if (tiers_ == nullptr || prefix.num_disk_blocks <= 0) return 0;
-  return tiers_->StartDiskLoads(prefix.block_hashes, static_cast<size_t>(prefix.num_blocks()),
-                                static_cast<size_t>(prefix.num_disk_blocks));
+  return tiers_->StartDiskLoads(owner, prefix.block_hashes, static_cast<size_t>(prefix.num_blocks()),
+                                static_cast<size_t>(prefix.num_disk_blocks), prefix.host_slots);
 }
 
 absl::StatusOr<KvAllocation> KvCacheManager::AllocateSlots(RequestId id, std::span<const int32_t> all_tokens,

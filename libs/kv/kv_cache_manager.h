@@ -166,9 +166,15 @@ class KvCacheManager {
   void FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds) {
     if (tiers_) tiers_->FinishSwaps(swaps, copied, out_seconds, in_seconds);
   }
-  // Starts reading the disk blocks a lookup reported (prefix.num_disk_blocks) into the
-  // host tier; returns how many reads started.
-  int32_t StartDiskLoads(const ComputedPrefix& prefix);
+  // Starts reading, for `owner`, the disk blocks a lookup reported (prefix.num_disk_blocks)
+  // into the host tier; returns how many reads started. What they read, and the
+  // lookup's host hits, stay pinned for `owner` until ReleaseLoadHold(owner)
+  // (KvTiers::StartDiskLoads); the prefix itself must still be used or released.
+  int32_t StartDiskLoads(RequestId owner, const ComputedPrefix& prefix);
+  // Drops `owner`'s load hold: call it once the owner is admitted or ends.
+  void ReleaseLoadHold(RequestId owner) {
+    if (tiers_ != nullptr) tiers_->ReleaseLoadHold(owner);
+  }
   // Whether a block among `block_hashes` is still being read from disk.
   bool AnyLoading(std::span<const BlockHash> block_hashes) const {
     return tiers_ != nullptr && tiers_->AnyLoading(block_hashes);

@@ -134,10 +134,10 @@ void KvTiers::StartWriteThrough(HostSlot slot) {
   writes_[*ticket] = slot;
 }
 
-bool KvTiers::SubmitRead(int64_t batch, HostSlot slot, const BlockHash& hash) {
-  absl::StatusOr<int64_t> ticket = disk_->StartRead(hash, host_->data(slot));
+bool KvTiers::SubmitRead(const Read& read) {
+  absl::StatusOr<int64_t> ticket = disk_->StartRead(read.hash, host_->data(read.slot));
   if (!ticket.ok()) return false;
-  reads_[*ticket] = Read{.slot = slot, .hash = hash, .batch = batch};
+  reads_[*ticket] = read;
   return true;
 }
 
@@ -158,7 +158,7 @@ void KvTiers::SubmitBacklog() {
   while (!read_backlog_.empty() && disk_->CanStartRead()) {
     const Read r = read_backlog_.front();
     read_backlog_.pop_front();
-    if (SubmitRead(r.batch, r.slot, r.hash)) continue;
+    if (SubmitRead(r)) continue;
     // The record went (evicted or dropped) while the read waited: recompute the block.
     ++stats_.reads_lost;
     host_->AbortStore(r.slot);
@@ -180,28 +180,46 @@ void KvTiers::SubmitBacklog() {
   }
 }
 
-int32_t KvTiers::StartDiskLoads(std::span<const BlockHash> hashes, size_t first, size_t n) {
+int32_t KvTiers::StartDiskLoads(RequestId owner, std::span<const BlockHash> hashes, size_t first, size_t n,
+                               std::span<const HostSlot> host_hits) {
   if (disk_ == nullptr) return 0;
+  // NOTE: the hits are held first, so the loads below cannot evict them for room.
+  std::vector<HostSlot>& hold = holds_[owner];
+  for (const HostSlot s : host_hits) {
+    host_->Pin(s);
+    hold.push_back(s);
+  }
   const int64_t batch = next_load_batch_++;
   int32_t started = 0;
   for (size_t i = first; i < first + n && i < hashes.size(); ++i) {
-    if (loading_.contains(hashes[i]) || host_->Contains(hashes[i])) continue;
+    if (loading_.contains(hashes[i])) continue;
+    if (host_->Contains(hashes[i])) {
+      // Resident already (another request loaded or offloaded it): hold it too. A slot
+      // still filling (an offload in this step) lands unheld.
+      if (const std::optional<HostSlot> resident = host_->Peek(hashes[i]); resident.has_value()) {
+        host_->Pin(*resident);
+        hold.push_back(*resident);
+      }
+      continue;
+    }
     const BlockHash& parent = i == 0 ? kRootBlockHash : hashes[i - 1];
     absl::StatusOr<HostSlot> slot = host_->BeginStore(hashes[i], parent);
     if (!slot.ok()) break;  // host full of pinned slots: recompute the rest
+    const Read read{.slot = *slot, .hash = hashes[i], .batch = batch, .owner = owner};
     if (read_backlog_.empty() && disk_->CanStartRead()) {
-      if (!SubmitRead(batch, *slot, hashes[i])) {  // not held after all: recompute from here
+      if (!SubmitRead(read)) {  // not held after all: recompute from here
         host_->AbortStore(*slot);
         break;
       }
     } else {
       // NOTE: a busy queue makes the load wait (Poll submits it), never a recompute.
-      read_backlog_.push_back(Read{.slot = *slot, .hash = hashes[i], .batch = batch});
+      read_backlog_.push_back(read);
       ++stats_.reads_queued;
     }
     loading_.insert(hashes[i]);
     ++started;
   }
+  if (hold.empty() && started == 0) holds_.erase(owner);  // else the reads land in it
   stats_.loads_started += started;
   if (started > 0) {
     load_batches_[batch] = LoadBatch{.started = std::chrono::steady_clock::now(),
@@ -209,6 +227,20 @@ int32_t KvTiers::StartDiskLoads(std::span<const BlockHash> hashes, size_t first,
                                      .outstanding = started};
   }
   return started;
+}
+
+void KvTiers::ReleaseLoadHold(RequestId owner) {
+  const auto it = holds_.find(owner);
+  if (it == holds_.end()) return;
+  for (const HostSlot s : it->second) host_->Unpin(s);
+  holds_.erase(it);
+}
+
+std::vector<std::pair<RequestId, int32_t>> KvTiers::load_holds() const {
+  std::vector<std::pair<RequestId, int32_t>> out;
+  out.reserve(holds_.size());
+  for (const auto& [owner, slots] : holds_) out.emplace_back(owner, static_cast<int32_t>(slots.size()));
+  return out;
 }
 
 bool KvTiers::AnyLoading(std::span<const BlockHash> hashes) const {
@@ -242,6 +274,10 @@ void KvTiers::FinishRead(int64_t ticket, const absl::Status& status,
   if (it == reads_.end()) return;
   if (status.ok()) {
     host_->CommitStore(it->second.slot);
+    if (const auto hold = holds_.find(it->second.owner); hold != holds_.end()) {
+      host_->Pin(it->second.slot);
+      hold->second.push_back(it->second.slot);
+    }
   } else {
     KVMESH_LOG(kWarning) << "disk KV tier: " << status.message() << ": recomputing the block";
     host_->AbortStore(it->second.slot);
@@ -301,6 +337,9 @@ absl::Status KvTiers::CheckInvariants() const {
   for (const KvSwap& s : pending_.in) ++holders[s.slot.value];
   for (const auto& [ticket, slot] : writes_) ++holders[slot.value];
   for (const HostSlot slot : write_backlog_) ++holders[slot.value];
+  for (const auto& [owner, slots] : holds_) {
+    for (const HostSlot slot : slots) ++holders[slot.value];
+  }
   int32_t pinned = host_->num_pinned();
   if (lookup_pins_ == 0 && static_cast<int32_t>(holders.size()) != pinned) {
     return absl::InternalError(absl::StrCat("KV tiers: ", pinned, " host slots are pinned but ", holders.size(),

@@ -12,7 +12,12 @@
 //   3. Onboard: a host hit becomes a fresh tier-0 block with a queued swap-in; a disk
 //      hit is first read into a host slot (StartDiskLoads, asynchronous), after which
 //      the request finds it as a host hit. While it loads the request holds no tier-0
-//      block, so a load can never deadlock the scheduler.
+//      block, so a load can never deadlock the scheduler. It holds host slots instead:
+//      the load's owner (the waiting request) keeps every block it read, and the host
+//      hits its lookup found before them, pinned until ReleaseLoadHold (admission or
+//      its end). Without that hold the offloads of the running requests' evictions
+//      evicted most loaded blocks from the host tier before the request was admitted,
+//      and it recomputed them (the multi-turn benchmark lost 79% of its disk loads).
 //   4. Each step: TakeSwaps before the model runs, FinishSwaps after it (checksums,
 //      bandwidths, write-through), Poll for the disk's completions.
 //
@@ -25,8 +30,8 @@
 //
 // Pins: a pinned host slot is never evicted. Every pin is held by exactly one of: a
 // lookup not yet used or released (ExtendPrefix -> AllocateSlots or Release), a queued
-// or running swap-in, a disk write in flight or waiting in the backlog. CheckInvariants
-// counts them.
+// or running swap-in, a disk write in flight or waiting in the backlog, a load hold
+// (StartDiskLoads -> ReleaseLoadHold). CheckInvariants counts them.
 //
 // Load or recompute: a lower-tier hit is loaded only when its bytes at the tier's
 // measured read bandwidth arrive sooner than recomputing its tokens at the engine's
@@ -42,6 +47,7 @@
 #include <deque>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -115,11 +121,19 @@ class KvTiers {
   void FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds);
   bool has_pending_swaps() const { return !pending_.empty(); }
 
-  // Reads hashes[first, first + n) from the disk tier into host slots (parents from the
-  // chain); returns how many reads started or wait in the backlog for queue room (the
-  // host slots are reserved now either way; stops early only when the host tier has no
-  // slot to give).
-  int32_t StartDiskLoads(std::span<const BlockHash> hashes, size_t first, size_t n);
+  // For `owner`: reads hashes[first, first + n) from the disk tier into host slots
+  // (parents from the chain) and holds `host_hits` (a lookup's host hits just before
+  // them; the lookup keeps its own pins). Returns how many reads started or wait in the
+  // backlog for queue room (the host slots are reserved now either way; stops early
+  // only when the host tier has no slot to give). Every block read and every hit stays
+  // pinned for `owner` until ReleaseLoadHold(owner); a second load adds to the hold.
+  int32_t StartDiskLoads(RequestId owner, std::span<const BlockHash> hashes, size_t first, size_t n,
+                         std::span<const HostSlot> host_hits = {});
+  // Unpins what `owner`'s loads hold (reads still in flight commit unheld). Call it when
+  // the owner is admitted (its lookup pinned what it uses) or ends; a no-op without a hold.
+  void ReleaseLoadHold(RequestId owner);
+  // Owners with a load hold, and how many host slots each holds (stranded-block checks).
+  std::vector<std::pair<RequestId, int32_t>> load_holds() const;
   // Whether any of `hashes` is still being read from disk.
   bool AnyLoading(std::span<const BlockHash> hashes) const;
   bool has_loads_in_flight() const { return !loading_.empty(); }
@@ -155,8 +169,9 @@ class KvTiers {
   void StartWriteThrough(HostSlot slot);
   // Submits backlogged reads, then writes, while the disk queue has room.
   void SubmitBacklog();
-  // Submits the read of `read` into its reserved slot; false when the record is gone.
-  bool SubmitRead(int64_t batch, HostSlot slot, const BlockHash& hash);
+  struct Read;
+  // Submits `read` into its reserved slot; false when the record is gone.
+  bool SubmitRead(const Read& read);
   // One read of a batch will never complete (its record was gone): counts it out.
   void DropFromBatch(int64_t batch);
   // A disk read finished (any status): commits or aborts its slot and times its batch.
@@ -174,6 +189,7 @@ class KvTiers {
     HostSlot slot;
     BlockHash hash;
     int64_t batch = 0;
+    RequestId owner;  // whose hold the block joins when it lands
   };
   absl::flat_hash_map<int64_t, Read> reads_;
   // Reads and write-throughs waiting for disk queue room, oldest first. A queued read
@@ -195,6 +211,8 @@ class KvTiers {
   static constexpr int32_t kReprobeEvery = 16;
   int32_t disk_recompute_streak_ = 0;  // disk hits recomputed since the last load
   absl::flat_hash_set<BlockHash> loading_;
+  // Load holds: the host slots pinned for each waiting owner (one pin per entry).
+  absl::flat_hash_map<RequestId, std::vector<HostSlot>> holds_;
   double prefill_tokens_per_second_ = 0;
   int32_t lookup_pins_ = 0;
   bool write_through_ = false;

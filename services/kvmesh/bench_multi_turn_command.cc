@@ -307,12 +307,14 @@ int RunBenchMultiTurn(int argc, char** argv) {
       if (s.has_disk_tier) {
         // Where disk hits were lost, if they were: offloads the host tier had no slot for,
         // write-throughs that waited for queue room or were dropped, reads that waited.
-        std::printf("%-10s   disk detail: %lld blocks loaded for %lld waiting requests, %lld reads queued, %lld lost | "
-                    "%lld write-throughs queued, %lld dropped | %lld offloads skipped (host tier full)\n",
+        std::printf("%-10s   disk detail: %lld blocks loaded for %lld waiting requests, %lld reads queued, %lld lost, "
+                    "%lld gone again before use | %lld write-throughs queued, %lld dropped | %lld offloads skipped "
+                    "(host tier full), %lld host evictions\n",
                     m.mode.c_str(), static_cast<long long>(s.tiers.loads_started),
                     static_cast<long long>(s.num_waiting_for_disk), static_cast<long long>(s.tiers.reads_queued),
-                    static_cast<long long>(s.tiers.reads_lost), static_cast<long long>(s.tiers.writes_queued),
-                    static_cast<long long>(s.tiers.writes_skipped), static_cast<long long>(s.tiers.offload_skipped));
+                    static_cast<long long>(s.tiers.reads_lost), static_cast<long long>(s.num_disk_blocks_lost),
+                    static_cast<long long>(s.tiers.writes_queued), static_cast<long long>(s.tiers.writes_skipped),
+                    static_cast<long long>(s.tiers.offload_skipped), static_cast<long long>(s.host_tier.evictions));
       }
       std::fflush(stdout);
       runs[mode].push_back(std::move(r).value());

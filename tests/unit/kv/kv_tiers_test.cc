@@ -230,7 +230,7 @@ TEST_F(KvTiersDiskTest, WritesInFlightNeverMakeADiskHitRecompute) {
   ASSERT_EQ(on_disk, 12);
   // Every block of the hit is loaded (12 reads, more than the whole queue of 4): the
   // ones that find no room wait for it.
-  EXPECT_EQ(tiers->StartDiskLoads(prefix, 0, static_cast<size_t>(on_disk)), 12);
+  EXPECT_EQ(tiers->StartDiskLoads(RequestId{1}, prefix, 0, static_cast<size_t>(on_disk)), 12);
   EXPECT_TRUE(tiers->AnyLoading(prefix));
   EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
   tiers->DrainDisk();
@@ -244,8 +244,90 @@ TEST_F(KvTiersDiskTest, WritesInFlightNeverMakeADiskHitRecompute) {
     EXPECT_EQ(tiers->host().data(host_slots[i])[kSlotBytes - 1], std::byte{static_cast<uint8_t>(i + 1)}) << i;
   }
   tiers->Release(host_slots);
+  tiers->ReleaseLoadHold(RequestId{1});
   tiers->DrainDisk();
   EXPECT_EQ(tiers->host().num_pinned(), 0);
+  EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
+}
+
+// Offloads `hashes` one step at a time, as a busy worker's evictions would: those the
+// host tier has no unpinned slot for are skipped.
+void OffloadSteps(KvTiers& tiers, const std::vector<BlockHash>& hashes) {
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    tiers.OnDeviceEvict(BlockId{0}, hashes[i], i == 0 ? kRootBlockHash : hashes[i - 1]);
+    tiers.FinishSwaps(tiers.TakeSwaps(), /*copied=*/true, 1e-6, 1e-6);
+    tiers.Poll();
+  }
+}
+
+// The multi-turn benchmark's loss: a waiting request's disk load landed in the host
+// tier, and the offloads of the running requests' evictions evicted it (and the host
+// hits before it) before the request was admitted, so it recomputed what it had read.
+TEST_F(KvTiersDiskTest, ADiskLoadAndTheHostHitsBeforeItStayUntilTheOwnerReleasesThem) {
+  const std::vector<BlockHash> prefix = Chain(12);
+  {
+    auto writer = MakeTiers(64);
+    OffloadBurst(*writer, prefix);
+    writer->DrainDisk();
+    ASSERT_EQ(writer->disk()->num_records(), 12);
+  }
+  // A restarted worker with a 16-slot host tier: the first 4 blocks come back into it
+  // (tier 0 offloads them again), the other 8 are on disk only.
+  auto tiers = MakeTiers(16);
+  OffloadBurst(*tiers, std::vector<BlockHash>(prefix.begin(), prefix.begin() + 4));
+  tiers->DrainDisk();
+  std::vector<HostSlot> host_slots;
+  const int32_t on_disk = tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots);
+  ASSERT_EQ(host_slots.size(), 4u);
+  ASSERT_EQ(on_disk, 8);
+  const RequestId owner{7};
+  EXPECT_EQ(tiers->StartDiskLoads(owner, prefix, 4, static_cast<size_t>(on_disk), host_slots), 8);
+  tiers->Release(host_slots);  // the request waits for the load holding no lookup
+  host_slots.clear();
+  tiers->DrainDisk();
+  EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
+
+  // Running requests evict 20 other blocks meanwhile: more than the host tier holds.
+  std::vector<BlockHash> other;
+  for (int i = 0; i < 20; ++i) other.push_back(BlockHash{.low = 5000 + static_cast<uint64_t>(i), .high = 9});
+  OffloadSteps(*tiers, other);
+  tiers->DrainDisk();
+  EXPECT_GT(tiers->stats().offload_skipped, 0) << "the held slots are not the offloads' to take";
+  EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
+
+  // Admission: the whole prefix is in the host tier, byte for byte what was offloaded.
+  EXPECT_EQ(tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots), 0);
+  ASSERT_EQ(host_slots.size(), 12u) << "the load (or the hits before it) was evicted before the owner came back";
+  for (size_t i = 0; i < host_slots.size(); ++i) {
+    EXPECT_EQ(tiers->host().data(host_slots[i])[kSlotBytes - 1], std::byte{static_cast<uint8_t>(i + 1)}) << i;
+  }
+  ASSERT_EQ(tiers->load_holds().size(), 1u);
+  EXPECT_EQ(tiers->load_holds()[0].first, owner);
+  EXPECT_EQ(tiers->load_holds()[0].second, 12);
+  tiers->ReleaseLoadHold(owner);
+  EXPECT_TRUE(tiers->load_holds().empty());
+  EXPECT_EQ(tiers->host().num_pinned(), 12) << "only the lookup's pins remain";
+  tiers->Release(host_slots);
+  EXPECT_EQ(tiers->host().num_pinned(), 0);
+  EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
+}
+
+TEST_F(KvTiersDiskTest, AReleasedOwnersReadsLandUnheld) {
+  const std::vector<BlockHash> prefix = Chain(6);
+  {
+    auto writer = MakeTiers(64);
+    OffloadBurst(*writer, prefix);
+    writer->DrainDisk();
+  }
+  auto tiers = MakeTiers(16);
+  std::vector<HostSlot> host_slots;
+  ASSERT_EQ(tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots), 6);
+  EXPECT_EQ(tiers->StartDiskLoads(RequestId{3}, prefix, 0, 6), 6);
+  tiers->ReleaseLoadHold(RequestId{3});  // the request ended while its load ran
+  tiers->DrainDisk();
+  EXPECT_TRUE(tiers->load_holds().empty());
+  EXPECT_EQ(tiers->host().num_pinned(), 0);
+  EXPECT_EQ(tiers->host().num_resident(), 6) << "the blocks still land, as a plain cache";
   EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
 }
 
