@@ -145,12 +145,18 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
                     state_.RemotePrefillTimeoutMs(static_cast<int64_t>(prompt.size()) - lease.num_cached_tokens));
     call->stub = v1::Worker::NewStub(state_.Channel(prefill_address));
     call->prefill_address = prefill_address;
+    const engine::KvTransferId id = lease.transfer_id;
+    WorkerState* state = &state_;
+    const std::optional<OutgoingCalls::CallId> outgoing =
+        state_.outgoing_calls().Begin([call] { call->context.TryCancel(); });
+    if (!outgoing.has_value()) {
+      state_.RemoveLease(transfer_id);
+      return FailOrFallBack(state_, id, absl::CancelledError("the decode worker is stopping"), prefill_address);
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       prefill_call_ = call;
     }
-    const engine::KvTransferId id = lease.transfer_id;
-    WorkerState* state = &state_;
     const bool want_logprobs = sampling.has_logprobs();
     if (kv::KvTransport* transport = offer_ucx_ ? state_.kv_transport() : nullptr) {
       // Offer UCX: the prefill worker puts straight into these blocks when it has UCX
@@ -177,8 +183,11 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     }
     // NOTE: the callback captures the state, not the reactor: the reactor may be gone
     // (request aborted) by the time the prefill worker answers.
+    // NOTE: the call's registration ends last: shutdown waits for it before the state
+    // and the KV transport go. (The UCX lease's callback is the transport's to end.)
     call->stub->async()->Prefill(&call->context, &call->request, &call->response,
-                                 [call, state, id, transfer_id, prefill_address, want_logprobs](grpc::Status status) {
+                                 [call, state, id, transfer_id, prefill_address, want_logprobs,
+                                  outgoing = *outgoing](grpc::Status status) {
                                    state->RemoveLease(transfer_id);
                                    absl::Status s = rpc::FromGrpcStatus(status);
                                    if (!s.ok()) {
@@ -192,6 +201,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
                                      call->reply = s;
                                    }
                                    Resolve(call, *state, id, want_logprobs);
+                                   state->outgoing_calls().End(outgoing);
                                  });
   }
 

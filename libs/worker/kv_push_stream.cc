@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <optional>
 #include <utility>
 
 #include "rpc/channel.h"
@@ -9,9 +10,16 @@
 
 namespace kvmesh::worker {
 
-std::shared_ptr<KvPushStream> KvPushStream::Start(const std::shared_ptr<grpc::Channel>& channel,
-                                                  std::string transfer_id, int64_t timeout_ms, DoneFn on_done) {
+absl::StatusOr<std::shared_ptr<KvPushStream>> KvPushStream::Start(const std::shared_ptr<grpc::Channel>& channel,
+                                                                  std::string transfer_id, int64_t timeout_ms,
+                                                                  DoneFn on_done, OutgoingCalls* calls) {
   std::shared_ptr<KvPushStream> stream(new KvPushStream(std::move(transfer_id), std::move(on_done)));
+  if (calls != nullptr) {
+    const std::optional<OutgoingCalls::CallId> id = calls->Begin([stream] { stream->Cancel(); });
+    if (!id.has_value()) return absl::UnavailableError("the worker is stopping");
+    stream->calls_ = calls;
+    stream->call_id_ = *id;
+  }
   stream->self_ = stream;
   stream->stub_ = v1::Worker::NewStub(channel);
   if (timeout_ms > 0) rpc::SetTimeout(&stream->context_, timeout_ms);
@@ -89,7 +97,11 @@ void KvPushStream::OnDone(const grpc::Status& status) {
   DoneFn on_done = std::move(on_done_);
   // NOTE: releasing these two may delete this; nothing touches the object afterwards.
   std::shared_ptr<KvPushStream> self = std::move(self_);
+  OutgoingCalls* const calls = calls_;
+  const OutgoingCalls::CallId call_id = call_id_;
   on_done(rpc::FromGrpcStatus(status), ack_, bytes);
+  on_done = nullptr;  // its captures (the owner, which uses the WorkerState) go first
+  if (calls != nullptr) calls->End(call_id);
 }
 
 }  // namespace kvmesh::worker

@@ -21,7 +21,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
+#include "worker/outgoing_calls.h"
 
 namespace kvmesh::worker {
 
@@ -31,9 +33,12 @@ class KvPushStream : public grpc::ClientWriteReactor<v1::KvBlockChunk> {
   // Cancel; DEADLINE_EXCEEDED past timeout_ms), its ack, and the payload bytes written.
   using DoneFn = std::function<void(const absl::Status& status, const v1::KvPushAck& ack, int64_t bytes_written)>;
 
-  // Opens the stream of transfer `transfer_id` on `channel`; timeout_ms <= 0: none.
-  static std::shared_ptr<KvPushStream> Start(const std::shared_ptr<grpc::Channel>& channel, std::string transfer_id,
-                                             int64_t timeout_ms, DoneFn on_done);
+  // Opens the stream of transfer `transfer_id` on `channel`; timeout_ms <= 0: none. With
+  // `calls` (which must outlive the stream), the stream is registered there until its
+  // on_done has run; Unavailable when `calls` is stopping (nothing is opened).
+  static absl::StatusOr<std::shared_ptr<KvPushStream>> Start(const std::shared_ptr<grpc::Channel>& channel,
+                                                             std::string transfer_id, int64_t timeout_ms,
+                                                             DoneFn on_done, OutgoingCalls* calls = nullptr);
 
   // Queues a chunk; its sequence, checksum and `last` are set here. Dropped after Close,
   // Cancel or a failed write.
@@ -59,6 +64,8 @@ class KvPushStream : public grpc::ClientWriteReactor<v1::KvBlockChunk> {
   const std::string transfer_id_;
   DoneFn on_done_;  // moved out (and so dropped) by OnDone
   std::shared_ptr<KvPushStream> self_;  // until OnDone
+  OutgoingCalls* calls_ = nullptr;      // set in Start
+  OutgoingCalls::CallId call_id_ = 0;   // set in Start
 
   std::mutex mu_;
   std::deque<v1::KvBlockChunk> queue_;

@@ -85,11 +85,12 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
       }
     }
     if (ucx_ == nullptr) {
-      push_ = KvPushStream::Start(state_.Channel(dest.decode_worker_address()), dest.transfer_id(),
-                                  state_.lease_timeout_ms(),
-                                  [self](const absl::Status& status, const v1::KvPushAck&, int64_t bytes) {
-                                    self->OnPushDone(status, bytes);
-                                  });
+      absl::StatusOr<std::shared_ptr<KvPushStream>> push = KvPushStream::Start(
+          state_.Channel(dest.decode_worker_address()), dest.transfer_id(), state_.lease_timeout_ms(),
+          [self](const absl::Status& status, const v1::KvPushAck&, int64_t bytes) { self->OnPushDone(status, bytes); },
+          &state_.outgoing_calls());
+      if (!push.ok()) return Respond(push.status());  // the worker is stopping
+      push_ = *std::move(push);
     }
     engine::KvLayerSink sink;
     if (state_.stream_kv_layers()) {

@@ -333,6 +333,9 @@ int RunWorkerProcess(int argc, char** argv, const WorkerProcessOptions& process)
   if (heartbeater) heartbeater->Stop();
   (*server)->Shutdown(/*deadline_ms=*/5000);
   if (metrics_server) metrics_server->Shutdown(std::chrono::milliseconds(1000));
+  // The remote prefills and KV pushes still completing use the state, the transport and
+  // the engine: they end before any of those does.
+  state.outgoing_calls().CancelAllAndWait();
   // Before the state and the engine its callbacks post to: open leases and pushes end.
   ucx.reset();
   KVMESH_LOG(kInfo) << "stopped";

@@ -3,6 +3,8 @@
 // leases by wire transfer id, the live requests, and the metrics.
 //
 // Thread-safety: thread-safe. SetIdentity and SetMetrics happen once, before serving.
+// Destruction: after the server (no call running), with the engine drained and alive;
+// first cancels and waits for the worker's calls to its peers (OutgoingCalls).
 #pragma once
 
 #include <algorithm>
@@ -30,6 +32,7 @@
 #include "rpc/sampling_conversions.h"
 #include "serving/serving_metrics.h"
 #include "worker/kv_transfer_metrics.h"
+#include "worker/outgoing_calls.h"
 
 namespace kvmesh::worker {
 
@@ -180,6 +183,10 @@ class WorkerState {
     return it->second;
   }
 
+  // The calls this worker has open to its peers; shutdown cancels and waits for them
+  // (before the KV transport goes) while the engine they post to is alive.
+  OutgoingCalls& outgoing_calls() { return outgoing_calls_; }
+
   // Requests in flight here (for Abort's `found`).
   void AddLive(const std::string& id) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -216,6 +223,8 @@ class WorkerState {
   absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_;
   absl::flat_hash_map<std::string, Lease> leases_;
   absl::flat_hash_set<std::string> live_;
+  // Last: destroyed first, waiting for the calls that use the members above.
+  OutgoingCalls outgoing_calls_;
 };
 
 }  // namespace kvmesh::worker

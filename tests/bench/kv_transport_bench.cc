@@ -434,7 +434,8 @@ double BenchGrpc(int shape_index, int iters) {
     auto stream = worker::KvPushStream::Start(channel, "t" + std::to_string(it), 0,
                                               [&](const absl::Status& s, const v1::KvPushAck&, int64_t) {
                                                 done.set_value(s);
-                                              });
+                                              })
+                      .value();  // no OutgoingCalls: always opened
     int64_t bytes = 0;
     for (int32_t layer = 0; layer < src->layout().num_layers(); ++layer) {
       for (int32_t first = 0; first < kPromptBlocks; first += static_cast<int32_t>(per_chunk)) {
