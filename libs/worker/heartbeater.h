@@ -11,7 +11,7 @@
 // snapshot next time; an engine that does not answer within the timeout keeps its
 // answer pending and the next interval takes it (before, that answer and its drained
 // events were dropped). A worker without a scheduler records no events at all
-// (worker_process.cc).
+// (Worker::Init, worker.cc).
 //
 // Thread-safety: thread-safe; the heartbeat state is the thread's own.
 #pragma once

@@ -1,4 +1,4 @@
-// The kvmesh.v1.Worker service of a worker process (worker_process.h): thin gRPC
+// The kvmesh.v1.Worker service of a worker process (worker.h): thin gRPC
 // callback reactors over the worker's AsyncEngine (WorkerState), for either role.
 //   - Generate (decode side): GenerateCall (worker/generate_call.h).
 //   - Prefill (prefill side): PrefillCall (worker/prefill_call.h), streaming each

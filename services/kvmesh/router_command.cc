@@ -21,7 +21,7 @@
 #include "core/flag_checks.h"
 
 // Shared with `kvmesh serve` (serve_command.cc, serving_flags.cc), `kvmesh worker`
-// (libs/worker/worker_process.cc) and the engine flags (libs/cli/engine_flags.cc).
+// (libs/cli/worker_flags.cc) and the engine flags (libs/cli/engine_flags.cc).
 ABSL_DECLARE_FLAG(std::string, host);
 ABSL_DECLARE_FLAG(int, port);
 ABSL_DECLARE_FLAG(int, grpc_port);

@@ -1,8 +1,10 @@
 // kvmesh-prefill-worker: a prefill worker of the disaggregated cluster as a binary of its
-// own (one Deployment per role); `kvmesh worker --role prefill` runs the same process.
-#include "worker/worker_process.h"
+// own (one Deployment per role); `kvmesh worker --role prefill` runs the same worker.
+// Its flags (libs/cli/worker_flags.h) become a worker::WorkerOptions, and a
+// worker::Worker (libs/worker/worker.h) serves until SIGTERM, then drains.
+#include "cli/worker_flags.h"
 
 int main(int argc, char** argv) {
-  return kvmesh::worker::RunWorkerProcess(
-      argc, argv, {.program = "kvmesh-prefill-worker", .role = kvmesh::v1::WORKER_ROLE_PREFILL});
+  return kvmesh::cli::RunWorkerCommand(argc, argv,
+                                       {.program = "kvmesh-prefill-worker", .role = kvmesh::v1::WORKER_ROLE_PREFILL});
 }

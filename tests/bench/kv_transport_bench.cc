@@ -102,7 +102,7 @@ bool WriteAll(int fd, const void* buf, size_t n) {
   return true;
 }
 
-// What the worker's UcxKvTransport gets (libs/worker/worker_process.cc, defaults).
+// What the worker's UcxKvTransport gets (libs/worker/worker.cc, with WorkerOptions defaults).
 kv::UcxKvTransportOptions WorkerOptions(const std::string& tls) {
   return {.tls = tls, .progress_timeout_ms = 1000, .receiver_timeout_ms = 1000};
 }

@@ -64,7 +64,7 @@ struct Worker {
     state->SetIdentity("worker-" + server->address(), server->address());
     stub = v1::Worker::NewStub(rpc::CreateChannel(server->address()));
   }
-  // The production order (worker_process.cc): no call running, the worker's own calls to
+  // The production order (Worker::Drain, worker.cc): no call running, the worker's own calls to
   // its peers ended (their completions post to the engine), then the engine.
   ~Worker() {
     server->Shutdown(0);
