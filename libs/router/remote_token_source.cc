@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "rpc/channel.h"
-#include "rpc/reaction_order.h"
 #include "rpc/sampling_conversions.h"
 #include "rpc/status_conversion.h"
 
@@ -32,7 +31,6 @@ class RemoteTokenSource::Stream final : public grpc::ClientReadReactor<v1::Worke
   grpc::ClientContext& context() { return context_; }
 
   void Start() {
-    order_.Release();
     stub_->async()->Generate(&context_, &request_, this);
     StartRead(&response_);
     StartCall();
@@ -48,7 +46,6 @@ class RemoteTokenSource::Stream final : public grpc::ClientReadReactor<v1::Worke
   grpc::ClientContext context_;
   v1::WorkerGenerateRequest request_;
   v1::WorkerGenerateResponse response_;
-  rpc::ReactionOrder order_;  // each reaction follows the StartRead before it
 };
 
 // One request: Place, then the Generate stream; again with the decode worker excluded
@@ -339,15 +336,12 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
 };
 
 void RemoteTokenSource::Stream::OnReadDone(bool ok) {
-  order_.Acquire();
   if (!ok) return;  // OnDone follows
   call_->OnResponse(response_);
-  order_.Release();
   StartRead(&response_);
 }
 
 void RemoteTokenSource::Stream::OnDone(const grpc::Status& status) {
-  order_.Acquire();
   // NOTE: the Call may hold the last reference to this stream, and this the last one
   // to the Call: nothing of this object is touched after the call below.
   std::shared_ptr<Call> call = std::move(call_);

@@ -12,12 +12,10 @@ namespace kvmesh::worker {
 
 KvPushReceiver::KvPushReceiver(WorkerState& state, v1::KvPushAck* ack)
     : state_(state), ack_(ack), start_(std::chrono::steady_clock::now()) {
-  order_.Release();
   StartRead(&chunk_);
 }
 
 void KvPushReceiver::OnReadDone(bool ok) {
-  order_.Acquire();
   if (!ok) {
     std::unique_lock<std::mutex> lock(mu_);
     reading_done_ = true;
@@ -33,7 +31,6 @@ void KvPushReceiver::OnReadDone(bool ok) {
     return;
   }
   lock.unlock();
-  order_.Release();
   StartRead(&chunk_);
 }
 

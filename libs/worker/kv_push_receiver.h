@@ -20,7 +20,6 @@
 
 #include "absl/status/status.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
-#include "rpc/reaction_order.h"
 #include "worker/worker_state.h"
 
 namespace kvmesh::worker {
@@ -43,7 +42,6 @@ class KvPushReceiver : public grpc::ServerReadReactor<v1::KvBlockChunk> {
   WorkerState& state_;
   v1::KvPushAck* ack_;
   v1::KvBlockChunk chunk_;
-  rpc::ReactionOrder order_;  // each OnReadDone follows the StartRead before it
   const std::chrono::steady_clock::time_point start_;
   std::mutex mu_;
   int pending_ = 0;
