@@ -66,8 +66,10 @@ struct EngineRequest {
 // One sample's progress.
 struct CompletionOutput {
   int32_t index = 0;                   // sample index in [0, n)
-  std::vector<int32_t> new_token_ids;  // generated in this step (usually one)
-  std::vector<int32_t> token_ids;      // all generated so far, new_token_ids included
+  // Generated in this step (usually one). NOTE: the whole list is not repeated here:
+  // copying it every step made a request's outputs cost O(tokens^2); a consumer that
+  // needs it keeps its own (the router does, for migration).
+  std::vector<int32_t> new_token_ids;
   // One entry per new token when sampling_params.logprobs >= 0 (chosen token's logprob,
   // rank and the top-N), else empty.
   std::vector<SampleResult> new_logprobs;

@@ -684,7 +684,6 @@ RequestOutput Scheduler::TakeOutput(RequestState* request, const absl::Status& s
     CompletionOutput c;
     c.index = seq->sample_index;
     c.new_token_ids = std::move(seq->pending_token_ids);
-    c.token_ids.assign(seq->token_ids.begin() + request->num_prompt_tokens(), seq->token_ids.end());
     c.new_logprobs = std::move(seq->pending_logprobs);
     if (seq->finish_pending) {
       c.finish_reason = seq->finish_reason;

@@ -247,8 +247,7 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
     c.index = index;
     c.new_token_ids.assign(response.token_ids().begin(), response.token_ids().end());
     std::vector<int32_t>& all = tokens_[static_cast<size_t>(index)];
-    all.insert(all.end(), c.new_token_ids.begin(), c.new_token_ids.end());
-    c.token_ids = all;
+    all.insert(all.end(), c.new_token_ids.begin(), c.new_token_ids.end());  // for a migration
     for (const v1::TokenLogprob& lp : response.logprobs()) c.new_logprobs.push_back(rpc::SampleResultFromProto(lp));
     c.finish_reason = rpc::FinishReasonFromProto(response.finish_reason());
     if (response.has_stop_token_id()) c.stop_token_id = response.stop_token_id();
@@ -279,7 +278,6 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
     for (int32_t i = 0; i < request_.n; ++i) {
       engine::CompletionOutput c;
       c.index = i;
-      c.token_ids = tokens_[static_cast<size_t>(i)];
       c.finish_reason = engine::CompletionFinishReason::kAbort;
       out.outputs.push_back(std::move(c));
     }

@@ -89,6 +89,7 @@ int RunBenchThroughput(int argc, char** argv) {
   }
 
   std::vector<Clock::time_point> added(num_prompts);
+  std::vector<bool> streamed(num_prompts, false);  // its first token came
   std::vector<double> ttft, e2e;
   int next = 0, finished = 0;
   int64_t output_tokens = 0;
@@ -114,8 +115,10 @@ int RunBenchThroughput(int argc, char** argv) {
     for (const engine::RequestOutput& out : *outputs) {
       const int index = std::stoi(out.request_id.substr(6));
       for (const auto& completion : out.outputs) {
-        if (completion.token_ids.size() == completion.new_token_ids.size() && !completion.new_token_ids.empty())
+        if (!completion.new_token_ids.empty() && !streamed[index]) {
+          streamed[index] = true;
           ttft.push_back(std::chrono::duration<double>(now - added[index]).count());
+        }
         output_tokens += static_cast<int64_t>(completion.new_token_ids.size());
       }
       if (out.finished) {

@@ -85,7 +85,6 @@ struct Recorder {
     for (const CompletionOutput& c : o.outputs) {
       std::vector<int32_t>& tokens = completions[o.request_id][c.index];
       tokens.insert(tokens.end(), c.new_token_ids.begin(), c.new_token_ids.end());
-      EXPECT_EQ(tokens, c.token_ids) << o.request_id;
       std::vector<SampleResult>& lp = logprobs[o.request_id][c.index];
       lp.insert(lp.end(), c.new_logprobs.begin(), c.new_logprobs.end());
       if (c.finished()) reasons[o.request_id][c.index] = c.finish_reason;

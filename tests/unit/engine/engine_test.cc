@@ -79,7 +79,6 @@ struct Driver {
     for (const CompletionOutput& c : o.outputs) {
       std::vector<int32_t>& tokens = completions[o.request_id][c.index];
       tokens.insert(tokens.end(), c.new_token_ids.begin(), c.new_token_ids.end());
-      EXPECT_EQ(tokens, c.token_ids) << o.request_id;
       if (c.finished()) reasons[o.request_id][c.index] = c.finish_reason;
     }
     if (o.finished) {

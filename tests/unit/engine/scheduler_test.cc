@@ -63,7 +63,6 @@ struct Harness {
       for (const CompletionOutput& c : o.outputs) {
         std::vector<int32_t>& tokens = completions[o.request_id][c.index];
         tokens.insert(tokens.end(), c.new_token_ids.begin(), c.new_token_ids.end());
-        EXPECT_EQ(tokens, c.token_ids);
       }
       if (o.finished) finished[o.request_id] = o;
     }
@@ -396,7 +395,8 @@ TEST(SchedulerTest, AbortAfterTheForkEndsEverySample) {
   ASSERT_EQ(out->outputs.size(), 3u);
   for (const CompletionOutput& c : out->outputs) {
     EXPECT_EQ(c.finish_reason, CompletionFinishReason::kAbort);
-    EXPECT_EQ(c.token_ids.size(), 2u);
+    EXPECT_TRUE(c.new_token_ids.empty());
+    EXPECT_EQ(h.completions["r"][c.index].size(), 2u);  // what the two steps streamed
   }
   EXPECT_EQ(h.kv->num_used_blocks(), 0);
   EXPECT_TRUE(h.scheduler->CheckInvariants().ok());

@@ -320,7 +320,7 @@ TEST_F(RemoteTokenSourceTest, AFailureAfterTokensStreamedMigratesTheRequestWithT
   ASSERT_EQ(scheduler_->requests().size(), 2u);
   EXPECT_EQ(scheduler_->requests()[1].exclude_worker_ids(0), "w");
   ASSERT_EQ(final.outputs.size(), 1u);
-  EXPECT_EQ(final.outputs[0].token_ids, (std::vector<int32_t>{9, 10, 11}));
+  EXPECT_EQ(final.outputs[0].new_token_ids, (std::vector<int32_t>{11}));  // only the new one
 }
 
 TEST_F(RemoteTokenSourceTest, AnErrorOfTheRequestItselfAfterTokensIsNotMigratedAndSaysSo) {

@@ -22,7 +22,6 @@ class TextGenerationStreamTest : public testing::Test {
                                              engine::CompletionFinishReason finish = engine::CompletionFinishReason::kNone) {
     const std::vector<int32_t> ids = tokenizer_->Encode(text, /*add_special_tokens=*/false);
     std::vector<engine::RequestOutput> outs;
-    std::vector<int32_t> all;
     for (size_t i = 0; i < ids.size(); ++i) {
       engine::RequestOutput out;
       out.request_id = "r";
@@ -30,8 +29,6 @@ class TextGenerationStreamTest : public testing::Test {
       engine::CompletionOutput c;
       c.index = index;
       c.new_token_ids = {ids[i]};
-      all.push_back(ids[i]);
-      c.token_ids = all;
       if (i + 1 == ids.size()) c.finish_reason = finish;
       out.outputs.push_back(c);
       out.finished = i + 1 == ids.size() && finish != engine::CompletionFinishReason::kNone;
