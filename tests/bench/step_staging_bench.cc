@@ -136,7 +136,10 @@ int main() {
   std::printf("%-6s %-8s %10s %10s %10s %8s %12s %12s %14s %14s\n", "batch", "context", "full_us", "whole_us",
               "incr_us", "ratio", "full_bytes", "incr_bytes", "sched_full_us", "sched_incr_us");
   const int64_t max_blocks = kMaxModelLen / kBlock;
-  // The CUDA runner's sizes: rows for 2 * max_num_seqs tables, room to rewrite all of them.
+  // Room for every entry of 2 * max_num_seqs tables in one upload, so the whole-table path
+  // stages in one piece (the CUDA runner's room is smaller: it scatters a step's excess
+  // ahead, in rounds, which costs more than this). The offsets up to the updates, hence
+  // the bytes a step uploads, do not depend on it.
   const auto layout =
       kvmesh::engine::StagingLayout::For(2048, kMaxSeqs, max_blocks, 2 * kMaxSeqs * max_blocks, 4 * kMaxSeqs);
   // The old layout had no table updates region: without it, this one is the old one.

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -104,6 +105,10 @@ class CudaModelRunner : public ModelRunner {
 
   absl::Status UploadWeights();
   absl::Status RunBlockCopies(const std::vector<KvBlockCopy>& copies);
+  // Scatters all but the last meta_layout_.max_table_updates of `*updates` into
+  // table_rows_ now, in rounds through the staging buffer, and leaves the rest in
+  // *updates for the step's own upload.
+  absl::Status ApplyTableUpdatesAhead(std::span<const BlockTableUpdate>* updates);
   // Moves whole blocks between the device pool and host-tier slots (pool -> host when
   // `to_host`), then waits for them: the engine checksums a slot as soon as Execute
   // returns. Returns the seconds the copies took.
@@ -204,8 +209,9 @@ absl::Status CudaModelRunner::Init() {
                                                    " entries overflow int32 indices: lower max_num_seqs or max_model_len"));
   KVMESH_ASSIGN_OR_RETURN(table_rows_, AllocateDevice(sizeof(int32_t) * table_entries, "block-table rows"));
   // Block copies per step: at most one per sequence forked this step; be generous. Table
-  // updates: at most every entry of every row (a rewrite after a failed step).
-  meta_layout_ = StagingLayout::For(t, s, max_blocks, table_entries, 4 * s);
+  // updates: a decode step has one per sequence; more (new sequences' whole tables, a
+  // rewrite after a failed step) go ahead in rounds of this many (ApplyTableUpdatesAhead).
+  meta_layout_ = StagingLayout::For(t, s, max_blocks, std::max<int64_t>(64 * s, 8 * max_blocks), 4 * s);
   KVMESH_ASSIGN_OR_RETURN(meta_device_, AllocateDevice(meta_layout_.total, "step metadata"));
   KVMESH_ASSIGN_OR_RETURN(meta_host_, AllocatePinnedHost(meta_layout_.total, "step metadata staging"));
   auto act = [](int64_t floats, absl::string_view what) { return AllocateDevice(sizeof(float) * floats, what); };
@@ -254,6 +260,27 @@ absl::Status CudaModelRunner::RunBlockCopies(const std::vector<KvBlockCopy>& cop
     KVMESH_RETURN_IF_CUDA_ERROR(kernels::LaunchCopyBlocks(pool_.get(), shape, Meta<int32_t>(meta_layout_.block_copies),
                                                           static_cast<int64_t>(n), be_.stream()),
                                 "copying KV blocks");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::ApplyTableUpdatesAhead(std::span<const BlockTableUpdate>* updates) {
+  const size_t round = static_cast<size_t>(meta_layout_.max_table_updates);
+  cudaStream_t stream = be_.stream();
+  while (updates->size() > round) {
+    std::memcpy(HostMeta<BlockTableUpdate>(meta_layout_.table_updates), updates->data(),
+                sizeof(BlockTableUpdate) * round);
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(Meta<BlockTableUpdate>(meta_layout_.table_updates),
+                                                HostMeta<BlockTableUpdate>(meta_layout_.table_updates),
+                                                sizeof(BlockTableUpdate) * round, cudaMemcpyHostToDevice, stream),
+                                "uploading block-table updates");
+    KVMESH_RETURN_IF_CUDA_ERROR(
+        kernels::LaunchApplyBlockTableUpdates(Meta<int32_t>(meta_layout_.table_updates), static_cast<int64_t>(round),
+                                              table_rows_.as<int32_t>(), stream),
+        "updating the kept block tables");
+    // The staging is rewritten by the next round (or the step).
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "updating the kept block tables");
+    *updates = updates->subspan(round);
   }
   return absl::OkStatus();
 }
@@ -448,11 +475,13 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
     return absl::InvalidArgumentError(
         absl::StrCat("context of ", meta_.max_context_len, " tokens exceeds max_model_len ", options_.max_model_len));
   KVMESH_RETURN_IF_ERROR(RunBlockCopies(batch.block_copies));
+  std::span<const BlockTableUpdate> step_updates = table_updates_;
+  KVMESH_RETURN_IF_ERROR(ApplyTableUpdatesAhead(&step_updates));
 
   // Decode steps use the graph layout (padded bucket, fixed block-table rows); others
   // the step's own sizes (step_staging.h).
   const StagedStep staged =
-      StageStep(meta_, batch, table_updates_, meta_layout_,
+      StageStep(meta_, batch, step_updates, meta_layout_,
                 {.max_num_seqs = options_.max_num_seqs,
                  .max_model_len = options_.max_model_len,
                  .block_size_tokens = block_size_tokens()},
