@@ -106,8 +106,10 @@ absl::Status BlockTables::Apply(const ModelBatch& batch, std::vector<BlockTableU
     blocks.insert(blocks.end(), chunk.block_table.begin(), chunk.block_table.end());
     if (report) {
       const int32_t base = r * options_.max_blocks_per_row + chunk.block_table_start;
-      for (size_t k = 0; k < chunk.block_table.size(); ++k)
-        updates->push_back({.index = base + static_cast<int32_t>(k), .block = chunk.block_table[k]});
+      const size_t n = chunk.block_table.size(), at = updates->size();
+      updates->resize(at + n);
+      BlockTableUpdate* out = updates->data() + at;
+      for (size_t k = 0; k < n; ++k) out[k] = {.index = base + static_cast<int32_t>(k), .block = chunk.block_table[k]};
     }
   }
   return absl::OkStatus();
