@@ -119,7 +119,8 @@ class ModelRunner {
   // Runs one step: first every block copy of the batch, then the chunks (so a
   // copy's source may be reused by a chunk of the same step). InvalidArgument for
   // a malformed batch (token outside the vocabulary, block table too short, block
-  // id out of range).
+  // id out of range, a delta for a table the runner does not keep: BlockTables::Apply);
+  // ResourceExhausted when a runner with a bounded number of kept tables has no room.
   virtual absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) = 0;
   // The host KV pool the runner computes over (block ids are the KV manager's), or
   // nullptr when it has none the engine may read and write directly (a fake, a device
