@@ -102,6 +102,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   KVMESH_RETURN_IF_ERROR(AttachKvTiers(options, runner, *kv));
   SchedulerOptions scheduler_options = options.scheduler;
   scheduler_options.argmax_on_runner = runner.returns_argmax();
+  scheduler_options.runner_keeps_block_tables = runner.keeps_block_tables();
   KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler,
                           Scheduler::Create(scheduler_options, *kv, runner.vocab_size()));
   const RequestLimits limits{.vocab_size = runner.vocab_size(),

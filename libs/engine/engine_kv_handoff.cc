@@ -176,11 +176,12 @@ std::vector<Engine::LayerExport> Engine::PlanLayerExports(const SchedulerOutput&
       if (num_final <= stream.next_block) break;
       // NOTE: a recompute after preemption writes the same bytes into new blocks; what
       // went out before stays valid, so next_block never moves back.
-      const std::vector<int32_t>& table = scheduled.batch.chunks[i].block_table;
+      // The KV manager's table: the batch's chunk may carry only its tail.
+      const std::span<const kv::BlockId> table = kv_->block_table(chunk.kv_id);
       LayerExport& e = plan.emplace_back();
       e.sink = &stream.sink;
       e.first_block_index = stream.next_block;
-      for (int32_t b = stream.next_block; b < num_final; ++b) e.block_ids.push_back(kv::BlockId{table[static_cast<size_t>(b)]});
+      for (int32_t b = stream.next_block; b < num_final; ++b) e.block_ids.push_back(table[static_cast<size_t>(b)]);
       stream.next_block = num_final;
       break;
     }

@@ -18,11 +18,22 @@ class KvStorage;
 
 namespace kvmesh::engine {
 
+// A SequenceChunk::seq_id that names no kept table: the chunk carries its whole table.
+inline constexpr int64_t kNoSeqId = -1;
+
 // One sequence's share of a step: a prefill chunk or a single decode token.
+//
+// Its block table covers positions 0..start+len-1. A runner whose keeps_block_tables() is
+// true may be sent only what changed since the previous step: the table is then the
+// runner's kept table for seq_id with its first block_table_start entries left as they are
+// and every later one replaced by block_table (so block_table_start == 0 sends the whole
+// table: a new, resumed or otherwise rewritten sequence). Without a seq_id
+// (kNoSeqId, the default) block_table_start is 0 and block_table is the whole table, kept
+// for this step only.
 struct SequenceChunk {
   std::vector<int32_t> token_ids;     // the tokens computed this step, in order
   int32_t start_position = 0;         // tokens of this sequence already in the KV cache
-  std::vector<int32_t> block_table;   // physical blocks covering positions 0..start+len-1
+  std::vector<int32_t> block_table;   // entries block_table_start.. of the table (see above)
   bool compute_logits = false;        // logits of the chunk's last token are wanted
   // With compute_logits: only the greedy token is wanted (greedy sampling, no logprobs,
   // penalties or masks), so the runner returns it in ModelOutput::argmax_token_ids instead
@@ -32,6 +43,10 @@ struct SequenceChunk {
   // prompt logprobs); with compute_logits the last row is also the sampling row. Never
   // with argmax_only. Set only for runners whose all_position_logits() is true.
   bool all_logits = false;
+  // Stable across steps (the scheduler's KV id): which kept table the delta applies to.
+  // NOTE: last, so that positional initializers of the fields above stay valid.
+  int64_t seq_id = kNoSeqId;
+  int32_t block_table_start = 0;  // > 0 only with a seq_id
 };
 
 // Copy every layer's KV of block `src` into block `dst` (copy-on-write) before the step.
@@ -69,6 +84,10 @@ struct ModelBatch {
   std::vector<KvBlockSwap> swap_out;
   std::vector<KvBlockSwap> swap_in;
   std::vector<KvBlockCopy> block_copies;
+  // Sequences whose kept tables the runner drops before this batch's chunks are applied
+  // (they ended, were preempted or otherwise lost their KV). A sequence may be released
+  // and sent whole again in the same batch. Ids the runner does not keep are ignored.
+  std::vector<int64_t> released_seq_ids;
   // Optional: Execute calls it once per layer, in layer order, on its own thread, as
   // soon as that layer's new KV of every chunk is in kv_storage() (every rank's, under
   // TP) and before the next layer starts. It may read that layer's blocks (and must not
@@ -100,7 +119,8 @@ class ModelRunner {
   // Runs one step: first every block copy of the batch, then the chunks (so a
   // copy's source may be reused by a chunk of the same step). InvalidArgument for
   // a malformed batch (token outside the vocabulary, block table too short, block
-  // id out of range).
+  // id out of range, a delta for a table the runner does not keep: BlockTables::Apply);
+  // ResourceExhausted when a runner with a bounded number of kept tables has no room.
   virtual absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) = 0;
   // The host KV pool the runner computes over (block ids are the KV manager's), or
   // nullptr when it has none the engine may read and write directly (a fake, a device
@@ -112,6 +132,10 @@ class ModelRunner {
   virtual bool returns_argmax() const { return false; }
   // Whether Execute honours SequenceChunk::all_logits (what prompt logprobs need).
   virtual bool all_position_logits() const { return false; }
+  // Whether Execute keeps each seq_id's block table between steps (engine/block_tables.h),
+  // so that chunks may carry only the entries that changed and ModelBatch::released_seq_ids
+  // says when to forget one. A runner that says so must see every batch of its engine.
+  virtual bool keeps_block_tables() const { return false; }
   // Bytes of one block over every layer (and every TP rank): the size of a KvBlockSwap's
   // host range. 0 when the runner cannot swap blocks (then the engine runs no lower tier).
   virtual int64_t kv_swap_bytes_per_block() const { return 0; }

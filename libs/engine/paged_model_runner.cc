@@ -46,7 +46,8 @@ absl::StatusOr<std::unique_ptr<PagedModelRunner>> PagedModelRunner::Create(Llama
 }
 
 absl::Status PagedModelRunner::Prepare(const ModelBatch& batch) {
-  KVMESH_RETURN_IF_ERROR(BuildStepMetadata(batch, block_size_tokens(), num_blocks(), vocab_size(), &meta_));
+  KVMESH_RETURN_IF_ERROR(
+      BuildStepMetadata(batch, tables_, block_size_tokens(), vocab_size(), /*with_block_tables=*/true, &meta_));
   for (const KvBlockCopy& copy : batch.block_copies) {
     KVMESH_RETURN_IF_ERROR(storage_->CopyBlock(kv::BlockId{copy.src}, kv::BlockId{copy.dst}));
   }
@@ -102,6 +103,8 @@ absl::Status PagedModelRunner::RunSwaps(const ModelBatch& batch, ModelOutput& ou
 
 absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
   ModelOutput output;
+  // First: the scheduler counts on every batch's table deltas and releases being applied.
+  KVMESH_RETURN_IF_ERROR(tables_.Apply(batch, /*updates=*/nullptr));
   if (!batch.swap_out.empty() || !batch.swap_in.empty()) KVMESH_RETURN_IF_ERROR(RunSwaps(batch, output));
   if (batch.chunks.empty()) return output;
   KVMESH_RETURN_IF_ERROR(Prepare(batch));

@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/llama_model.h"
+#include "engine/block_tables.h"
 #include "engine/model_runner.h"
 #include "engine/step_metadata.h"
 #include "kv/kv_layout.h"
@@ -56,6 +57,7 @@ class PagedModelRunner : public ModelRunner {
   int32_t num_blocks() const override { return storage_->layout().num_blocks(); }
   absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override;
   bool all_position_logits() const override { return true; }
+  bool keeps_block_tables() const override { return true; }
   kv::KvStorage* kv_storage() override { return storage_.get(); }
   // This rank's block bytes times the group's size (every rank's heads in one slot).
   int64_t kv_swap_bytes_per_block() const override;
@@ -67,7 +69,10 @@ class PagedModelRunner : public ModelRunner {
 
  private:
   PagedModelRunner(LlamaModel& model, std::unique_ptr<kv::KvStorage> storage, comm::Communicator* comm)
-      : model_(model), storage_(std::move(storage)), comm_(comm) {}
+      : model_(model),
+        storage_(std::move(storage)),
+        comm_(comm),
+        tables_({.num_pool_blocks = storage_->layout().num_blocks()}) {}
   absl::Status Prepare(const ModelBatch& batch);
   // The batch's lower-tier copies (ModelBatch::swap_out, then swap_in), timed.
   absl::Status RunSwaps(const ModelBatch& batch, ModelOutput& output);
@@ -83,6 +88,8 @@ class PagedModelRunner : public ModelRunner {
   std::vector<int32_t> local_token_ids_;  // TP: token ids within this rank's vocabulary slice
   std::vector<float> local_logits_, gathered_logits_;
 
+  // Every kept sequence's block table, updated by each batch (engine/block_tables.h).
+  BlockTables tables_;
   // Per-step metadata, rebuilt by Prepare().
   StepMetadata meta_;
   // Activation scratch, sized for the largest step so far.

@@ -227,7 +227,7 @@ absl::Status Scheduler::RequeueRemotePrefill(const std::string& request_id) {
   }
   // NOTE: the blocks go back to the pool: what the sender wrote into them may be
   // partial, and the local prefill allocates (and prefix-matches) afresh.
-  if (absl::Status s = kv_.Free(seq->kv_id); !s.ok()) return KvBroken(s, "Free on a remote prefill's requeue");
+  if (absl::Status s = FreeKv(seq); !s.ok()) return KvBroken(s, "Free on a remote prefill's requeue");
   RemoveFromParked(seq);
   seq->num_computed_tokens = 0;
   seq->num_prefill_tokens = seq->num_tokens();
@@ -268,6 +268,7 @@ std::optional<kv::RequestId> Scheduler::FirstSequenceKvId(const std::string& req
 void Scheduler::HoldPrefilled(Sequence* seq) {
   RequestState* request = seq->request;
   RemoveFromRunning(seq);
+  ReleaseRunnerTable(seq);  // never scheduled again: the runner need not keep its table
   seq->status = SequenceStatus::kPrefilled;
   parked_.push_back(seq);
   PrefillResult result;
@@ -353,7 +354,7 @@ absl::Status Scheduler::Preempt(Sequence* seq, SchedulerOutput* out, int32_t* bu
       break;
     }
   }
-  if (absl::Status s = kv_.Free(seq->kv_id); !s.ok()) return KvBroken(s, "Free on preemption");
+  if (absl::Status s = FreeKv(seq); !s.ok()) return KvBroken(s, "Free on preemption");
   RemoveFromRunning(seq);
   // Recompute: everything known so far is the new prefill; outputs and sampler stay.
   seq->num_computed_tokens = 0;
@@ -522,24 +523,58 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
   for (ScheduledChunk& chunk : out.chunks) {
     const Sequence* seq = seqs_.at(chunk.kv_id);
     chunk.argmax_only = chunk.compute_logits && !chunk.all_logits && options_.argmax_on_runner && ArgmaxSuffices(*seq);
-    SequenceChunk sc;
-    sc.token_ids.assign(seq->token_ids.begin() + chunk.start_position,
-                        seq->token_ids.begin() + chunk.start_position + chunk.num_tokens);
-    sc.start_position = chunk.start_position;
-    for (const kv::BlockId b : kv_.block_table(chunk.kv_id)) sc.block_table.push_back(b.value);
-    sc.compute_logits = chunk.compute_logits;
-    sc.argmax_only = chunk.argmax_only;
-    sc.all_logits = chunk.all_logits;
-    out.batch.chunks.push_back(std::move(sc));
+    out.batch.chunks.push_back(MakeSequenceChunk(chunk));
     out.batch.block_copies.insert(out.batch.block_copies.end(), chunk.block_copies.begin(),
                                   chunk.block_copies.end());
     out.num_batched_tokens += chunk.num_tokens;
     out.num_logits_rows += chunk.all_logits ? chunk.num_tokens : chunk.compute_logits && !chunk.argmax_only ? 1 : 0;
     out.num_argmax_rows += chunk.argmax_only ? 1 : 0;
   }
+  // Ended tables go with a batch that runs (an empty output is never executed).
+  if (!out.empty()) out.batch.released_seq_ids = std::move(released_runner_tables_);
+  released_runner_tables_.clear();  // moved-from: make it empty
   stats_.last_batch_num_seqs = static_cast<int32_t>(out.chunks.size());
   stats_.last_batch_num_tokens = out.num_batched_tokens;
   return out;
+}
+
+SequenceChunk Scheduler::MakeSequenceChunk(const ScheduledChunk& chunk) {
+  Sequence* seq = seqs_.at(chunk.kv_id);
+  SequenceChunk sc;
+  sc.token_ids.assign(seq->token_ids.begin() + chunk.start_position,
+                      seq->token_ids.begin() + chunk.start_position + chunk.num_tokens);
+  sc.start_position = chunk.start_position;
+  sc.compute_logits = chunk.compute_logits;
+  sc.argmax_only = chunk.argmax_only;
+  sc.all_logits = chunk.all_logits;
+  const std::span<const kv::BlockId> table = kv_.block_table(chunk.kv_id);
+  size_t from = 0;
+  if (options_.runner_keeps_block_tables) {
+    // NOTE: the KV manager only appends to a table and rewrites entries at or past the
+    // block of the first uncomputed token (copy-on-write in AllocateSlots and
+    // PrepareAppend), and this chunk starts at that token: the entries before its block
+    // are as the runner has them. So a decode chunk carries one entry (the block it
+    // writes into), whatever the context.
+    from = static_cast<size_t>(
+        std::min(seq->runner_table_blocks, chunk.start_position / kv_.block_size_tokens()));
+    sc.seq_id = chunk.kv_id.value;
+    sc.block_table_start = static_cast<int32_t>(from);
+    seq->runner_table_blocks = static_cast<int32_t>(table.size());
+  }
+  sc.block_table.reserve(table.size() - from);
+  for (size_t b = from; b < table.size(); ++b) sc.block_table.push_back(table[b].value);
+  return sc;
+}
+
+void Scheduler::ReleaseRunnerTable(Sequence* seq) {
+  if (seq->runner_table_blocks == 0) return;
+  released_runner_tables_.push_back(seq->kv_id.value);
+  seq->runner_table_blocks = 0;
+}
+
+absl::Status Scheduler::FreeKv(Sequence* seq) {
+  ReleaseRunnerTable(seq);
+  return kv_.Free(seq->kv_id);
 }
 
 void AppendSwaps(const kv::KvSwaps& swaps, ModelBatch* batch) {
@@ -646,7 +681,7 @@ void Scheduler::FinishSequence(Sequence* seq, CompletionFinishReason reason) {
   if (seq->finished()) return;
   if (kv_.HasRequest(seq->kv_id)) {
     // Cannot fail: the id is known.
-    (void)kv_.Free(seq->kv_id);
+    (void)FreeKv(seq);
   }
   if (seq->status == SequenceStatus::kRunning) RemoveFromRunning(seq);
   if (seq->status == SequenceStatus::kWaiting) {

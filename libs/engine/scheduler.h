@@ -75,6 +75,10 @@ struct SchedulerOptions {
   // sequences that sample greedily with no logprobs, penalties or min_tokens masks are
   // scheduled argmax_only.
   bool argmax_on_runner = false;
+  // The runner keeps block tables between steps (ModelRunner::keeps_block_tables): chunks
+  // carry the sequence's KV id and only the entries the runner lacks or that may have
+  // changed, and each batch lists the sequences whose tables ended since the last one.
+  bool runner_keeps_block_tables = false;
 
   // InvalidArgument for a non-positive budget or seq cap, or a negative threshold.
   absl::Status Validate() const;
@@ -304,6 +308,13 @@ class Scheduler {
   bool Before(const Sequence& a, const Sequence& b) const;  // queue order under the policy
   void RemoveFromRunning(Sequence* seq);
   void RemoveFromWaiting(Sequence* seq);
+  // Has the next batch that runs tell the runner to forget `seq`'s table (if it keeps one).
+  void ReleaseRunnerTable(Sequence* seq);
+  // Frees `seq`'s blocks, and ReleaseRunnerTable.
+  absl::Status FreeKv(Sequence* seq);
+  // Fills the batch chunk for `chunk`: its tokens, and its block table, whole or as the
+  // delta the runner lacks (SchedulerOptions::runner_keeps_block_tables).
+  SequenceChunk MakeSequenceChunk(const ScheduledChunk& chunk);
 
   const SchedulerOptions options_;
   kv::KvCacheManager& kv_;
@@ -314,6 +325,8 @@ class Scheduler {
   std::vector<Sequence*> running_;  // admission order (children right after their parent)
   std::vector<Sequence*> parked_;   // kReceiving and kPrefilled: hold blocks, never scheduled
   int64_t next_kv_id_ = 0;
+  // KV ids whose runner tables ended since the last batch that ran (its released_seq_ids).
+  std::vector<int64_t> released_runner_tables_;
   int64_t next_arrival_ = 0;
   int64_t next_creation_ = 0;
   SchedulerStats stats_;

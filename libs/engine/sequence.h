@@ -69,6 +69,10 @@ struct Sequence {
   std::vector<int32_t> pending_token_ids;
   std::vector<SampleResult> pending_logprobs;
   bool finish_pending = false;
+  // Entries of its block table the runner keeps (SchedulerOptions::runner_keeps_block_tables):
+  // > 0 from its first chunk until its KV is freed or it is parked prefilled (then listed
+  // in the next batch's released_seq_ids).
+  int32_t runner_table_blocks = 0;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_output_tokens() const;

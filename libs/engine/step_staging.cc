@@ -19,7 +19,7 @@ void Put(std::byte* staging, size_t offset, const std::vector<T>& values, Pad pa
 }  // namespace
 
 StagingLayout StagingLayout::For(int64_t max_tokens, int64_t max_seqs, int64_t max_blocks_per_seq,
-                                 int64_t max_block_copies) {
+                                 int64_t max_table_updates, int64_t max_block_copies) {
   StagingLayout m;
   size_t at = 0;
   auto take = [&at](int64_t bytes) {
@@ -33,14 +33,17 @@ StagingLayout StagingLayout::For(int64_t max_tokens, int64_t max_seqs, int64_t m
   m.query_start = take(sizeof(int32_t) * (max_seqs + 1));
   m.context_lens = take(sizeof(int32_t) * max_seqs);
   m.logit_rows = take(sizeof(int32_t) * max_seqs);
+  m.table_rows = take(sizeof(int32_t) * max_seqs);
+  m.table_updates = take(sizeof(BlockTableUpdate) * max_table_updates);
   m.block_tables = take(sizeof(int32_t) * max_seqs * max_blocks_per_seq);
   m.block_copies = take(sizeof(int32_t) * 2 * max_block_copies);
   m.total = at;
+  m.max_table_updates = max_table_updates;
   return m;
 }
 
-StagedStep StageStep(const StepMetadata& meta, const ModelBatch& batch, const StagingLayout& layout,
-                     const StagingLimits& limits, std::byte* staging) {
+StagedStep StageStep(const StepMetadata& meta, const ModelBatch& batch, std::span<const BlockTableUpdate> updates,
+                     const StagingLayout& layout, const StagingLimits& limits, std::byte* staging) {
   const int64_t t = static_cast<int64_t>(meta.token_ids.size());
   const int64_t s = static_cast<int64_t>(batch.chunks.size());
   StagedStep step;
@@ -63,15 +66,12 @@ StagedStep StageStep(const StepMetadata& meta, const ModelBatch& batch, const St
   Put(staging, layout.token_ids, meta.token_ids, 0, step.rows);
   Put(staging, layout.positions, meta.positions, 0, step.rows);
   Put(staging, layout.context_lens, meta.context_lens, 1, step.seqs);
+  Put(staging, layout.table_rows, meta.table_rows, -1, step.seqs);
   int32_t* query_start = reinterpret_cast<int32_t*>(staging + layout.query_start);
   std::copy(meta.query_start.begin(), meta.query_start.end(), query_start);
   for (int64_t i = s + 1; i <= step.seqs; ++i) query_start[i] = query_start[i - 1] + 1;  // one row per padding seq
-  int32_t* tables = reinterpret_cast<int32_t*>(staging + layout.block_tables);
-  std::fill(tables, tables + step.seqs * step.max_blocks_per_seq, 0);
-  for (int64_t i = 0; i < s; ++i) {
-    std::copy_n(meta.block_tables.begin() + i * meta.max_blocks_per_seq, meta.max_blocks_per_seq,
-                tables + i * step.max_blocks_per_seq);
-  }
+  std::copy(updates.begin(), updates.end(), reinterpret_cast<BlockTableUpdate*>(staging + layout.table_updates));
+  step.num_table_updates = static_cast<int64_t>(updates.size());
   int32_t* logit_row_ids = reinterpret_cast<int32_t*>(staging + layout.logit_rows);
   if (step.decode) {
     for (int64_t i = 0; i < step.seqs; ++i) logit_row_ids[i] = static_cast<int32_t>(i);
@@ -84,8 +84,23 @@ StagedStep StageStep(const StepMetadata& meta, const ModelBatch& batch, const St
     step.logit_rows = static_cast<int64_t>(meta.logit_rows.size());
     for (int64_t i = 0; i < step.logit_rows; ++i) step.wanted.push_back(static_cast<int32_t>(i));
   }
-  step.upload_bytes = layout.block_tables + sizeof(int32_t) * static_cast<size_t>(step.seqs * step.max_blocks_per_seq);
+  step.upload_bytes = layout.table_updates + sizeof(BlockTableUpdate) * updates.size();
   return step;
+}
+
+void GatherBlockTableRows(std::span<const int32_t> row_array, int64_t row_stride, std::span<const int32_t> table_rows,
+                          std::span<const int32_t> context_lens, int32_t block_size_tokens, int64_t seqs,
+                          int64_t max_blocks_per_seq, int32_t* out) {
+  for (int64_t i = 0; i < seqs; ++i) {
+    const int32_t r = table_rows[static_cast<size_t>(i)];
+    const int64_t blocks =
+        r < 0 ? 0
+              : std::min<int64_t>({(int64_t{context_lens[static_cast<size_t>(i)]} + block_size_tokens - 1) /
+                                       block_size_tokens,
+                                   max_blocks_per_seq, row_stride});
+    for (int64_t j = 0; j < max_blocks_per_seq; ++j)
+      out[i * max_blocks_per_seq + j] = j < blocks ? row_array[static_cast<size_t>(r * row_stride + j)] : 0;
+  }
 }
 
 }  // namespace kvmesh::engine

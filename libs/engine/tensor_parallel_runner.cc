@@ -220,6 +220,7 @@ absl::StatusOr<ModelOutput> TensorParallelRunner::Execute(const ModelBatch& batc
     plan_.swap_out = batch.swap_out;
     plan_.swap_in = batch.swap_in;
     plan_.block_copies = batch.block_copies;
+    plan_.released_seq_ids = batch.released_seq_ids;  // every rank keeps its own tables
     step = ++step_;
   }
   cv_.notify_all();

@@ -85,6 +85,9 @@ class TensorParallelRunner : public ModelRunner {
   int32_t num_blocks() const override;
   absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override;
   bool all_position_logits() const override { return true; }  // each rank runs a PagedModelRunner
+  // Each rank keeps its own copy (every rank executes every batch; once the group breaks
+  // no batch runs anywhere).
+  bool keeps_block_tables() const override { return true; }
   // NOTE: nullptr: KV is spread over the ranks' pools, so the engine cannot copy whole
   // blocks in or out (prefill/decode disaggregation under TP is not supported yet).
   kv::KvStorage* kv_storage() override { return nullptr; }

@@ -5,6 +5,11 @@
 // backend's stream with device activations allocated once for the largest step; the
 // wanted logits rows come back through pinned memory.
 //
+// Block tables stay on the device between steps (engine/block_tables.h): each kept
+// sequence owns a row of table_rows_, a step uploads only the entries that changed (one
+// per decode chunk, the block it writes into) and scatters them there, and the forward
+// pass starts by gathering the step's table from the rows (step_staging.h).
+//
 // Decode steps are replayed from CUDA graphs, one per (batch-size bucket, context bucket):
 // batch sizes 1, 2, 4, ... up to max_num_seqs, contexts 256, 512, 1024, ... up to
 // max_model_len. A graph's metadata has a fixed layout (block-table rows as long as its
@@ -17,8 +22,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -33,6 +40,7 @@
 #include "engine/step_metadata.h"
 #include "engine/step_staging.h"
 #include "argmax/argmax.h"
+#include "block_tables/block_tables.h"
 #include "gather_rows/gather_rows.h"
 #include "kv/kv_layout.h"
 #include "swap_blocks/swap_blocks.h"
@@ -56,7 +64,15 @@ struct ForwardShape {
 class CudaModelRunner : public ModelRunner {
  public:
   CudaModelRunner(LlamaModel& model, CudaBackend& backend, kv::KvLayout layout, const CudaModelRunnerOptions& options)
-      : model_(model), be_(backend), layout_(layout), options_(options) {}
+      : model_(model),
+        be_(backend),
+        layout_(layout),
+        options_(options),
+        max_blocks_per_seq_((options.max_model_len + layout.block_size_tokens() - 1) / layout.block_size_tokens()),
+        tables_({.num_pool_blocks = layout.num_blocks(),
+                 // Kept sequences plus one step's sequences sent whole without a seq_id.
+                 .max_rows = static_cast<int32_t>(2 * options.max_num_seqs),
+                 .max_blocks_per_row = max_blocks_per_seq_}) {}
   ~CudaModelRunner() override {
     cudaStreamSynchronize(be_.stream());
     for (auto& [key, g] : graphs_) {
@@ -70,6 +86,7 @@ class CudaModelRunner : public ModelRunner {
   int32_t num_blocks() const override { return layout_.num_blocks(); }
   absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override;
   bool returns_argmax() const override { return true; }
+  bool keeps_block_tables() const override { return true; }
   // A host-tier slot holds a block's every layer, layer-major (model_runner.h).
   int64_t kv_swap_bytes_per_block() const override {
     return static_cast<int64_t>(layout_.num_layers()) * layout_.BlockBytes();
@@ -88,6 +105,10 @@ class CudaModelRunner : public ModelRunner {
 
   absl::Status UploadWeights();
   absl::Status RunBlockCopies(const std::vector<KvBlockCopy>& copies);
+  // Scatters all but the last meta_layout_.max_table_updates of `*updates` into
+  // table_rows_ now, in rounds through the staging buffer, and leaves the rest in
+  // *updates for the step's own upload.
+  absl::Status ApplyTableUpdatesAhead(std::span<const BlockTableUpdate>* updates);
   // Moves whole blocks between the device pool and host-tier slots (pool -> host when
   // `to_host`), then waits for them: the engine checksums a slot as soon as Execute
   // returns. Returns the seconds the copies took.
@@ -111,7 +132,14 @@ class CudaModelRunner : public ModelRunner {
   CudaBackend& be_;
   const kv::KvLayout layout_;
   const CudaModelRunnerOptions options_;
+  const int32_t max_blocks_per_seq_;  // blocks of max_model_len: the rows' stride
   StepMetadata meta_;
+  BlockTables tables_;                      // the host's copy of table_rows_
+  std::vector<BlockTableUpdate> table_updates_;
+  // Set while table_rows_ may lack updates tables_ holds (a step failed between Apply and
+  // the scatter): the next step rewrites every kept row.
+  bool table_rows_stale_ = false;
+  DeviceMemory table_rows_;  // [2 * max_num_seqs, max_blocks_per_seq_] int32: the kept tables
 
   DeviceMemory pool_;  // the KV pool, kv_layout.h's layout, all layers
   DeviceMemory embed_, final_norm_, inv_freq_;
@@ -174,9 +202,16 @@ absl::Status CudaModelRunner::Init() {
   KVMESH_ASSIGN_OR_RETURN(pool_, AllocateDevice(static_cast<size_t>(layout_.TotalBytes()), "the KV pool"));
   // Zeroed so that padded graph rows, which read block 0, read finite numbers.
   KVMESH_RETURN_IF_CUDA_ERROR(cudaMemset(pool_.get(), 0, pool_.bytes()), "clearing the KV pool");
-  const int64_t max_blocks = (options_.max_model_len + layout_.block_size_tokens() - 1) / layout_.block_size_tokens();
-  // Block copies per step: at most one per sequence forked this step; be generous.
-  meta_layout_ = StagingLayout::For(t, s, max_blocks, 4 * s);
+  const int64_t max_blocks = max_blocks_per_seq_;
+  const int64_t table_entries = int64_t{tables_.options().max_rows} * max_blocks;
+  if (table_entries > INT32_MAX)
+    return absl::InvalidArgumentError(absl::StrCat("block-table rows of ", table_entries,
+                                                   " entries overflow int32 indices: lower max_num_seqs or max_model_len"));
+  KVMESH_ASSIGN_OR_RETURN(table_rows_, AllocateDevice(sizeof(int32_t) * table_entries, "block-table rows"));
+  // Block copies per step: at most one per sequence forked this step; be generous. Table
+  // updates: a decode step has one per sequence; more (new sequences' whole tables, a
+  // rewrite after a failed step) go ahead in rounds of this many (ApplyTableUpdatesAhead).
+  meta_layout_ = StagingLayout::For(t, s, max_blocks, std::max<int64_t>(64 * s, 8 * max_blocks), 4 * s);
   KVMESH_ASSIGN_OR_RETURN(meta_device_, AllocateDevice(meta_layout_.total, "step metadata"));
   KVMESH_ASSIGN_OR_RETURN(meta_host_, AllocatePinnedHost(meta_layout_.total, "step metadata staging"));
   auto act = [](int64_t floats, absl::string_view what) { return AllocateDevice(sizeof(float) * floats, what); };
@@ -225,6 +260,27 @@ absl::Status CudaModelRunner::RunBlockCopies(const std::vector<KvBlockCopy>& cop
     KVMESH_RETURN_IF_CUDA_ERROR(kernels::LaunchCopyBlocks(pool_.get(), shape, Meta<int32_t>(meta_layout_.block_copies),
                                                           static_cast<int64_t>(n), be_.stream()),
                                 "copying KV blocks");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::ApplyTableUpdatesAhead(std::span<const BlockTableUpdate>* updates) {
+  const size_t round = static_cast<size_t>(meta_layout_.max_table_updates);
+  cudaStream_t stream = be_.stream();
+  while (updates->size() > round) {
+    std::memcpy(HostMeta<BlockTableUpdate>(meta_layout_.table_updates), updates->data(),
+                sizeof(BlockTableUpdate) * round);
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(Meta<BlockTableUpdate>(meta_layout_.table_updates),
+                                                HostMeta<BlockTableUpdate>(meta_layout_.table_updates),
+                                                sizeof(BlockTableUpdate) * round, cudaMemcpyHostToDevice, stream),
+                                "uploading block-table updates");
+    KVMESH_RETURN_IF_CUDA_ERROR(
+        kernels::LaunchApplyBlockTableUpdates(Meta<int32_t>(meta_layout_.table_updates), static_cast<int64_t>(round),
+                                              table_rows_.as<int32_t>(), stream),
+        "updating the kept block tables");
+    // The staging is rewritten by the next round (or the step).
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "updating the kept block tables");
+    *updates = updates->subspan(round);
   }
   return absl::OkStatus();
 }
@@ -295,6 +351,14 @@ void CudaModelRunner::Forward(const ForwardShape& f) {
       .max_blocks_per_seq = f.max_blocks_per_seq,
       .max_query_len = f.max_query_len,
       .max_context_len = f.max_context_len};
+  // The step's block table from the kept rows (a graph replays this too: the rows it reads
+  // are the step's, from the metadata).
+  be_.RecordError(kernels::LaunchGatherBlockTableRows(table_rows_.as<int32_t>(), max_blocks_per_seq_,
+                                                      Meta<int32_t>(meta_layout_.table_rows),
+                                                      Meta<int32_t>(meta_layout_.context_lens),
+                                                      layout_.block_size_tokens(), f.seqs, f.max_blocks_per_seq,
+                                                      Meta<int32_t>(meta_layout_.block_tables), stream),
+                  "gathering the step's block tables");
   const TensorView embed = TensorView::Contiguous(embed_.get(), w.embed_tokens.dtype, {c.vocab_size, e});
   const TensorView residual = view2(residual_, t, e), hidden = view2(hidden_, t, e), proj = view2(proj_, t, e);
   const TensorView q = TensorView::Contiguous(q_.get(), DType::kF32, {t, h, d});
@@ -376,6 +440,16 @@ absl::Status CudaModelRunner::Capture(const ForwardShape& shape, Graph* graph) {
 
 absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
   ModelOutput output;
+  // First, before anything can fail: the scheduler counts on every batch's table deltas
+  // and releases being applied, whatever becomes of the step.
+  table_updates_.clear();
+  KVMESH_RETURN_IF_ERROR(tables_.Apply(batch, &table_updates_));
+  if (table_rows_stale_) {
+    table_updates_.clear();
+    tables_.AppendAllEntries(&table_updates_);
+  }
+  // Until the scatter below is queued, the device rows lack these updates.
+  table_rows_stale_ = table_rows_stale_ || !table_updates_.empty();
   if (!batch.swap_out.empty() || !batch.swap_in.empty()) {
     KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(be_.device()), "selecting the runner's GPU");
     // Order (model_runner.h): swap_out first (a block offloaded as it is evicted may be
@@ -387,7 +461,8 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
   if (batch.on_layer_kv_written)
     return absl::FailedPreconditionError(
         "streaming KV out layer by layer needs a host KV pool; the CUDA runner's pool is in device memory");
-  KVMESH_RETURN_IF_ERROR(BuildStepMetadata(batch, block_size_tokens(), num_blocks(), vocab_size(), &meta_));
+  KVMESH_RETURN_IF_ERROR(
+      BuildStepMetadata(batch, tables_, block_size_tokens(), vocab_size(), /*with_block_tables=*/false, &meta_));
   // The current device is per thread, and the engine's thread need not be the loader's.
   KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(be_.device()), "selecting the runner's GPU");
   const int64_t t = static_cast<int64_t>(meta_.token_ids.size());
@@ -400,11 +475,13 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
     return absl::InvalidArgumentError(
         absl::StrCat("context of ", meta_.max_context_len, " tokens exceeds max_model_len ", options_.max_model_len));
   KVMESH_RETURN_IF_ERROR(RunBlockCopies(batch.block_copies));
+  std::span<const BlockTableUpdate> step_updates = table_updates_;
+  KVMESH_RETURN_IF_ERROR(ApplyTableUpdatesAhead(&step_updates));
 
   // Decode steps use the graph layout (padded bucket, fixed block-table rows); others
   // the step's own sizes (step_staging.h).
   const StagedStep staged =
-      StageStep(meta_, batch, meta_layout_,
+      StageStep(meta_, batch, step_updates, meta_layout_,
                 {.max_num_seqs = options_.max_num_seqs,
                  .max_model_len = options_.max_model_len,
                  .block_size_tokens = block_size_tokens()},
@@ -417,6 +494,11 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
   KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(meta_device_.get(), meta_host_.get(), staged.upload_bytes,
                                               cudaMemcpyHostToDevice, stream),
                               "uploading step metadata");
+  KVMESH_RETURN_IF_CUDA_ERROR(kernels::LaunchApplyBlockTableUpdates(Meta<int32_t>(meta_layout_.table_updates),
+                                                                    staged.num_table_updates,
+                                                                    table_rows_.as<int32_t>(), stream),
+                              "updating the kept block tables");
+  table_rows_stale_ = false;
 
   const ForwardShape shape{.rows = staged.rows,
                            .seqs = staged.seqs,

@@ -228,6 +228,68 @@ TEST_P(CudaModelRunnerModelTest, MatchesCpuRunnerOnChunkedPrefillDecodeAndForks)
   std::printf("%s: worst relative L2 error of a logits row vs the CPU runner: %.3g\n", GetParam().c_str(), worst_rel_);
 }
 
+// Both runners keep tables (engine/block_tables.h) and get deltas as the scheduler sends
+// them: a whole table on each sequence's first chunk, then the entries from the block of
+// the first new token, across decode buckets (graph replays read the gathered tables),
+// with a sequence released and resumed on new blocks, a stateless chunk beside them, and
+// the device's row array written by scatters only.
+TEST_P(CudaModelRunnerModelTest, KeptTablesUpdatedByDeltasMatchCpuRunner) {
+  ASSERT_TRUE(gpu_runner_->keeps_block_tables());
+  const int32_t vocab = cpu_runner_->vocab_size();
+  std::uniform_int_distribution<int32_t> token(0, std::min(vocab, 4000) - 1);
+  std::vector<Seq> seqs;
+  for (int32_t len : {5, 30, 200}) {
+    Seq s;
+    for (int32_t i = 0; i < len + 40; ++i) s.tokens.push_back(token(rng_));
+    s.table = TakeBlocks((len + 40 + kBlockSize - 1) / kBlockSize);
+    seqs.push_back(std::move(s));
+  }
+  std::vector<int32_t> kept(seqs.size(), 0);
+  auto delta_of = [&](size_t i, int32_t n) {
+    Seq& s = seqs[i];
+    SequenceChunk c;
+    c.token_ids.assign(s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + n);
+    c.start_position = s.computed;
+    const int32_t needed = (s.computed + n + kBlockSize - 1) / kBlockSize;
+    const int32_t from = std::min(kept[i], s.computed / kBlockSize);
+    c.block_table.assign(s.table.begin() + from, s.table.begin() + needed);
+    c.seq_id = static_cast<int64_t>(i) + 100;
+    c.block_table_start = from;
+    c.compute_logits = true;
+    kept[i] = needed;
+    s.computed += n;
+    return c;
+  };
+  ModelBatch prefill;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    prefill.chunks.push_back(delta_of(i, static_cast<int32_t>(seqs[i].tokens.size()) - 40));
+  }
+  RunAndCompare(prefill, "prefill, whole tables");
+  for (int step = 0; step < 20; ++step) {
+    ModelBatch decode;
+    if (step == 8) {  // sequence 1 is preempted and resumes on new blocks, whole again
+      decode.released_seq_ids = {101};
+      seqs[1].computed = 0;
+      seqs[1].table = TakeBlocks(static_cast<int32_t>(seqs[1].table.size()));
+      kept[1] = 0;
+    }
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (step % 5 == 4 && i == 0) continue;  // bucket 2 now and then
+      const bool resuming = seqs[i].computed == 0;
+      decode.chunks.push_back(delta_of(i, resuming ? 31 + step : 1));
+    }
+    if (step % 7 == 3) {  // a one-off chunk with its whole table and no seq_id
+      SequenceChunk c;
+      c.token_ids = {token(rng_)};
+      c.start_position = 0;
+      c.block_table = TakeBlocks(1);
+      c.compute_logits = true;
+      decode.chunks.push_back(c);
+    }
+    RunAndCompare(decode, "decode over kept tables");
+  }
+}
+
 TEST_P(CudaModelRunnerModelTest, GraphReplayEqualsEagerBitForBit) {
   std::unique_ptr<ModelRunner> eager = MakeGpuRunner(/*graphs=*/false);
   ASSERT_NE(eager, nullptr);

@@ -62,7 +62,10 @@ EngineOptions Options(int32_t num_blocks, int32_t max_model_len = 64) {
 // Drives an engine and records everything it emits, checking the output contract: each
 // request's outputs are consistent deltas and exactly one is final.
 struct Driver {
-  Driver(const EngineOptions& options, int32_t runner_blocks = 64) : runner(kVocab, kBs, runner_blocks) {
+  // With `keeps_block_tables`, the runner keeps tables and the scheduler sends deltas.
+  Driver(const EngineOptions& options, int32_t runner_blocks = 64, bool keeps_block_tables = false)
+      : runner(kVocab, kBs, runner_blocks) {
+    runner.set_keeps_block_tables(keeps_block_tables);
     engine = Engine::Create(options, runner).value();
   }
 
@@ -471,6 +474,32 @@ TEST(EngineTest, RunnerErrorFailsTheBatchCleanly) {
   d.ExpectKvEmpty();
 }
 
+// A failed step with a runner that keeps tables: the failed requests' tables are released
+// with the next batch, and the request that was waiting then runs on deltas to its
+// reference tokens.
+TEST(EngineTest, RunnerErrorWithKeptBlockTablesReleasesTheFailedSequences) {
+  EngineOptions o = Options(64);
+  o.scheduler.max_num_seqs = 2;
+  Driver d(o, 64, /*keeps_block_tables=*/true);
+  ASSERT_TRUE(d.Add(Req("a", Prompt(6), Greedy(5))).ok());
+  ASSERT_TRUE(d.Add(Req("b", Prompt(6, 4), Greedy(5), 1)).ok());
+  ASSERT_TRUE(d.Add(Req("c", Prompt(6, 8), Greedy(9))).ok());  // waits: max_num_seqs
+  d.Step();
+  d.runner.FailNext(absl::UnavailableError("device lost"));
+  ASSERT_EQ(d.Step().size(), 2u);
+  d.Step();
+  const ModelBatch& next = d.runner.batches().back();
+  std::vector<int64_t> released = next.released_seq_ids;
+  std::sort(released.begin(), released.end());
+  EXPECT_EQ(released, (std::vector<int64_t>{0, 1}));  // a and b
+  ASSERT_EQ(next.chunks.size(), 1u);                   // c, whole
+  EXPECT_EQ(next.chunks[0].block_table_start, 0);
+  d.RunToCompletion();
+  d.ExpectReference("c");
+  EXPECT_GT(d.runner.batches().back().chunks.at(0).block_table_start, 0);  // c's later steps: deltas
+  d.ExpectKvEmpty();
+}
+
 TEST(EngineTest, MalformedRunnerOutputIsAnInternalRunnerError) {
   Driver d(Options(64));
   ASSERT_TRUE(d.Add(Req("a", Prompt(6), Greedy(5))).ok());
@@ -507,18 +536,20 @@ TEST(EngineTest, StatsReportQueuesAndLastBatch) {
 // Randomized soak: arrivals, lengths, shared prefixes, n, sampling, EOS and aborts under
 // a small pool. After every step the KV and scheduler invariants hold; at the end every
 // accepted request has ended exactly once, every one that was not aborted produced its
-// reference tokens, and the pool holds nothing but cached blocks.
-class EngineSoakTest : public ::testing::TestWithParam<std::tuple<SchedulerOptions::Policy, bool, uint32_t>> {};
+// reference tokens, and the pool holds nothing but cached blocks. With a runner that keeps
+// block tables (the last parameter), the same holds with the tables sent as deltas.
+class EngineSoakTest
+    : public ::testing::TestWithParam<std::tuple<SchedulerOptions::Policy, bool, uint32_t, bool>> {};
 
 TEST_P(EngineSoakTest, EveryRequestEndsExactlyOnceWithItsReferenceTokens) {
-  const auto [policy, prefix_caching, seed] = GetParam();
+  const auto [policy, prefix_caching, seed, keeps_block_tables] = GetParam();
   EngineOptions o = Options(/*num_blocks=*/28, /*max_model_len=*/64);
   o.kv.enable_prefix_caching = prefix_caching;
   o.scheduler.max_num_batched_tokens = 24;
   o.scheduler.max_num_seqs = 8;
   o.scheduler.long_prefill_token_threshold = 16;
   o.scheduler.policy = policy;
-  Driver d(o, 28);
+  Driver d(o, 28, keeps_block_tables);
   std::mt19937_64 rng(seed);
   auto uniform = [&](int32_t lo, int32_t hi) { return std::uniform_int_distribution<int32_t>(lo, hi)(rng); };
   std::vector<std::vector<int32_t>> prefixes;
@@ -602,13 +633,26 @@ TEST_P(EngineSoakTest, EveryRequestEndsExactlyOnceWithItsReferenceTokens) {
   if (prefix_caching) {
     EXPECT_GT(s.prefix_cache_hit_tokens, 0);
   }
+  int64_t deltas = 0, releases = 0;
+  for (const ModelBatch& b : d.runner.batches()) {
+    for (const SequenceChunk& c : b.chunks) deltas += c.block_table_start > 0 ? 1 : 0;
+    releases += static_cast<int64_t>(b.released_seq_ids.size());
+  }
+  if (keeps_block_tables) {
+    EXPECT_GT(deltas, 1000);
+    EXPECT_GT(releases, 300);
+  } else {
+    EXPECT_EQ(deltas + releases, 0);  // whole tables for a runner that keeps none
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, EngineSoakTest,
-                         ::testing::Values(std::tuple(SchedulerOptions::Policy::kFcfs, true, 1u),
-                                           std::tuple(SchedulerOptions::Policy::kFcfs, false, 2u),
-                                           std::tuple(SchedulerOptions::Policy::kPriority, true, 3u),
-                                           std::tuple(SchedulerOptions::Policy::kPriority, false, 4u)));
+                         ::testing::Values(std::tuple(SchedulerOptions::Policy::kFcfs, true, 1u, false),
+                                           std::tuple(SchedulerOptions::Policy::kFcfs, false, 2u, false),
+                                           std::tuple(SchedulerOptions::Policy::kPriority, true, 3u, false),
+                                           std::tuple(SchedulerOptions::Policy::kPriority, false, 4u, false),
+                                           std::tuple(SchedulerOptions::Policy::kFcfs, true, 5u, true),
+                                           std::tuple(SchedulerOptions::Policy::kPriority, false, 6u, true)));
 
 }  // namespace
 }  // namespace kvmesh::engine

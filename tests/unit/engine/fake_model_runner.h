@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "engine/block_tables.h"
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 
@@ -76,6 +77,10 @@ class FakeModelRunner : public ModelRunner {
   bool returns_argmax() const override { return returns_argmax_; }
   // Honour SequenceChunk::argmax_only as a device runner does (off by default).
   void set_returns_argmax(bool on) { returns_argmax_ = on; }
+  bool keeps_block_tables() const override { return keeps_block_tables_; }
+  // Keep block tables between steps as the paged runners do (engine/block_tables.h), so
+  // that chunks carry deltas (off by default: every chunk's table is whole).
+  void set_keeps_block_tables(bool on) { keeps_block_tables_ = on; }
 
   absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override {
     batches_.push_back(batch);
@@ -90,10 +95,19 @@ class FakeModelRunner : public ModelRunner {
       }
       for (int32_t o = 0; o < block_size_; ++o) slots_[Slot(c.dst, o)] = slots_[Slot(c.src, o)];
     }
-    for (const SequenceChunk& chunk : batch.chunks) {
+    // Each chunk's whole table: its own, or the kept one its delta updated.
+    std::vector<std::span<const int32_t>> tables;
+    if (keeps_block_tables_) {
+      if (absl::Status s = kept_tables_.Apply(batch, nullptr); !s.ok()) return s;
+      for (size_t i = 0; i < batch.chunks.size(); ++i) tables.push_back(kept_tables_.row(kept_tables_.chunk_row(i)));
+    } else {
+      for (const SequenceChunk& chunk : batch.chunks) tables.push_back(chunk.block_table);
+    }
+    for (size_t c = 0; c < batch.chunks.size(); ++c) {
+      const SequenceChunk& chunk = batch.chunks[c];
       for (size_t i = 0; i < chunk.token_ids.size(); ++i) {
         const int32_t p = chunk.start_position + static_cast<int32_t>(i);
-        absl::StatusOr<size_t> slot = SlotOf(chunk, p);
+        absl::StatusOr<size_t> slot = SlotOf(tables[c], p);
         if (!slot.ok()) return slot.status();
         if (chunk.token_ids[i] < 0 || chunk.token_ids[i] >= vocab_size_) {
           return absl::InvalidArgumentError("token outside the vocabulary");
@@ -102,12 +116,13 @@ class FakeModelRunner : public ModelRunner {
       }
     }
     ModelOutput out;
-    for (const SequenceChunk& chunk : batch.chunks) {
+    for (size_t c = 0; c < batch.chunks.size(); ++c) {
+      const SequenceChunk& chunk = batch.chunks[c];
       if (!chunk.compute_logits) continue;
       const int32_t end = chunk.start_position + static_cast<int32_t>(chunk.token_ids.size());
       std::vector<int32_t> history;
       for (int32_t p = 0; p < end; ++p) {
-        absl::StatusOr<size_t> slot = SlotOf(chunk, p);
+        absl::StatusOr<size_t> slot = SlotOf(tables[c], p);
         if (!slot.ok()) return slot.status();
         if (slots_[*slot] < 0) return absl::InvalidArgumentError(absl::StrCat("position ", p, " was never written"));
         history.push_back(slots_[*slot]);
@@ -138,10 +153,10 @@ class FakeModelRunner : public ModelRunner {
   size_t Slot(int32_t block, int32_t offset) const {
     return static_cast<size_t>(block) * static_cast<size_t>(block_size_) + static_cast<size_t>(offset);
   }
-  absl::StatusOr<size_t> SlotOf(const SequenceChunk& chunk, int32_t position) const {
+  absl::StatusOr<size_t> SlotOf(std::span<const int32_t> table, int32_t position) const {
     const size_t index = static_cast<size_t>(position / block_size_);
-    if (index >= chunk.block_table.size()) return absl::InvalidArgumentError("block table too short");
-    const int32_t block = chunk.block_table[index];
+    if (index >= table.size()) return absl::InvalidArgumentError("block table too short");
+    const int32_t block = table[index];
     if (block < 0 || block >= num_blocks_) return absl::InvalidArgumentError("block id out of range");
     return Slot(block, position % block_size_);
   }
@@ -154,6 +169,8 @@ class FakeModelRunner : public ModelRunner {
   std::optional<absl::Status> fail_next_;
   bool truncate_logits_next_ = false;
   bool returns_argmax_ = false;
+  bool keeps_block_tables_ = false;
+  BlockTables kept_tables_{{.num_pool_blocks = num_blocks_}};
 };
 
 }  // namespace kvmesh::engine::testing

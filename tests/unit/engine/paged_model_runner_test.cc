@@ -198,6 +198,78 @@ TEST_P(PagedModelRunnerTest, CopyOnWriteCopiesEveryLayerBeforeTheStep) {
   EXPECT_LE(MaxDiff(out->logits.data(), dense.data() + 7 * vocab, vocab), 1e-3f);
 }
 
+// The same steps twice over the same blocks: once with every table whole, once as the
+// scheduler sends them to a runner that keeps tables (seq_ids, deltas from the block of
+// each chunk's first token, releases, a table rewritten on resume): the logits are
+// bit-identical, since both runs read the same tables.
+TEST_P(PagedModelRunnerTest, KeptTablesUpdatedByDeltasGiveTheLogitsOfWholeTables) {
+  ASSERT_TRUE(runner_->keeps_block_tables());
+  const int32_t vocab = runner_->vocab_size();
+  std::uniform_int_distribution<int32_t> token(0, std::min(vocab, 4000) - 1);
+  std::vector<Seq> seqs;
+  for (int32_t len : {3, 17, 40, 70}) {
+    Seq s;
+    for (int32_t i = 0; i < len; ++i) s.tokens.push_back(token(rng_));
+    s.table = TakeBlocks((len + kBlockSize - 1) / kBlockSize);
+    seqs.push_back(std::move(s));
+  }
+  // The plan: per step, each unfinished sequence's chunk length; sequence 3 is "preempted"
+  // at step 3 and resumes from position 0 on new blocks.
+  const std::vector<int32_t> resumed_table = TakeBlocks(5);
+  const auto run = [&](bool deltas) {
+    std::vector<Seq> state = seqs;
+    std::vector<int32_t> kept(state.size(), 0);
+    std::mt19937 plan(7);
+    std::vector<float> all_logits;
+    for (int32_t step = 0;; ++step) {
+      ModelBatch batch;
+      if (step == 3) {
+        state[3].computed = 0;
+        state[3].table = resumed_table;
+        if (deltas && kept[3] > 0) batch.released_seq_ids.push_back(3);
+        kept[3] = 0;
+      }
+      std::vector<size_t> who;  // chunk order changes from step to step
+      for (size_t i = 0; i < state.size(); ++i) {
+        if (state[i].computed < static_cast<int32_t>(state[i].tokens.size())) who.push_back(i);
+      }
+      std::shuffle(who.begin(), who.end(), plan);
+      for (const size_t i : who) {
+        Seq& s = state[i];
+        const int32_t remaining = static_cast<int32_t>(s.tokens.size()) - s.computed;
+        const int32_t n = std::min(remaining, std::uniform_int_distribution<int32_t>(1, 9)(plan));
+        SequenceChunk chunk;
+        chunk.token_ids.assign(s.tokens.begin() + s.computed, s.tokens.begin() + s.computed + n);
+        chunk.start_position = s.computed;
+        const int32_t needed = (s.computed + n + kBlockSize - 1) / kBlockSize;
+        const int32_t from = deltas ? std::min(kept[i], s.computed / kBlockSize) : 0;
+        chunk.block_table.assign(s.table.begin() + from, s.table.begin() + needed);  // grows as it goes
+        if (deltas) {
+          chunk.seq_id = static_cast<int64_t>(i);
+          chunk.block_table_start = from;
+          kept[i] = needed;
+        }
+        chunk.compute_logits = true;
+        batch.chunks.push_back(std::move(chunk));
+        s.computed += n;
+      }
+      if (batch.chunks.empty()) break;
+      auto out = runner_->Execute(batch);
+      EXPECT_TRUE(out.ok()) << out.status();
+      if (!out.ok()) break;
+      for (size_t j = 0; j < who.size(); ++j) {
+        all_logits.insert(all_logits.end(), out->logits.begin() + static_cast<std::ptrdiff_t>(j * vocab),
+                          out->logits.begin() + static_cast<std::ptrdiff_t>((j + 1) * vocab));
+      }
+    }
+    return all_logits;
+  };
+  const std::vector<float> whole = run(false);
+  const std::vector<float> incremental = run(true);
+  ASSERT_FALSE(whole.empty());
+  EXPECT_EQ(whole, incremental);
+}
+
 TEST_P(PagedModelRunnerTest, RejectsMalformedBatches) {
   ModelBatch short_table;
   short_table.chunks.push_back({std::vector<int32_t>(20, 1), 0, {0}, true});  // 20 tokens need 2 blocks

@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <random>
@@ -11,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "engine/block_tables.h"
 #include "engine_test_util.h"
 #include "fake_model_runner.h"
 
@@ -56,6 +58,7 @@ struct Harness {
   SchedulerOutput Step() {
     SchedulerOutput out = scheduler->Schedule().value();
     if (out.empty()) return out;
+    if (on_scheduled) on_scheduled(out);
     ModelOutput result = runner.Execute(out.batch).value();
     std::vector<RequestOutput> outputs = scheduler->UpdateFromOutput(out, result.logits).value();
     for (const RequestOutput& o : outputs) {
@@ -88,6 +91,8 @@ struct Harness {
     }
   }
 
+  // Called with each batch before the runner sees it (the KV tables are as it was built).
+  std::function<void(const SchedulerOutput&)> on_scheduled;
   FakeModelRunner runner;
   std::unique_ptr<kv::KvCacheManager> kv;
   std::unique_ptr<Scheduler> scheduler;
@@ -334,6 +339,75 @@ TEST(SchedulerTest, ParallelSamplingForksAndSharesThePromptBlocks) {
   // Seeds differ per sample, so the samples (almost surely) differ.
   EXPECT_NE(h.completions["r"][0], h.completions["r"][1]);
   EXPECT_EQ(h.kv->num_used_blocks(), 0);
+}
+
+// With a runner that keeps block tables, chunks carry deltas: under churn (a pool small
+// enough to preempt, shared prefixes hitting the prefix cache, forks whose shared last
+// block is copied on write, aborts) a runner's kept tables, updated from every batch
+// alone, equal the KV manager's tables for every chunk of every step, decode chunks carry
+// one entry, and every sample still produces its reference tokens (the fake runner reads
+// KV through its own kept tables).
+TEST(SchedulerTest, BlockTableDeltasKeepTheRunnersTablesEqualToTheKvManagersUnderChurn) {
+  Harness h({.max_num_batched_tokens = 48, .max_num_seqs = 10, .runner_keeps_block_tables = true},
+            /*num_blocks=*/40);
+  h.runner.set_keeps_block_tables(true);
+  BlockTables kept({.num_pool_blocks = 40});
+  int64_t deltas = 0, decode_chunks = 0, released = 0, copies = 0;
+  h.on_scheduled = [&](const SchedulerOutput& out) {
+    ASSERT_TRUE(kept.Apply(out.batch, nullptr).ok());
+    released += static_cast<int64_t>(out.batch.released_seq_ids.size());
+    copies += static_cast<int64_t>(out.batch.block_copies.size());
+    for (size_t i = 0; i < out.chunks.size(); ++i) {
+      const SequenceChunk& c = out.batch.chunks[i];
+      ASSERT_EQ(c.seq_id, out.chunks[i].kv_id.value);
+      std::vector<int32_t> truth;
+      for (const kv::BlockId b : h.kv->block_table(out.chunks[i].kv_id)) truth.push_back(b.value);
+      const std::span<const int32_t> row = kept.row(kept.chunk_row(i));
+      ASSERT_EQ(std::vector<int32_t>(row.begin(), row.end()), truth) << "sequence " << c.seq_id;
+      deltas += c.block_table_start > 0 ? 1 : 0;
+      // A decode chunk of a sequence the runner has (not a fork's or a resumed one's first).
+      if (c.token_ids.size() == 1 && c.block_table_start > 0) {
+        ++decode_chunks;
+        EXPECT_EQ(c.block_table.size(), 1u) << "a decode chunk carries the block it writes into";
+      }
+    }
+  };
+  std::mt19937 rng(1612);
+  int32_t added = 0;
+  for (int32_t step = 0; step < 4000 && (added < 120 || h.scheduler->HasUnfinishedRequests()); ++step) {
+    if (added < 120 && rng() % 3 == 0) {
+      // Prompts of one of three families share their first 8-24 tokens.
+      const int32_t family = static_cast<int32_t>(rng() % 3);
+      std::vector<int32_t> prompt = Prompt(8 + 8 * family, 100 * family);
+      const std::vector<int32_t> tail = Prompt(1 + static_cast<int32_t>(rng() % 20), added);
+      prompt.insert(prompt.end(), tail.begin(), tail.end());
+      SamplingParams p = Greedy(1 + static_cast<int32_t>(rng() % 30));
+      const int32_t n = rng() % 4 == 0 ? 2 + static_cast<int32_t>(rng() % 2) : 1;
+      if (n > 1) {
+        p.temperature = 1.0f;
+        p.seed = added;
+      }
+      h.Add(Req(absl::StrCat("r", added++), prompt, p, n));
+    }
+    if (rng() % 40 == 0) {  // abort one unfinished request
+      for (const auto& [id, r] : h.requests) {
+        if (h.finished.contains(id)) continue;
+        const std::string victim = id;
+        ASSERT_TRUE(h.scheduler->Abort(victim).ok());
+        h.requests.erase(victim);  // its tokens are cut short: no reference to compare
+        break;
+      }
+    }
+    h.Step();
+  }
+  ASSERT_FALSE(h.scheduler->HasUnfinishedRequests());
+  h.ExpectReferenceOutputs();
+  EXPECT_GT(h.scheduler->stats().num_preemptions, 10);
+  EXPECT_GT(copies, 10);
+  EXPECT_GT(deltas, 1000);
+  EXPECT_GT(decode_chunks, 1000);
+  EXPECT_GT(released, 100);
+  EXPECT_GT(h.kv->prefix_cache_stats().hits, 10);
 }
 
 TEST(SchedulerTest, ParallelSamplesCountAgainstMaxNumSeqsBeforeTheFork) {

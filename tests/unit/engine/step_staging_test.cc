@@ -1,8 +1,10 @@
-// StageStep (libs/engine/step_staging.cc): the metadata a device runner uploads, and the
-// padding of decode steps to graph buckets. Host-only, so it runs everywhere, GPU or not.
+// StageStep (libs/engine/step_staging.cc): the metadata a device runner uploads, the
+// block tables the device gathers from its kept rows, and the padding of decode steps to
+// graph buckets. Host-only, so it runs everywhere, GPU or not.
 #include "engine/step_staging.h"
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -11,16 +13,36 @@ namespace kvmesh::engine {
 namespace {
 
 constexpr int32_t kBlock = 16;
+constexpr int32_t kRows = 16, kStride = 1024 / kBlock;
 
 class StepStagingTest : public testing::Test {
  protected:
-  // Stages `batch` for a runner of up to 64 tokens, 8 sequences and 1024-token contexts.
-  StagedStep Stage(const ModelBatch& batch) {
-    EXPECT_TRUE(BuildStepMetadata(batch, kBlock, /*num_blocks=*/100, /*vocab_size=*/1000, &meta_).ok());
-    layout_ = StagingLayout::For(64, 8, 1024 / kBlock, 32);
+  // Stages `batch` (its tables applied to fresh kept tables) for a runner of up to 64
+  // tokens, 8 sequences and 1024-token contexts.
+  // With `keep_tables`, the tables kept from the last Stage are updated instead.
+  StagedStep Stage(const ModelBatch& batch, bool keep_tables = false) {
+    if (!keep_tables || tables_ == nullptr)
+      tables_ = std::make_unique<BlockTables>(
+          BlockTablesOptions{.num_pool_blocks = 100, .max_rows = kRows, .max_blocks_per_row = kStride});
+    std::vector<BlockTableUpdate> updates;
+    EXPECT_TRUE(tables_->Apply(batch, &updates).ok());
+    EXPECT_TRUE(BuildStepMetadata(batch, *tables_, kBlock, /*vocab_size=*/1000, /*with_block_tables=*/false, &meta_)
+                    .ok());
+    layout_ = StagingLayout::For(64, 8, kStride, kRows * kStride, 32);
     buffer_.assign(layout_.total, std::byte{0xab});  // garbage: every read must have been written
-    return StageStep(meta_, batch, layout_, {.max_num_seqs = 8, .max_model_len = 1024, .block_size_tokens = kBlock},
-                     buffer_.data());
+    return StageStep(meta_, batch, updates, layout_,
+                     {.max_num_seqs = 8, .max_model_len = 1024, .block_size_tokens = kBlock}, buffer_.data());
+  }
+  // The step's [seqs, max_blocks_per_seq] block table as the device builds it from the
+  // staged buffer: the updates into (garbage) rows, then the gather.
+  std::vector<int32_t> DeviceTables(const StagedStep& step) {
+    for (const BlockTableUpdate& u : Read<BlockTableUpdate>(layout_.table_updates, step.num_table_updates))
+      device_rows_[static_cast<size_t>(u.index)] = u.block;
+    std::vector<int32_t> out(static_cast<size_t>(step.seqs * step.max_blocks_per_seq));
+    GatherBlockTableRows(device_rows_, kStride, Read<int32_t>(layout_.table_rows, step.seqs),
+                         Read<int32_t>(layout_.context_lens, step.seqs), kBlock, step.seqs, step.max_blocks_per_seq,
+                         out.data());
+    return out;
   }
   template <typename T>
   std::vector<T> Read(size_t offset, int64_t n) const {
@@ -29,16 +51,18 @@ class StepStagingTest : public testing::Test {
     return out;
   }
 
+  std::unique_ptr<BlockTables> tables_;
   StepMetadata meta_;
   StagingLayout layout_;
   std::vector<std::byte> buffer_;
+  std::vector<int32_t> device_rows_ = std::vector<int32_t>(kRows * kStride, -5);  // the device's kept rows
 };
 
 TEST_F(StepStagingTest, LayoutRegionsAreAlignedAndDisjoint) {
-  const StagingLayout l = StagingLayout::For(100, 7, 33, 5);
-  const std::vector<size_t> starts = {l.slots,        l.token_ids,  l.positions,    l.query_start,
-                                      l.context_lens, l.logit_rows, l.block_tables, l.block_copies};
-  const std::vector<size_t> sizes = {8 * 100, 4 * 100, 4 * 100, 4 * 8, 4 * 7, 4 * 7, 4 * 7 * 33, 8 * 5};
+  const StagingLayout l = StagingLayout::For(100, 7, 33, 70, 5);
+  const std::vector<size_t> starts = {l.slots,      l.token_ids,  l.positions,     l.query_start,  l.context_lens,
+                                      l.logit_rows, l.table_rows, l.table_updates, l.block_tables, l.block_copies};
+  const std::vector<size_t> sizes = {8 * 100, 4 * 100, 4 * 100, 4 * 8, 4 * 7, 4 * 7, 4 * 7, 8 * 70, 4 * 7 * 33, 8 * 5};
   for (size_t i = 0; i < starts.size(); ++i) {
     EXPECT_EQ(starts[i] % 256, 0u) << i;
     const size_t end = starts[i] + sizes[i];
@@ -69,7 +93,8 @@ TEST_F(StepStagingTest, DecodeStepIsPaddedToItsBatchAndContextBuckets) {
   EXPECT_EQ(Read<int32_t>(layout_.context_lens, 4), (std::vector<int32_t>{20, 300, 5, 1}));
   EXPECT_EQ(Read<int32_t>(layout_.query_start, 5), (std::vector<int32_t>{0, 1, 2, 3, 4}));
   EXPECT_EQ(Read<int32_t>(layout_.logit_rows, 4), (std::vector<int32_t>{0, 1, 2, 3}));
-  const std::vector<int32_t> tables = Read<int32_t>(layout_.block_tables, 4 * step.max_blocks_per_seq);
+  EXPECT_EQ(Read<int32_t>(layout_.table_rows, 4)[3], -1);  // the padding row gathers zeros
+  const std::vector<int32_t> tables = DeviceTables(step);
   const int64_t row = step.max_blocks_per_seq;
   EXPECT_EQ(tables[0], 7);
   EXPECT_EQ(tables[1], 8);
@@ -77,7 +102,9 @@ TEST_F(StepStagingTest, DecodeStepIsPaddedToItsBatchAndContextBuckets) {
   EXPECT_EQ(tables[row + 18], 58);
   EXPECT_EQ(tables[2 * row], 3);
   for (int64_t i = 3 * row; i < 4 * row; ++i) EXPECT_EQ(tables[i], 0) << "padding row reads block 0";
-  EXPECT_EQ(step.upload_bytes, layout_.block_tables + sizeof(int32_t) * 4 * row);
+  EXPECT_EQ(step.num_table_updates, 2 + 19 + 1);  // every table whole: no seq_ids
+  EXPECT_EQ(step.upload_bytes, layout_.table_updates + sizeof(BlockTableUpdate) * 22);
+  EXPECT_LT(step.upload_bytes, layout_.block_tables);  // the gathered tables are not uploaded
 }
 
 TEST_F(StepStagingTest, BucketsAreCappedByTheRunnersLimits) {
@@ -114,8 +141,40 @@ TEST_F(StepStagingTest, PrefillStepKeepsItsSizesAndComputesOnlyWantedRows) {
   EXPECT_EQ(step.wanted, (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(Read<int32_t>(layout_.logit_rows, 2), (std::vector<int32_t>{4, 7}));  // last token of chunks 0 and 2
   EXPECT_EQ(Read<int32_t>(layout_.query_start, 4), (std::vector<int32_t>{0, 5, 6, 8}));
-  EXPECT_EQ(Read<int32_t>(layout_.block_tables, 6), (std::vector<int32_t>{4, 6, 5, 0, 2, 0}));
+  EXPECT_EQ(DeviceTables(step), (std::vector<int32_t>{4, 6, 5, 0, 2, 0}));
   EXPECT_EQ(Read<int64_t>(layout_.slots, 8)[0], 6 * kBlock + 0);
+}
+
+TEST_F(StepStagingTest, DecodeStepsOfKeptSequencesUploadOneEntryEachWhateverTheContext) {
+  // Two sequences with 40 and 3 blocks, sent whole once.
+  std::vector<int32_t> long_table(40);
+  for (int i = 0; i < 40; ++i) long_table[i] = 50 + i;
+  ModelBatch first;
+  first.chunks.push_back({{1}, 40 * kBlock - 2, long_table, true});
+  first.chunks.push_back({{2}, 3 * kBlock - 1, {7, 8, 9}, true});
+  first.chunks[0].seq_id = 100;
+  first.chunks[1].seq_id = 200;
+  StagedStep step = Stage(first);
+  EXPECT_EQ(step.num_table_updates, 43);
+  DeviceTables(step);  // the device applies them
+  // Next step, in the other order: 100 decodes in its last block, 200 opens a fourth one.
+  ModelBatch next;
+  next.chunks.push_back({{3}, 3 * kBlock, {10}, true});
+  next.chunks[0].seq_id = 200;
+  next.chunks[0].block_table_start = 3;
+  next.chunks.push_back({{4}, 40 * kBlock - 1, {89}, true});
+  next.chunks[1].seq_id = 100;
+  next.chunks[1].block_table_start = 39;
+  step = Stage(next, /*keep_tables=*/true);
+  EXPECT_EQ(step.num_table_updates, 2);
+  EXPECT_EQ(step.upload_bytes, layout_.table_updates + 2 * sizeof(BlockTableUpdate));
+  const std::vector<int32_t> tables = DeviceTables(step);
+  const int64_t row = step.max_blocks_per_seq;
+  ASSERT_EQ(row, 1024 / kBlock);  // context 640: bucket 1024
+  EXPECT_EQ(std::vector<int32_t>(tables.begin(), tables.begin() + 5), (std::vector<int32_t>{7, 8, 9, 10, 0}));
+  for (int64_t j = 0; j < 40; ++j) EXPECT_EQ(tables[row + j], 50 + j) << j;
+  EXPECT_EQ(tables[row + 40], 0);
+  EXPECT_EQ(Read<int64_t>(layout_.slots, 2), (std::vector<int64_t>{10 * kBlock, 89 * kBlock + kBlock - 1}));
 }
 
 }  // namespace
