@@ -289,7 +289,7 @@ int RunBenchMultiTurn(int argc, char** argv) {
   const double memcpy_gbps = MemcpyGbps(slot_bytes, 256);
   std::printf("memcpy           %.2f GB/s for %lld-byte blocks (the host tier's bound)\n", memcpy_gbps,
               static_cast<long long>(slot_bytes));
-  double disk_bound_gbps = 0;
+  double disk_bound_gbps = 0, disk_best_gbps = 0;
   if (runs.contains("host+disk")) {
     // The disk tier's bound, measured now on the tier's filesystem (kv/disk_read_bound.h):
     // O_DIRECT io_uring reads of the tier's record size at its queue depth, of a file as
@@ -307,6 +307,9 @@ int RunBenchMultiTurn(int argc, char** argv) {
     if (!bound.ok()) return Fail(std::string(bound.status().message()));
     if (!dd.ok()) return Fail(std::string(dd.status().message()));
     disk_bound_gbps = bound->bytes_per_second / 1e9;
+    // NOTE: on some disks (this VM's) a few large reads beat many record-sized ones: the
+    // ratio is quoted against the better of the two as well, the stricter bound.
+    disk_best_gbps = std::max(disk_bound_gbps, dd->bytes_per_second / 1e9);
     std::printf("disk             %.2f GB/s O_DIRECT io_uring reads of %lld bytes at queue depth %d of a %.1f MiB file "
                 "(the tier's data) in %s: the disk tier's bound; %.2f GB/s in 4 MiB reads at depth 1\n",
                 disk_bound_gbps, static_cast<long long>(bound->io_bytes), bound->queue_depth,
@@ -351,8 +354,11 @@ int RunBenchMultiTurn(int argc, char** argv) {
                                              100 * m.host_out / memcpy_gbps, 100 * m.host_in / memcpy_gbps));
     }
     if (mode == "host+disk" && disk_bound_gbps > 0) {
-      absl::StrAppend(&line, absl::StrFormat(" | disk reads %.2f GB/s per busy second = %.0f%% of the O_DIRECT bound",
-                                             m.disk_read, 100 * m.disk_read / disk_bound_gbps));
+      absl::StrAppend(&line, absl::StrFormat(" | disk reads %.2f GB/s per busy second = %.0f%% of the O_DIRECT "
+                                             "io_uring bound at the tier's I/O size and depth, %.0f%% of the best "
+                                             "sequential O_DIRECT read",
+                                             m.disk_read, 100 * m.disk_read / disk_bound_gbps,
+                                             100 * m.disk_read / disk_best_gbps));
     }
     std::printf("%s\n", line.c_str());
   }
