@@ -6,8 +6,8 @@
 //
 // The file (`file_bytes`, the size of the tier's data) is written with O_DIRECT and
 // fsynced, so none of it is in the page cache; then it is read front to back,
-// `io_bytes` per read with `queue_depth` reads in flight, `repeats` times; the median
-// pass is returned. With io_bytes = the tier's record and queue_depth = the tier's,
+// `io_bytes` per read with `queue_depth` reads in flight, `repeats` times; the best
+// pass is returned (a bound; other work on a shared disk only slows a pass down). With io_bytes = the tier's record and queue_depth = the tier's,
 // this is what the tier could read at most with its own I/O pattern (the tier also
 // skips a 4 KiB header per record and reads records in LRU, not file, order). With
 // 4 MiB at depth 1 it is `dd bs=4M iflag=direct`.
@@ -27,11 +27,11 @@ struct DiskReadBoundOptions {
   int64_t file_bytes = 0;   // rounded up to whole I/Os
   int64_t io_bytes = 0;     // per read; rounded up to 4 KiB (O_DIRECT)
   int32_t queue_depth = 1;  // reads in flight
-  int32_t repeats = 3;
+  int32_t repeats = 5;
 };
 
 struct DiskReadBound {
-  double bytes_per_second = 0;  // median pass
+  double bytes_per_second = 0;  // best pass
   int64_t file_bytes = 0;       // as read (rounded)
   int64_t io_bytes = 0;
   int32_t queue_depth = 0;

@@ -22,6 +22,10 @@ void KvTiers::OnDeviceEvict(BlockId block, const BlockHash& hash, const BlockHas
   absl::StatusOr<HostSlot> slot = host_->BeginStore(hash, parent_hash);
   if (!slot.ok()) {
     ++stats_.offload_skipped;
+    stats_.offload_skipped_held_slots += held_slots_;
+    stats_.offload_skipped_write_slots += static_cast<int64_t>(writes_.size() + write_backlog_.size());
+    stats_.offload_skipped_copy_slots +=
+        static_cast<int64_t>(host_->num_filling()) + static_cast<int64_t>(pending_.in.size()) + lookup_pins_;
     return;
   }
   pending_.out.push_back(KvSwap{.block = block, .slot = *slot, .host = host_->data(*slot).data()});

@@ -86,6 +86,12 @@ struct KvSwaps {
 // Counters beyond each tier's own KvTierStats.
 struct KvTiersStats {
   int64_t offload_skipped = 0;     // evictions not offloaded (host full of pinned / filling slots)
+  // What pinned the host tier when offloads were skipped, summed over the skips (divide
+  // by offload_skipped for the mean): slots of load holds, slots waiting for or in a
+  // disk write (write-through backlog and writes in flight), ...
+  int64_t offload_skipped_held_slots = 0;
+  int64_t offload_skipped_write_slots = 0;
+  int64_t offload_skipped_copy_slots = 0;  // ... and by this step's copies: filling, swap-ins, lookups
   int64_t loads_started = 0;       // disk blocks read into the host tier
   int64_t load_decisions = 0;      // lower-tier hits loaded ...
   int64_t recompute_decisions = 0; // ... or recomputed because loading would be slower

@@ -273,14 +273,22 @@ int RunBenchMultiTurn(int argc, char** argv) {
         // write-throughs that waited for queue room or were dropped, reads that waited.
         std::printf("%-10s   disk detail: %lld blocks loaded for %lld waiting requests, %lld reads queued, %lld lost, "
                     "%lld gone again before use | load holds: %lld waits for room, %lld blocks cut short | %lld "
-                    "write-throughs queued, %lld dropped | %lld offloads skipped (host tier full), %lld host "
+                    "write-throughs queued, %lld dropped | %lld offloads skipped (host tier full; then, on average, "
+                    "%.0f slots held for loads, %.0f for disk writes, %.0f for this step's copies, of %d), %lld host "
                     "evictions\n",
                     m.mode.c_str(), static_cast<long long>(s.tiers.loads_started),
                     static_cast<long long>(s.num_waiting_for_disk), static_cast<long long>(s.tiers.reads_queued),
                     static_cast<long long>(s.tiers.reads_lost), static_cast<long long>(s.num_disk_blocks_lost),
                     static_cast<long long>(s.num_disk_loads_deferred), static_cast<long long>(s.tiers.load_blocks_cut),
                     static_cast<long long>(s.tiers.writes_queued), static_cast<long long>(s.tiers.writes_skipped),
-                    static_cast<long long>(s.tiers.offload_skipped), static_cast<long long>(s.host_tier.evictions));
+                    static_cast<long long>(s.tiers.offload_skipped),
+                    static_cast<double>(s.tiers.offload_skipped_held_slots) /
+                        static_cast<double>(std::max<int64_t>(1, s.tiers.offload_skipped)),
+                    static_cast<double>(s.tiers.offload_skipped_write_slots) /
+                        static_cast<double>(std::max<int64_t>(1, s.tiers.offload_skipped)),
+                    static_cast<double>(s.tiers.offload_skipped_copy_slots) /
+                        static_cast<double>(std::max<int64_t>(1, s.tiers.offload_skipped)),
+                    s.host_tier_slots, static_cast<long long>(s.host_tier.evictions));
       }
       std::fflush(stdout);
       runs[mode].push_back(std::move(r).value());
