@@ -87,6 +87,9 @@ absl::StatusOr<double> ReadPass(io_uring& ring, int fd, const std::string& path,
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+absl::StatusOr<DiskReadBound> ReadPasses(int fd, const std::string& path, int64_t num_ios, int64_t io_bytes,
+                                         int32_t depth, int32_t repeats);
+
 }  // namespace
 
 absl::StatusOr<DiskReadBound> MeasureDiskReadBound(const DiskReadBoundOptions& options) {
@@ -100,9 +103,17 @@ absl::StatusOr<DiskReadBound> MeasureDiskReadBound(const DiskReadBoundOptions& o
   const int64_t file_bytes = num_ios * io_bytes;
   const int32_t depth = static_cast<int32_t>(std::min<int64_t>(options.queue_depth, num_ios));
 
+  ScratchFile file;
+  if (!options.existing_file.empty()) {
+    file.fd = ::open(options.existing_file.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (file.fd < 0) {
+      return absl::UnavailableError(absl::StrCat("disk read bound: open ", options.existing_file,
+                                                 " with O_DIRECT: ", std::strerror(errno)));
+    }
+    return ReadPasses(file.fd, options.existing_file, num_ios, io_bytes, depth, options.repeats);
+  }
   std::error_code ec;
   std::filesystem::create_directories(options.directory, ec);
-  ScratchFile file;
   file.path = (std::filesystem::path(options.directory) / absl::StrCat(".kv-read-bound-", ::getpid())).string();
   file.fd = ::open(file.path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
   if (file.fd < 0) {
@@ -125,7 +136,14 @@ absl::StatusOr<DiskReadBound> MeasureDiskReadBound(const DiskReadBoundOptions& o
     return absl::UnavailableError(absl::StrCat("disk read bound: fsync ", file.path, ": ", std::strerror(errno)));
   }
   chunk.reset();
+  return ReadPasses(file.fd, file.path, num_ios, io_bytes, depth, options.repeats);
+}
 
+namespace {
+
+absl::StatusOr<DiskReadBound> ReadPasses(int fd, const std::string& path, int64_t num_ios, int64_t io_bytes,
+                                         int32_t depth, int32_t repeats) {
+  const int64_t file_bytes = num_ios * io_bytes;
   io_uring ring{};
   if (const int err = io_uring_queue_init(static_cast<unsigned>(std::max(depth, 1)), &ring, 0); err < 0) {
     return absl::UnavailableError(absl::StrCat("disk read bound: io_uring_queue_init: ", std::strerror(-err)));
@@ -139,8 +157,8 @@ absl::StatusOr<DiskReadBound> MeasureDiskReadBound(const DiskReadBoundOptions& o
     }
   }
   std::vector<double> rates;
-  for (int32_t rep = 0; rep < options.repeats; ++rep) {
-    absl::StatusOr<double> seconds = ReadPass(ring, file.fd, file.path, num_ios, io_bytes, depth, buffers);
+  for (int32_t rep = 0; rep < repeats; ++rep) {
+    absl::StatusOr<double> seconds = ReadPass(ring, fd, path, num_ios, io_bytes, depth, buffers);
     if (!seconds.ok()) {
       io_uring_queue_exit(&ring);
       return seconds.status();
@@ -155,4 +173,5 @@ absl::StatusOr<DiskReadBound> MeasureDiskReadBound(const DiskReadBoundOptions& o
                        .io_bytes = io_bytes, .queue_depth = depth};
 }
 
+}  // namespace
 }  // namespace kvmesh::kv

@@ -28,6 +28,10 @@ struct DiskReadBoundOptions {
   int64_t io_bytes = 0;     // per read; rounded up to 4 KiB (O_DIRECT)
   int32_t queue_depth = 1;  // reads in flight
   int32_t repeats = 5;
+  // When set: read the first file_bytes of this existing file (a disk tier's slab file,
+  // to compare the tier with its own data) instead of writing a fresh one; it is left
+  // as it is. `directory` is then unused.
+  std::string existing_file;
 };
 
 struct DiskReadBound {
