@@ -225,8 +225,8 @@ void Engine::RecordStepSpeed(const SchedulerOutput& scheduled, const ModelOutput
   // Only prefill-heavy steps say how fast recomputing is.
   const double compute_seconds = seconds - output.swap_out_seconds - output.swap_in_seconds;
   if (prefill_tokens < 32 || prefill_tokens * 2 < scheduled.num_batched_tokens || compute_seconds <= 0) return;
-  kv::RecordBandwidth(prefill_tokens_per_second_, prefill_tokens, compute_seconds);
-  if (kv_->has_tiers()) kv_->tiers()->set_prefill_tokens_per_second(prefill_tokens_per_second_);
+  prefill_rate_.Add(prefill_tokens, compute_seconds);
+  if (kv_->has_tiers()) kv_->tiers()->set_prefill_tokens_per_second(prefill_rate_.units_per_second());
 }
 
 int64_t Engine::CountStrandedBlocks() const {
@@ -285,7 +285,8 @@ EngineStats Engine::stats() const {
   e.prefix_cache_host_hit_tokens = p.host_hit_tokens;
   e.num_waiting_for_disk = s.num_waiting_for_disk;
   e.num_disk_blocks_lost = s.num_disk_blocks_lost;
-  e.prefill_tokens_per_second = prefill_tokens_per_second_;
+  e.num_disk_loads_deferred = s.num_disk_loads_deferred;
+  e.prefill_tokens_per_second = prefill_rate_.units_per_second();
   if (const kv::KvTiers* tiers = kv_->tiers(); tiers != nullptr) {
     e.has_host_tier = true;
     e.host_tier = tiers->host().stats();
@@ -295,9 +296,6 @@ EngineStats Engine::stats() const {
     if (const kv::DiskKvTier* disk = tiers->disk(); disk != nullptr) {
       e.has_disk_tier = true;
       e.disk_tier = disk->stats();
-      // NOTE: reads run in parallel; what onboarding from disk achieves is a whole
-      // batch's bytes over its wall time (KvTiers measures it), not one read's.
-      if (tiers->disk_load_bytes_per_second() > 0) e.disk_tier.read_bytes_per_second = tiers->disk_load_bytes_per_second();
       e.disk_tier_records = disk->num_records();
     }
   }

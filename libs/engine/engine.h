@@ -43,6 +43,7 @@
 #include "engine/request.h"
 #include "engine/request_validator.h"
 #include "engine/scheduler.h"
+#include "kv/busy_bandwidth.h"
 #include "kv/kv_cache_manager.h"
 
 namespace kvmesh::engine {
@@ -146,6 +147,7 @@ struct EngineStats {
   int64_t prefix_cache_host_hit_tokens = 0;
   int64_t num_waiting_for_disk = 0;
   int64_t num_disk_blocks_lost = 0;  // read from disk, gone again before use (SchedulerStats)
+  int64_t num_disk_loads_deferred = 0;  // steps a first load waited for room among load holds
   double prefill_tokens_per_second = 0;  // measured on prefill-heavy steps (0: not yet)
 };
 
@@ -338,9 +340,10 @@ class Engine {
   const std::function<int64_t()> now_ms_;
   kv::KvHandoffLedger handoffs_;
   int64_t num_remote_prefill_fallbacks_ = 0;
-  // Prefill tokens per second of prefill-heavy steps (EWMA): what recomputing costs, for
-  // the tiers' load-versus-recompute and the scheduler's placement.
-  double prefill_tokens_per_second_ = 0;
+  // Prefill tokens per second of compute on prefill-heavy steps: what recomputing costs,
+  // for the tiers' load-versus-recompute and the scheduler's placement; the same
+  // estimator as the tiers' bandwidths (units per busy second, decaying).
+  kv::BusyBandwidth prefill_rate_{{.half_life_seconds = kv::kDefaultBandwidthHalfLifeSeconds}};
   // By request id; node map: LayerExport points at the sinks during a step.
   absl::node_hash_map<std::string, StreamedPrefill> streamed_prefills_;
 };

@@ -434,6 +434,11 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
   // admits nothing new then either).
   if (out.num_preempted == 0) {
     absl::flat_hash_set<kv::BlockHash> in_flight = InFlightBlockHashes();
+    // Once a first load waits for room among the load holds, later first loads wait
+    // too: the room that frees goes to the oldest waiter, so a large load is not
+    // starved by smaller ones behind it. (Sequences that hold already still load what
+    // fits: their admission is what frees the room.)
+    bool first_loads_wait = false;
     size_t w = 0;
     while (w < waiting_.size() && budget > 0) {
       Sequence* seq = waiting_[w];
@@ -458,13 +463,25 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
       }
       if (prefix.num_disk_blocks > 0 && prefix.num_blocks() > seq->disk_load_from) {
         // Onboard from disk first. Each load begins past the last one's start: what is
-        // gone again by then is recomputed, and the wait always ends.
+        // gone again by then is recomputed, and the wait always ends. A load deferred
+        // for room among the load holds (kv/kv_tiers.h) holds nothing and waits for the
+        // holders ahead of it to be admitted, which needs no room of its own.
+        const bool first_load = !kv_.HasLoadHold(seq->kv_id);
+        const kv::DiskLoadStart load =
+            first_load && first_loads_wait ? kv::DiskLoadStart{.deferred = true} : kv_.StartDiskLoads(seq->kv_id, prefix);
+        if (load.deferred) {
+          first_loads_wait = true;
+          kv_.ReleasePrefix(prefix);
+          ++stats_.num_disk_loads_deferred;
+          ++w;
+          continue;
+        }
         seq->disk_load_from = prefix.num_blocks();
-        if (kv_.StartDiskLoads(seq->kv_id, prefix) > 0) {
+        if (load.num_blocks > 0) {
           const size_t first = static_cast<size_t>(prefix.num_blocks());
           seq->loading_block_hashes.assign(prefix.block_hashes.begin() + static_cast<std::ptrdiff_t>(first),
                                            prefix.block_hashes.begin() +
-                                               static_cast<std::ptrdiff_t>(first + prefix.num_disk_blocks));
+                                               static_cast<std::ptrdiff_t>(first + load.num_blocks));
           kv_.ReleasePrefix(prefix);
           ++stats_.num_waiting_for_disk;
           ++w;

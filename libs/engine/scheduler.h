@@ -121,9 +121,13 @@ struct SchedulerStats {
   int64_t num_deferred_for_prefix = 0;
   // Admissions put off to read the prefix from the disk tier first.
   int64_t num_waiting_for_disk = 0;
-  // Blocks read from disk for a waiting sequence that its lookup after the load no
-  // longer found in tier 0 or the host tier (recomputed: the load was wasted).
+  // Blocks a disk load covered for a waiting sequence (kv::DiskLoadStart::num_blocks)
+  // that its lookup after the load no longer found in tier 0 or the host tier
+  // (recomputed: the load was wasted).
   int64_t num_disk_blocks_lost = 0;
+  // Steps a sequence's first disk load waited because the load holds had no room
+  // (kv::KvTiers::StartDiskLoads), counted once per sequence and step.
+  int64_t num_disk_loads_deferred = 0;
   int64_t num_prefill_tokens = 0;  // computed prefill tokens (cache hits excluded, recomputes included)
   int64_t num_decode_tokens = 0;
   int64_t num_finished_requests = 0;  // every end: stop, length, abort, error

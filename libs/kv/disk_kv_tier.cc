@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/logging.h"
+#include "kv/busy_bandwidth.h"
 
 namespace kvmesh::kv {
 namespace {
@@ -213,7 +214,6 @@ class DiskKvTier::Impl {
   absl::Mutex reaped_mu_;
   std::vector<ReapedCqe> reaped_ ABSL_GUARDED_BY(reaped_mu_);
   bool reaper_failed_ ABSL_GUARDED_BY(reaped_mu_) = false;
-  Clock::time_point last_read_done_{}, last_write_done_{};
 
   std::vector<Slot> slots_;
   absl::flat_hash_map<BlockHash, int32_t> index_;  // kWriting and kHeld slots
@@ -231,20 +231,12 @@ class DiskKvTier::Impl {
   std::vector<AlignedBuffer> spare_staging_;
   AlignedBuffer zero_header_;
 
-  // Bandwidth: bytes reaped over the busy time of each kind (see Reap).
-  struct BandwidthWindow {
-    Clock::time_point start{};
-    int64_t bytes = 0;
-  };
-  static constexpr std::chrono::milliseconds kBandwidthWindow{5};
-  static void FoldBandwidth(BandwidthWindow& w, int64_t bytes, bool idle, Clock::time_point now, double& estimate) {
-    w.bytes += bytes;
-    if (w.bytes == 0 || now <= w.start || (!idle && now - w.start < kBandwidthWindow)) return;
-    RecordBandwidth(estimate, w.bytes, std::chrono::duration<double>(now - w.start).count());
-    w = BandwidthWindow{.start = now, .bytes = 0};
-  }
+  // Bandwidth: payload bytes over the busy time of each kind, from each I/O's
+  // submission to its completion as the reaper stamped it (not when the engine reaped
+  // it, up to a step later), overlaps counted once (kv/busy_bandwidth.h).
   int32_t reads_in_flight_ = 0, writes_in_flight_ = 0;
-  BandwidthWindow read_window_, write_window_;
+  BusyBandwidth read_rate_{{.half_life_seconds = kDefaultBandwidthHalfLifeSeconds}};
+  BusyBandwidth write_rate_{{.half_life_seconds = kDefaultBandwidthHalfLifeSeconds}};
 
   KvTierStats stats_;
   std::vector<KvEvent> events_;
@@ -593,7 +585,8 @@ absl::StatusOr<int64_t> DiskKvTier::Impl::StartWrite(const BlockHash& hash, cons
   sqe = GetSqe(id, 2, op, kDiskRecordAlignment);
   io_uring_prep_write(sqe, fd, op.header.get(), kDiskRecordAlignment, offset);
   s.header_maybe_valid = true;  // from now on, whatever happens
-  if (writes_in_flight_++ == 0) write_window_ = BandwidthWindow{.start = op.start, .bytes = 0};
+  ++writes_in_flight_;
+  write_rate_.Begin(op.start);
   ++user_ops_in_flight_;
   stats_.in_flight = user_ops_in_flight_;
   io_uring_submit(&ring_);
@@ -640,7 +633,8 @@ absl::StatusOr<int64_t> DiskKvTier::Impl::StartRead(const BlockHash& hash, std::
   // A read needs the payload's bytes; the padding after the file's last record may be absent.
   io_uring_sqe* sqe = GetSqe(id, 0, op, static_cast<uint32_t>(options_.record_payload_bytes));
   io_uring_prep_read(sqe, SlotFd(slot), into, len, static_cast<uint64_t>(SlotOffset(slot) + kDiskRecordAlignment));
-  if (reads_in_flight_++ == 0) read_window_ = BandwidthWindow{.start = op.start, .bytes = 0};
+  ++reads_in_flight_;
+  read_rate_.Begin(op.start);
   ++user_ops_in_flight_;
   stats_.in_flight = user_ops_in_flight_;
   io_uring_submit(&ring_);
@@ -691,7 +685,6 @@ void DiskKvTier::Impl::StopReaper() {
 std::vector<DiskIoCompletion> DiskKvTier::Impl::Reap(bool wait) {
   std::vector<DiskIoCompletion> out;
   if (!ring_ready_) return out;
-  const int64_t read_bytes_before = stats_.bytes_onboarded, write_bytes_before = stats_.bytes_offloaded;
   while (true) {
     std::vector<ReapedCqe> batch;
     {
@@ -707,14 +700,8 @@ std::vector<DiskIoCompletion> DiskKvTier::Impl::Reap(bool wait) {
     for (const ReapedCqe& c : batch) HandleCqe(c, &out);
     if (!wait || batch.empty() || ops_.empty()) break;
   }
-  // Bandwidth: payload bytes completed over the time the kind has been busy (from its
-  // first submission while idle to its latest completion, as the reaper stamped it),
-  // folded in once a window spans kBandwidthWindow or the kind goes idle. With many
-  // I/Os overlapping this is the disk's throughput, not one I/O's latency.
-  FoldBandwidth(read_window_, stats_.bytes_onboarded - read_bytes_before, reads_in_flight_ == 0, last_read_done_,
-                stats_.read_bytes_per_second);
-  FoldBandwidth(write_window_, stats_.bytes_offloaded - write_bytes_before, writes_in_flight_ == 0, last_write_done_,
-                stats_.write_bytes_per_second);
+  stats_.read_bytes_per_second = read_rate_.units_per_second();
+  stats_.write_bytes_per_second = write_rate_.units_per_second();
   stats_.in_flight = user_ops_in_flight_;
   return out;
 }
@@ -734,8 +721,6 @@ void DiskKvTier::Impl::HandleCqe(const ReapedCqe& cqe, std::vector<DiskIoComplet
     op.short_io = true;
   }
   if (--op.pending_cqes > 0) return;
-  if (op.kind == OpKind::kRead) last_read_done_ = std::max(last_read_done_, cqe.at);
-  if (op.kind == OpKind::kWrite) last_write_done_ = std::max(last_write_done_, cqe.at);
   FinishOp(id, op, out, cqe.at);
 }
 
@@ -792,6 +777,7 @@ void DiskKvTier::Impl::FinishOp(uint64_t op_id, Op& op, std::vector<DiskIoComple
                                 : absl::InternalError(absl::StrCat("disk KV tier: write: ", std::strerror(err)));
         }
       }
+      write_rate_.End(op.start, now, c.bytes);
       recycle(op.staging);
       out->push_back(std::move(c));
       break;
@@ -824,6 +810,7 @@ void DiskKvTier::Impl::FinishOp(uint64_t op_id, Op& op, std::vector<DiskIoComple
         DropRecord(op.slot);
       }
       if (s.state == SlotState::kDropping && s.pins == 0 && c.status.ok()) StartInvalidate(op.slot);
+      read_rate_.End(op.start, now, c.bytes);
       recycle(op.staging);
       out->push_back(std::move(c));
       break;

@@ -181,13 +181,15 @@ absl::Status HostKvTier::Verify(HostSlot slot) {
 void HostKvTier::RecordOffload(int64_t blocks, int64_t bytes, double seconds) {
   stats_.blocks_offloaded += blocks;
   stats_.bytes_offloaded += bytes;
-  RecordBandwidth(stats_.write_bytes_per_second, bytes, seconds);
+  write_rate_.Add(bytes, seconds);
+  stats_.write_bytes_per_second = write_rate_.units_per_second();
 }
 
 void HostKvTier::RecordOnboard(int64_t blocks, int64_t bytes, double seconds) {
   stats_.blocks_onboarded += blocks;
   stats_.bytes_onboarded += bytes;
-  RecordBandwidth(stats_.read_bytes_per_second, bytes, seconds);
+  read_rate_.Add(bytes, seconds);
+  stats_.read_bytes_per_second = read_rate_.units_per_second();
 }
 
 std::vector<KvEvent> HostKvTier::DrainEvents() { return std::exchange(events_, {}); }

@@ -34,6 +34,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kv/busy_bandwidth.h"
 #include "kv/kv_tier_stats.h"
 #include "kv/kv_types.h"
 
@@ -97,7 +98,8 @@ class HostKvTier {
   const BlockHash& parent_hash(HostSlot slot) const { return slots_[slot.value].parent_hash; }
   bool is_pinned(HostSlot slot) const { return slots_[slot.value].pins > 0; }
 
-  // Records one measured copy into or out of this tier (the engine times the swaps).
+  // Records one measured copy into or out of this tier (the engine times the swaps;
+  // a step's copies run one after another, so their seconds are busy time as they are).
   void RecordOffload(int64_t blocks, int64_t bytes, double seconds);
   void RecordOnboard(int64_t blocks, int64_t bytes, double seconds);
 
@@ -142,6 +144,8 @@ class HostKvTier {
   int32_t num_filling_ = 0;
   absl::flat_hash_map<BlockHash, int32_t> index_;  // resident and filling slots
   std::vector<KvEvent> events_;
+  BusyBandwidth read_rate_{{.half_life_seconds = kDefaultBandwidthHalfLifeSeconds}};
+  BusyBandwidth write_rate_{{.half_life_seconds = kDefaultBandwidthHalfLifeSeconds}};
   KvTierStats stats_;
 };
 

@@ -77,8 +77,8 @@ absl::Status KvCacheManager::AttachTiers(std::unique_ptr<KvTiers> tiers) {
   return absl::OkStatus();
 }
 
-int32_t KvCacheManager::StartDiskLoads(RequestId owner, const ComputedPrefix& prefix) {
-  if (tiers_ == nullptr || prefix.num_disk_blocks <= 0) return 0;
+DiskLoadStart KvCacheManager::StartDiskLoads(RequestId owner, const ComputedPrefix& prefix) {
+  if (tiers_ == nullptr || prefix.num_disk_blocks <= 0) return {};
   return tiers_->StartDiskLoads(owner, prefix.block_hashes, static_cast<size_t>(prefix.num_blocks()),
                                 static_cast<size_t>(prefix.num_disk_blocks), prefix.host_slots);
 }

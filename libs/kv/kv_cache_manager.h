@@ -167,10 +167,12 @@ class KvCacheManager {
     if (tiers_) tiers_->FinishSwaps(swaps, copied, out_seconds, in_seconds);
   }
   // Starts reading, for `owner`, the disk blocks a lookup reported (prefix.num_disk_blocks)
-  // into the host tier; returns how many reads started. What they read, and the
-  // lookup's host hits, stay pinned for `owner` until ReleaseLoadHold(owner)
-  // (KvTiers::StartDiskLoads); the prefix itself must still be used or released.
-  int32_t StartDiskLoads(RequestId owner, const ComputedPrefix& prefix);
+  // into the host tier; returns how many of them the load covers from the first on, or
+  // that it was deferred (KvTiers::StartDiskLoads: load holds are capped). What they
+  // read, and the lookup's host hits, stay pinned for `owner` until
+  // ReleaseLoadHold(owner); the prefix itself must still be used or released.
+  DiskLoadStart StartDiskLoads(RequestId owner, const ComputedPrefix& prefix);
+  bool HasLoadHold(RequestId owner) const { return tiers_ != nullptr && tiers_->has_load_hold(owner); }
   // Drops `owner`'s load hold: call it once the owner is admitted or ends.
   void ReleaseLoadHold(RequestId owner) {
     if (tiers_ != nullptr) tiers_->ReleaseLoadHold(owner);

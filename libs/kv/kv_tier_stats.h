@@ -21,17 +21,11 @@ struct KvTierStats {
   int64_t write_failures = 0;      // offloads refused or failed (full, queue full, I/O error)
   int64_t skipped_records = 0;     // disk: corrupt, truncated or foreign records skipped at start-up
   int32_t in_flight = 0;           // copies or I/O in flight now
-  // Measured as the tier runs (exponentially weighted; 0 until measured).
+  // Measured as the tier runs: bytes moved per busy second (kv/busy_bandwidth.h, with
+  // kDefaultBandwidthHalfLifeSeconds of decay); 0 until measured. The one estimate:
+  // the load-or-recompute decision reads these same fields.
   double read_bytes_per_second = 0;
   double write_bytes_per_second = 0;
 };
-
-// Folds one measured transfer into an exponentially weighted bandwidth (weight 1/8 per
-// sample; the first sample sets it).
-inline void RecordBandwidth(double& bytes_per_second, int64_t bytes, double seconds) {
-  if (bytes <= 0 || seconds <= 0) return;
-  const double sample = static_cast<double>(bytes) / seconds;
-  bytes_per_second = bytes_per_second == 0 ? sample : bytes_per_second + (sample - bytes_per_second) / 8;
-}
 
 }  // namespace kvmesh::kv

@@ -22,6 +22,10 @@ void KvTiers::OnDeviceEvict(BlockId block, const BlockHash& hash, const BlockHas
   absl::StatusOr<HostSlot> slot = host_->BeginStore(hash, parent_hash);
   if (!slot.ok()) {
     ++stats_.offload_skipped;
+    stats_.offload_skipped_held_slots += held_slots_;
+    stats_.offload_skipped_write_slots += static_cast<int64_t>(writes_.size() + write_backlog_.size());
+    stats_.offload_skipped_copy_slots +=
+        static_cast<int64_t>(host_->num_filling()) + static_cast<int64_t>(pending_.in.size()) + lookup_pins_;
     return;
   }
   pending_.out.push_back(KvSwap{.block = block, .slot = *slot, .host = host_->data(*slot).data()});
@@ -62,7 +66,7 @@ int32_t KvTiers::ExtendPrefix(std::span<const BlockHash> hashes, size_t first, s
     if (loading_.contains(hashes[i]) || !disk_->Lookup(hashes[i])) break;
     ++on_disk;
   }
-  if (on_disk > 0 && !LoadBeatsRecompute(on_disk, disk_load_bytes_per_second_)) {
+  if (on_disk > 0 && !LoadBeatsRecompute(on_disk, disk_->stats().read_bytes_per_second)) {
     // NOTE: a measurement only changes by loading; every kReprobeEvery-th hit that
     // recomputing would win is loaded anyway, so one slow sample cannot rule the
     // disk out for good.
@@ -141,16 +145,16 @@ bool KvTiers::SubmitRead(const Read& read) {
   return true;
 }
 
-void KvTiers::DropFromBatch(int64_t batch) {
-  const auto b = load_batches_.find(batch);
-  if (b == load_batches_.end()) return;
-  b->second.bytes -= host_->slot_bytes();
-  if (--b->second.outstanding > 0) return;
-  if (b->second.bytes > 0 && b->second.latest > b->second.started) {
-    RecordBandwidth(disk_load_bytes_per_second_, b->second.bytes,
-                    std::chrono::duration<double>(b->second.latest - b->second.started).count());
-  }
-  load_batches_.erase(b);
+void KvTiers::UnreserveRead(const Read& read) {
+  const auto hold = holds_.find(read.owner);
+  if (hold == holds_.end() || hold->second.id != read.hold_id) return;  // released: nothing reserved
+  --hold->second.reads_pending;
+  --held_slots_;
+  if (hold->second.slots.empty() && hold->second.reads_pending == 0) holds_.erase(hold);
+}
+
+int32_t KvTiers::max_held_slots() const {
+  return std::max<int32_t>(1, static_cast<int32_t>(load_hold_share_ * host_->num_slots()));
 }
 
 void KvTiers::SubmitBacklog() {
@@ -163,7 +167,7 @@ void KvTiers::SubmitBacklog() {
     ++stats_.reads_lost;
     host_->AbortStore(r.slot);
     loading_.erase(r.hash);
-    DropFromBatch(r.batch);
+    UnreserveRead(r);
   }
   while (!write_backlog_.empty() && disk_->CanStartWrite()) {
     const HostSlot slot = write_backlog_.front();
@@ -180,32 +184,65 @@ void KvTiers::SubmitBacklog() {
   }
 }
 
-int32_t KvTiers::StartDiskLoads(RequestId owner, std::span<const BlockHash> hashes, size_t first, size_t n,
-                               std::span<const HostSlot> host_hits) {
-  if (disk_ == nullptr) return 0;
-  // NOTE: the hits are held first, so the loads below cannot evict them for room.
-  std::vector<HostSlot>& hold = holds_[owner];
-  for (const HostSlot s : host_hits) {
-    host_->Pin(s);
-    hold.push_back(s);
+DiskLoadStart KvTiers::StartDiskLoads(RequestId owner, std::span<const BlockHash> hashes, size_t first, size_t n,
+                                     std::span<const HostSlot> host_hits) {
+  if (disk_ == nullptr || first >= hashes.size()) return {};
+  n = std::min(n, hashes.size() - first);
+  const auto existing = holds_.find(owner);
+  const bool holds_already = existing != holds_.end();
+  // A second load's lookup finds what the first one holds as host hits: hold only the new ones.
+  absl::flat_hash_set<int32_t> mine;
+  if (holds_already) {
+    for (const HostSlot s : existing->second.slots) mine.insert(s.value);
   }
-  const int64_t batch = next_load_batch_++;
-  int32_t started = 0;
-  for (size_t i = first; i < first + n && i < hashes.size(); ++i) {
-    if (loading_.contains(hashes[i])) continue;
+  std::vector<HostSlot> new_hits;
+  for (const HostSlot s : host_hits) {
+    if (mine.insert(s.value).second) new_hits.push_back(s);
+  }
+  const auto hits = static_cast<int32_t>(new_hits.size());
+  const int32_t room = max_held_slots() - held_slots_;
+  // NOTE: blocks already resident or being read for another owner need no new slot but
+  // are counted in `need` anyway: a bound, not an exact count, is enough to decide.
+  const int32_t need = hits + static_cast<int32_t>(n);
+  if (need > room && !holds_already && held_slots_ > 0) {
+    // 2. Wait for the holders ahead to be admitted: loading a part now and recomputing
+    // the rest would throw away what waiting a little longer saves.
+    ++stats_.loads_deferred;
+    return {.deferred = true};
+  }
+  if (hits > room) {
+    // 3. Not even the hits fit: hold nothing; the owner goes ahead with its lookup's
+    // pins and recomputes the disk part.
+    stats_.load_blocks_cut += static_cast<int64_t>(n);
+    return {};
+  }
+  const size_t max_reads = std::min(n, static_cast<size_t>(room - hits));
+  // NOTE: the hits are held first, so the loads below cannot evict them for room.
+  Hold& hold = holds_[owner];
+  if (!holds_already) hold.id = next_hold_id_++;
+  for (const HostSlot s : new_hits) {
+    host_->Pin(s);
+    hold.slots.push_back(s);
+  }
+  held_slots_ += hits;
+  int32_t covered = 0, started = 0;
+  for (size_t i = first; i < first + max_reads; ++i, ++covered) {
+    if (loading_.contains(hashes[i])) continue;  // another owner's read brings it
     if (host_->Contains(hashes[i])) {
       // Resident already (another request loaded or offloaded it): hold it too. A slot
       // still filling (an offload in this step) lands unheld.
-      if (const std::optional<HostSlot> resident = host_->Peek(hashes[i]); resident.has_value()) {
+      if (const std::optional<HostSlot> resident = host_->Peek(hashes[i]);
+          resident.has_value() && mine.insert(resident->value).second) {
         host_->Pin(*resident);
-        hold.push_back(*resident);
+        hold.slots.push_back(*resident);
+        ++held_slots_;
       }
       continue;
     }
     const BlockHash& parent = i == 0 ? kRootBlockHash : hashes[i - 1];
     absl::StatusOr<HostSlot> slot = host_->BeginStore(hashes[i], parent);
     if (!slot.ok()) break;  // host full of pinned slots: recompute the rest
-    const Read read{.slot = *slot, .hash = hashes[i], .batch = batch, .owner = owner};
+    const Read read{.slot = *slot, .hash = hashes[i], .owner = owner, .hold_id = hold.id};
     if (read_backlog_.empty() && disk_->CanStartRead()) {
       if (!SubmitRead(read)) {  // not held after all: recompute from here
         host_->AbortStore(*slot);
@@ -217,29 +254,30 @@ int32_t KvTiers::StartDiskLoads(RequestId owner, std::span<const BlockHash> hash
       ++stats_.reads_queued;
     }
     loading_.insert(hashes[i]);
+    ++hold.reads_pending;
+    ++held_slots_;
     ++started;
   }
-  if (hold.empty() && started == 0) holds_.erase(owner);  // else the reads land in it
+  if (hold.slots.empty() && hold.reads_pending == 0) holds_.erase(owner);  // else the reads land in it
   stats_.loads_started += started;
-  if (started > 0) {
-    load_batches_[batch] = LoadBatch{.started = std::chrono::steady_clock::now(),
-                                     .bytes = started * host_->slot_bytes(),
-                                     .outstanding = started};
-  }
-  return started;
+  stats_.load_blocks_cut += static_cast<int64_t>(n) - covered;
+  return {.num_blocks = covered};
 }
 
 void KvTiers::ReleaseLoadHold(RequestId owner) {
   const auto it = holds_.find(owner);
   if (it == holds_.end()) return;
-  for (const HostSlot s : it->second) host_->Unpin(s);
+  for (const HostSlot s : it->second.slots) host_->Unpin(s);
+  held_slots_ -= static_cast<int32_t>(it->second.slots.size()) + it->second.reads_pending;
   holds_.erase(it);
 }
 
 std::vector<std::pair<RequestId, int32_t>> KvTiers::load_holds() const {
   std::vector<std::pair<RequestId, int32_t>> out;
   out.reserve(holds_.size());
-  for (const auto& [owner, slots] : holds_) out.emplace_back(owner, static_cast<int32_t>(slots.size()));
+  for (const auto& [owner, hold] : holds_) {
+    out.emplace_back(owner, static_cast<int32_t>(hold.slots.size()) + hold.reads_pending);
+  }
   return out;
 }
 
@@ -263,37 +301,30 @@ void KvTiers::Poll() {
       }
       continue;
     }
-    FinishRead(c.ticket, c.status, c.completed_at);
+    FinishRead(c.ticket, c.status);
   }
   SubmitBacklog();
 }
 
-void KvTiers::FinishRead(int64_t ticket, const absl::Status& status,
-                         std::chrono::steady_clock::time_point completed_at) {
+void KvTiers::FinishRead(int64_t ticket, const absl::Status& status) {
   const auto it = reads_.find(ticket);
   if (it == reads_.end()) return;
+  const Read& read = it->second;
+  const auto hold = holds_.find(read.owner);
+  const bool held = hold != holds_.end() && hold->second.id == read.hold_id;
   if (status.ok()) {
-    host_->CommitStore(it->second.slot);
-    if (const auto hold = holds_.find(it->second.owner); hold != holds_.end()) {
-      host_->Pin(it->second.slot);
-      hold->second.push_back(it->second.slot);
+    host_->CommitStore(read.slot);
+    if (held) {  // its reservation becomes the pin
+      host_->Pin(read.slot);
+      hold->second.slots.push_back(read.slot);
+      --hold->second.reads_pending;
     }
   } else {
     KVMESH_LOG(kWarning) << "disk KV tier: " << status.message() << ": recomputing the block";
-    host_->AbortStore(it->second.slot);
+    host_->AbortStore(read.slot);
+    UnreserveRead(read);
   }
-  if (const auto b = load_batches_.find(it->second.batch); b != load_batches_.end()) {
-    b->second.latest = std::max(b->second.latest, completed_at);
-  }
-  if (const auto b = load_batches_.find(it->second.batch); b != load_batches_.end() && --b->second.outstanding == 0) {
-    // The disk's time for the batch (its last completion, as the tier's reaper stamped
-    // it), not the engine step at which Poll noticed: a long step must not make the disk
-    // look slow and turn every later hit into a recompute.
-    const double seconds = std::chrono::duration<double>(b->second.latest - b->second.started).count();
-    RecordBandwidth(disk_load_bytes_per_second_, b->second.bytes, seconds);
-    load_batches_.erase(b);
-  }
-  loading_.erase(it->second.hash);
+  loading_.erase(read.hash);
   reads_.erase(it);
 }
 
@@ -310,7 +341,7 @@ void KvTiers::DrainDisk() {
           host_->Unpin(w->second);
           writes_.erase(w);
         } else {
-          FinishRead(c.ticket, c.status, c.completed_at);
+          FinishRead(c.ticket, c.status);
         }
       }
       SubmitBacklog();
@@ -337,8 +368,24 @@ absl::Status KvTiers::CheckInvariants() const {
   for (const KvSwap& s : pending_.in) ++holders[s.slot.value];
   for (const auto& [ticket, slot] : writes_) ++holders[slot.value];
   for (const HostSlot slot : write_backlog_) ++holders[slot.value];
-  for (const auto& [owner, slots] : holds_) {
-    for (const HostSlot slot : slots) ++holders[slot.value];
+  int32_t held = 0;
+  for (const auto& [owner, hold] : holds_) {
+    for (const HostSlot slot : hold.slots) ++holders[slot.value];
+    held += static_cast<int32_t>(hold.slots.size()) + hold.reads_pending;
+    int32_t reads = 0;
+    for (const auto& [ticket, r] : reads_) reads += r.owner == owner && r.hold_id == hold.id ? 1 : 0;
+    for (const Read& r : read_backlog_) reads += r.owner == owner && r.hold_id == hold.id ? 1 : 0;
+    if (reads != hold.reads_pending) {
+      return absl::InternalError(absl::StrCat("KV tiers: owner ", owner.value, "'s hold waits for ",
+                                              hold.reads_pending, " reads but ", reads, " are running"));
+    }
+  }
+  if (held != held_slots_) {
+    return absl::InternalError(absl::StrCat("KV tiers: load holds take ", held, " slots, counted ", held_slots_));
+  }
+  if (held_slots_ > max_held_slots()) {
+    return absl::InternalError(absl::StrCat("KV tiers: load holds take ", held_slots_, " host slots, over their share ",
+                                            max_held_slots()));
   }
   int32_t pinned = host_->num_pinned();
   if (lookup_pins_ == 0 && static_cast<int32_t>(holders.size()) != pinned) {

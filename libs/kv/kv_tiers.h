@@ -18,6 +18,14 @@
 //      its end). Without that hold the offloads of the running requests' evictions
 //      evicted most loaded blocks from the host tier before the request was admitted,
 //      and it recomputed them (the multi-turn benchmark lost 79% of its disk loads).
+//      Holds are capped (load_hold_share of the host slots, together): uncapped, the
+//      holds of a few waiting requests filled the host tier, so the evictions of the
+//      running ones were not offloaded at all (lost for good: the host tier is the only
+//      way down to disk) and later loads were cut short (the benchmark skipped 1,912
+//      offloads and recomputed 3,496 of 13,733 loaded blocks). A load that does not fit
+//      in what the other owners leave waits (DiskLoadStart::deferred) holding nothing,
+//      until they are admitted; an owner that already holds is never deferred (it loads
+//      what fits), and neither is a load when nobody else holds: so holds always drain.
 //   4. Each step: TakeSwaps before the model runs, FinishSwaps after it (checksums,
 //      bandwidths, write-through), Poll for the disk's completions.
 //
@@ -37,6 +45,8 @@
 // measured read bandwidth arrive sooner than recomputing its tokens at the engine's
 // measured prefill speed (set_prefill_tokens_per_second); before both are measured it
 // is loaded, and a disk hit is loaded every 16th time recomputing wins, to measure again.
+// The bandwidths are the tiers' own stats (read_bytes_per_second: bytes per busy second,
+// kv/busy_bandwidth.h), the same figures the metrics and benchmarks print.
 //
 // Thread-safety: not thread-safe; owned by the engine thread (through KvCacheManager).
 #pragma once
@@ -76,6 +86,12 @@ struct KvSwaps {
 // Counters beyond each tier's own KvTierStats.
 struct KvTiersStats {
   int64_t offload_skipped = 0;     // evictions not offloaded (host full of pinned / filling slots)
+  // What pinned the host tier when offloads were skipped, summed over the skips (divide
+  // by offload_skipped for the mean): slots of load holds, slots waiting for or in a
+  // disk write (write-through backlog and writes in flight), ...
+  int64_t offload_skipped_held_slots = 0;
+  int64_t offload_skipped_write_slots = 0;
+  int64_t offload_skipped_copy_slots = 0;  // ... and by this step's copies: filling, swap-ins, lookups
   int64_t loads_started = 0;       // disk blocks read into the host tier
   int64_t load_decisions = 0;      // lower-tier hits loaded ...
   int64_t recompute_decisions = 0; // ... or recomputed because loading would be slower
@@ -83,6 +99,19 @@ struct KvTiersStats {
   int64_t writes_queued = 0;       // write-throughs that waited in the backlog for queue room
   int64_t writes_skipped = 0;      // write-throughs dropped: the backlog was full
   int64_t reads_lost = 0;          // queued reads whose record was gone when room came (recomputed)
+  int64_t loads_deferred = 0;      // loads that waited: other owners' holds left too little room
+  int64_t load_blocks_cut = 0;     // disk blocks a load did not cover (no room in the share / host tier)
+};
+
+// What StartDiskLoads did.
+struct DiskLoadStart {
+  // Blocks of the asked range, from its first on, that will be in the host tier for the
+  // owner: reads started or queued, blocks resident already (now held), or blocks being
+  // read for another owner. The owner waits for these; what follows them is recomputed.
+  int32_t num_blocks = 0;
+  // Nothing was started or held: other owners' holds leave too little of the share.
+  // The owner waits holding nothing and tries again once they are admitted.
+  bool deferred = false;
 };
 
 class KvTiers {
@@ -123,17 +152,35 @@ class KvTiers {
 
   // For `owner`: reads hashes[first, first + n) from the disk tier into host slots
   // (parents from the chain) and holds `host_hits` (a lookup's host hits just before
-  // them; the lookup keeps its own pins). Returns how many reads started or wait in the
-  // backlog for queue room (the host slots are reserved now either way; stops early
-  // only when the host tier has no slot to give). Every block read and every hit stays
-  // pinned for `owner` until ReleaseLoadHold(owner); a second load adds to the hold.
-  int32_t StartDiskLoads(RequestId owner, std::span<const BlockHash> hashes, size_t first, size_t n,
-                         std::span<const HostSlot> host_hits = {});
+  // them; the lookup keeps its own pins). Reads that find no disk queue room wait in
+  // the backlog (their host slots are reserved now either way). Every block read and
+  // every hit stays pinned for `owner` until ReleaseLoadHold(owner); a second load adds
+  // to the hold. Holds together stay within max_held_slots() (file comment):
+  //   1. the whole load fits in the room left: all of it is loaded;
+  //   2. it does not, `owner` holds nothing yet and another owner holds: deferred,
+  //      nothing happens (the caller retries when holds are released);
+  //   3. otherwise the hits and then as many reads as fit (none if the hits alone do
+  //      not fit: then nothing is held) — the rest is recomputed, counted in
+  //      stats().load_blocks_cut. A host tier without a free or unpinned slot also
+  //      cuts the load there.
+  DiskLoadStart StartDiskLoads(RequestId owner, std::span<const BlockHash> hashes, size_t first, size_t n,
+                               std::span<const HostSlot> host_hits = {});
   // Unpins what `owner`'s loads hold (reads still in flight commit unheld). Call it when
   // the owner is admitted (its lookup pinned what it uses) or ends; a no-op without a hold.
   void ReleaseLoadHold(RequestId owner);
-  // Owners with a load hold, and how many host slots each holds (stranded-block checks).
+  // Owners with a load hold, and how many host slots each holds or has reserved for
+  // reads still running (stranded-block checks).
   std::vector<std::pair<RequestId, int32_t>> load_holds() const;
+  bool has_load_hold(RequestId owner) const { return holds_.contains(owner); }
+  // Host slots all load holds take together (held or reserved for a read), and the most
+  // they may: load_hold_share of the host tier's slots (at least 1).
+  int32_t held_slots() const { return held_slots_; }
+  int32_t max_held_slots() const;
+  // The share of host slots load holds may take together; the rest stays for offloads
+  // and lookups. NOTE: one half by default: a hold only saves a re-read or recompute of
+  // a block already on disk, while an offload refused loses its block for good; one
+  // half still holds more than one waiting request's prefix in the benchmark.
+  void set_load_hold_share(double share) { load_hold_share_ = share; }
   // Whether any of `hashes` is still being read from disk.
   bool AnyLoading(std::span<const BlockHash> hashes) const;
   bool has_loads_in_flight() const { return !loading_.empty(); }
@@ -142,9 +189,6 @@ class KvTiers {
   void Poll();
   // Waits for every disk I/O in flight (shutdown, tests).
   void DrainDisk();
-  // Bytes per second disk loads have achieved, batch by batch (0: not measured yet).
-  double disk_load_bytes_per_second() const { return disk_load_bytes_per_second_; }
-
   void set_prefill_tokens_per_second(double tps) { prefill_tokens_per_second_ = tps; }
   double prefill_tokens_per_second() const { return prefill_tokens_per_second_; }
 
@@ -172,11 +216,12 @@ class KvTiers {
   struct Read;
   // Submits `read` into its reserved slot; false when the record is gone.
   bool SubmitRead(const Read& read);
-  // One read of a batch will never complete (its record was gone): counts it out.
-  void DropFromBatch(int64_t batch);
-  // A disk read finished (any status): commits or aborts its slot and times its batch.
-  // `completed_at`: when the disk finished it (DiskIoCompletion), for the load bandwidth.
-  void FinishRead(int64_t ticket, const absl::Status& status, std::chrono::steady_clock::time_point completed_at);
+  // A disk read finished (any status): commits or aborts its slot; a committed block
+  // joins its owner's hold if that hold still exists.
+  void FinishRead(int64_t ticket, const absl::Status& status);
+  // A read of `read.owner`'s hold will not land (failed, or its record went): its
+  // reservation is given back.
+  void UnreserveRead(const Read& read);
 
   std::unique_ptr<HostKvTier> host_;
   std::unique_ptr<DiskKvTier> disk_;
@@ -188,8 +233,8 @@ class KvTiers {
   struct Read {
     HostSlot slot;
     BlockHash hash;
-    int64_t batch = 0;
-    RequestId owner;  // whose hold the block joins when it lands
+    RequestId owner;      // whose hold the block joins when it lands ...
+    int64_t hold_id = 0;  // ... if that hold is still this one (not released and retaken)
   };
   absl::flat_hash_map<int64_t, Read> reads_;
   // Reads and write-throughs waiting for disk queue room, oldest first. A queued read
@@ -197,22 +242,20 @@ class KvTiers {
   std::deque<Read> read_backlog_;
   std::deque<HostSlot> write_backlog_;
   static constexpr int32_t kMaxWriteBacklog = 4096;
-  // One StartDiskLoads call's reads, timed together: the disk serves them in parallel,
-  // so what a load costs is the batch's bytes over its wall time, not one read's.
-  struct LoadBatch {
-    std::chrono::steady_clock::time_point started;
-    int64_t bytes = 0;
-    int32_t outstanding = 0;
-    std::chrono::steady_clock::time_point latest{};  // latest completion so far
-  };
-  absl::flat_hash_map<int64_t, LoadBatch> load_batches_;
-  int64_t next_load_batch_ = 1;
-  double disk_load_bytes_per_second_ = 0;  // measured over whole batches
   static constexpr int32_t kReprobeEvery = 16;
   int32_t disk_recompute_streak_ = 0;  // disk hits recomputed since the last load
   absl::flat_hash_set<BlockHash> loading_;
-  // Load holds: the host slots pinned for each waiting owner (one pin per entry).
-  absl::flat_hash_map<RequestId, std::vector<HostSlot>> holds_;
+  // Load holds: the host slots pinned for each waiting owner (one pin per entry) and
+  // the reads of it still running, each with a slot reserved in held_slots_.
+  struct Hold {
+    int64_t id = 0;
+    std::vector<HostSlot> slots;
+    int32_t reads_pending = 0;
+  };
+  absl::flat_hash_map<RequestId, Hold> holds_;
+  int64_t next_hold_id_ = 1;
+  int32_t held_slots_ = 0;  // sum over holds_ of slots + reads_pending
+  double load_hold_share_ = 0.5;
   double prefill_tokens_per_second_ = 0;
   int32_t lookup_pins_ = 0;
   bool write_through_ = false;
