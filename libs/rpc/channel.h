@@ -29,13 +29,7 @@ struct ChannelOptions {
   int32_t keepalive_timeout_ms = 10'000;
   bool keepalive_permit_without_calls = true;
   int32_t initial_reconnect_backoff_ms = 100;
-  // NOTE: gRPC 1.51 also takes this as the minimum connect timeout: each connection
-  // attempt (TCP, the TLS handshake, HTTP/2 SETTINGS) gets at least this long. At 100 ms
-  // a router's first mTLS connection to a decode worker timed out on a loaded 2-core
-  // machine, and the worker was reported unreachable. Retries after a failure still
-  // start after initial_reconnect_backoff_ms; a dead peer refuses at once, a stopped
-  // one is given up on after this.
-  int32_t min_reconnect_backoff_ms = 2'000;
+  int32_t min_reconnect_backoff_ms = 100;
   int32_t max_reconnect_backoff_ms = 5'000;
   int32_t max_receive_message_bytes = 256 << 20;
   int32_t max_send_message_bytes = 256 << 20;
