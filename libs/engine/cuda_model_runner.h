@@ -42,7 +42,8 @@ struct CudaModelRunnerOptions {
 
 // `model` must have been loaded on the CUDA backend (cli: --device cuda) and outlive the
 // runner. FailedPrecondition in a build without CUDA, or for a model on another backend
-// or sharded for tensor parallelism; InvalidArgument for bad sizes; ResourceExhausted
+// or sharded for tensor parallelism; InvalidArgument for bad sizes or a head_dim the
+// attention kernels are not built for (64 and 128 are); ResourceExhausted
 // when the device cannot hold the pool.
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& model,
                                                                    const CudaModelRunnerOptions& options);

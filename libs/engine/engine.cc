@@ -293,6 +293,7 @@ EngineStats Engine::stats() const {
     e.host_tier_slots = tiers->host().num_slots();
     e.host_tier_resident = tiers->host().num_resident();
     e.tiers = tiers->stats();
+    e.tier_call_seconds = kv_->tier_call_seconds();
     if (const kv::DiskKvTier* disk = tiers->disk(); disk != nullptr) {
       e.has_disk_tier = true;
       e.disk_tier = disk->stats();

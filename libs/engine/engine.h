@@ -141,6 +141,7 @@ struct EngineStats {
   kv::KvTierStats host_tier;
   kv::KvTierStats disk_tier;
   kv::KvTiersStats tiers;
+  double tier_call_seconds = 0;  // time inside the tiers' calls (KvCacheManager::tier_call_seconds)
   int32_t host_tier_slots = 0;
   int32_t host_tier_resident = 0;
   int64_t disk_tier_records = 0;

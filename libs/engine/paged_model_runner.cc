@@ -87,14 +87,16 @@ KvSlotShape PagedModelRunner::kv_slot_shape() const {
 absl::Status PagedModelRunner::RunSwaps(const ModelBatch& batch, ModelOutput& output) {
   // Under TP the host slot holds every rank's heads; this rank's share is at rank * its size.
   const int64_t offset = comm_ != nullptr ? comm_->rank() * storage_->SwapBytesPerBlock() : 0;
+  auto copies = [offset](const std::vector<KvBlockSwap>& swaps) {
+    std::vector<kv::KvHostCopy> out;
+    out.reserve(swaps.size());
+    for (const KvBlockSwap& s : swaps) out.push_back({.block = kv::BlockId{s.block}, .host = s.host + offset});
+    return out;
+  };
   auto start = std::chrono::steady_clock::now();
-  for (const KvBlockSwap& s : batch.swap_out) {
-    KVMESH_RETURN_IF_ERROR(storage_->SwapOut(kv::BlockId{s.block}, s.host + offset));
-  }
+  if (!batch.swap_out.empty()) KVMESH_RETURN_IF_ERROR(storage_->SwapOut(copies(batch.swap_out)));
   auto mid = std::chrono::steady_clock::now();
-  for (const KvBlockSwap& s : batch.swap_in) {
-    KVMESH_RETURN_IF_ERROR(storage_->SwapIn(kv::BlockId{s.block}, s.host + offset));
-  }
+  if (!batch.swap_in.empty()) KVMESH_RETURN_IF_ERROR(storage_->SwapIn(copies(batch.swap_in)));
   auto end = std::chrono::steady_clock::now();
   output.swap_out_seconds = std::chrono::duration<double>(mid - start).count();
   output.swap_in_seconds = std::chrono::duration<double>(end - mid).count();

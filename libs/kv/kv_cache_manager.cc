@@ -41,6 +41,7 @@ ComputedPrefix KvCacheManager::FindCachedPrefix(std::span<const int32_t> prompt_
     prefix.blocks.push_back(*block);
   }
   if (tiers_ != nullptr && prefix.blocks.size() < limit) {
+    const TierCallTimer timer(&tier_call_seconds_);
     prefix.num_disk_blocks = tiers_->ExtendPrefix(prefix.block_hashes, prefix.blocks.size(), limit, &prefix.host_slots);
   }
   prefix.num_tokens = prefix.num_blocks() * bs;
@@ -55,6 +56,7 @@ ComputedPrefix KvCacheManager::FindCachedPrefix(std::span<const int32_t> prompt_
 std::vector<KvEvent> KvCacheManager::DrainEvents() {
   std::vector<KvEvent> events = pool_->DrainEvents();
   if (tiers_ != nullptr) {
+    const TierCallTimer timer(&tier_call_seconds_);
     std::vector<KvEvent> lower = tiers_->DrainEvents();
     events.insert(events.end(), lower.begin(), lower.end());
   }
@@ -62,7 +64,9 @@ std::vector<KvEvent> KvCacheManager::DrainEvents() {
 }
 
 void KvCacheManager::ReleasePrefix(const ComputedPrefix& prefix) {
-  if (tiers_ != nullptr && !prefix.host_slots.empty()) tiers_->Release(prefix.host_slots);
+  if (tiers_ == nullptr || prefix.host_slots.empty()) return;
+  const TierCallTimer timer(&tier_call_seconds_);
+  tiers_->Release(prefix.host_slots);
 }
 
 absl::Status KvCacheManager::AttachTiers(std::unique_ptr<KvTiers> tiers) {
@@ -71,14 +75,16 @@ absl::Status KvCacheManager::AttachTiers(std::unique_ptr<KvTiers> tiers) {
   }
   if (tiers_ != nullptr) return absl::FailedPreconditionError("KV tiers are attached already");
   tiers_ = std::move(tiers);
-  pool_->set_eviction_listener([tiers = tiers_.get()](BlockId block, const BlockHash& hash, const BlockHash& parent) {
-    tiers->OnDeviceEvict(block, hash, parent);
+  pool_->set_eviction_listener([this](BlockId block, const BlockHash& hash, const BlockHash& parent) {
+    const TierCallTimer timer(&tier_call_seconds_);
+    tiers_->OnDeviceEvict(block, hash, parent);
   });
   return absl::OkStatus();
 }
 
 DiskLoadStart KvCacheManager::StartDiskLoads(RequestId owner, const ComputedPrefix& prefix) {
   if (tiers_ == nullptr || prefix.num_disk_blocks <= 0) return {};
+  const TierCallTimer timer(&tier_call_seconds_);
   return tiers_->StartDiskLoads(owner, prefix.block_hashes, static_cast<size_t>(prefix.num_blocks()),
                                 static_cast<size_t>(prefix.num_disk_blocks), prefix.host_slots);
 }
@@ -180,6 +186,7 @@ absl::StatusOr<KvAllocation> KvCacheManager::AllocateSlots(RequestId id, std::sp
   }
   if (has_prefix && !prefix->host_slots.empty()) {
     // The host hits sit right after the tier-0 prefix: the first fresh tail blocks.
+    const TierCallTimer timer(&tier_call_seconds_);
     for (size_t h = 0; h < prefix->host_slots.size(); ++h) {
       tiers_->QueueSwapIn((*fresh)[first_onboarded + h], prefix->host_slots[h]);
     }
@@ -214,7 +221,10 @@ absl::Status KvCacheManager::MarkComputed(RequestId id, std::span<const int32_t>
     // False when an equal block is cached already: keep ours, register nothing (vLLM
     // does the same; swapping tables under a running request is not worth it).
     KVMESH_ASSIGN_OR_RETURN(const bool stored, pool_->CacheBlock(state.blocks[i], state.block_hashes[i], parent));
-    if (stored && tiers_ != nullptr) tiers_->OnDeviceCache(state.blocks[i], state.block_hashes[i], parent);
+    if (stored && tiers_ != nullptr) {
+      const TierCallTimer timer(&tier_call_seconds_);
+      tiers_->OnDeviceCache(state.blocks[i], state.block_hashes[i], parent);
+    }
   }
   state.num_registered_blocks = num_full;
   return absl::OkStatus();

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "kv/streaming_copy.h"
 
 namespace kvmesh::kv {
 namespace {
@@ -141,27 +142,48 @@ TensorView KvStorage::LayerView(int32_t layer) {
                                  layout_.head_dim()});
 }
 
-absl::Status KvStorage::SwapOut(BlockId block, std::byte* host) const {
-  if (block.value < 0 || block.value >= layout_.num_blocks()) {
-    return absl::InvalidArgumentError(absl::StrCat("SwapOut: block ", block.value, " outside [0, ",
-                                                   layout_.num_blocks(), ")"));
-  }
-  const size_t bytes = static_cast<size_t>(layout_.BlockBytes());
-  for (int32_t layer = 0; layer < layout_.num_layers(); ++layer) {
-    std::memcpy(host + static_cast<size_t>(layer) * bytes, data_.get() + layout_.BlockOffset(layer, block), bytes);
+absl::Status KvStorage::CheckSwapBlocks(std::span<const KvHostCopy> copies, const char* what) const {
+  for (const KvHostCopy& c : copies) {
+    if (c.block.value < 0 || c.block.value >= layout_.num_blocks()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": block ", c.block.value, " outside [0, ", layout_.num_blocks(), ")"));
+    }
   }
   return absl::OkStatus();
 }
 
-absl::Status KvStorage::SwapIn(BlockId block, const std::byte* host) {
-  if (block.value < 0 || block.value >= layout_.num_blocks()) {
-    return absl::InvalidArgumentError(absl::StrCat("SwapIn: block ", block.value, " outside [0, ",
-                                                   layout_.num_blocks(), ")"));
-  }
+absl::Status KvStorage::SwapOut(std::span<const KvHostCopy> copies) const {
+  KVMESH_RETURN_IF_ERROR(CheckSwapBlocks(copies, "SwapOut"));
   const size_t bytes = static_cast<size_t>(layout_.BlockBytes());
-  for (int32_t layer = 0; layer < layout_.num_layers(); ++layer) {
-    std::memcpy(data_.get() + layout_.BlockOffset(layer, block), host + static_cast<size_t>(layer) * bytes, bytes);
+  const int32_t layers = layout_.num_layers();
+  for (size_t c = 0; c < copies.size(); ++c) {
+    for (int32_t layer = 0; layer < layers; ++layer) {
+      // The source read next: this block's next layer, else the next block's first.
+      const std::byte* next = layer + 1 < layers      ? data_.get() + layout_.BlockOffset(layer + 1, copies[c].block)
+                              : c + 1 < copies.size() ? data_.get() + layout_.BlockOffset(0, copies[c + 1].block)
+                                                      : nullptr;
+      StreamingCopy(copies[c].host + static_cast<size_t>(layer) * bytes,
+                    data_.get() + layout_.BlockOffset(layer, copies[c].block), bytes, next);
+    }
   }
+  StreamingCopyFence();
+  return absl::OkStatus();
+}
+
+absl::Status KvStorage::SwapIn(std::span<const KvHostCopy> copies) {
+  KVMESH_RETURN_IF_ERROR(CheckSwapBlocks(copies, "SwapIn"));
+  const size_t bytes = static_cast<size_t>(layout_.BlockBytes());
+  const int32_t layers = layout_.num_layers();
+  for (size_t c = 0; c < copies.size(); ++c) {
+    for (int32_t layer = 0; layer < layers; ++layer) {
+      const std::byte* next = layer + 1 < layers      ? copies[c].host + static_cast<size_t>(layer + 1) * bytes
+                              : c + 1 < copies.size() ? copies[c + 1].host
+                                                      : nullptr;
+      StreamingCopy(data_.get() + layout_.BlockOffset(layer, copies[c].block),
+                    copies[c].host + static_cast<size_t>(layer) * bytes, bytes, next);
+    }
+  }
+  StreamingCopyFence();
   return absl::OkStatus();
 }
 

@@ -112,6 +112,12 @@ class KvLayout {
   int64_t block_bytes_ = 0;
 };
 
+// One block's KV and the host range it is copied to or from (KvStorage::SwapOut/SwapIn).
+struct KvHostCopy {
+  BlockId block;
+  std::byte* host = nullptr;
+};
+
 // Host memory holding one pool in the KvLayout above: 64-byte aligned, zero-filled.
 // Device (and pinned host) pools come with the CUDA backend; they share the layout.
 //
@@ -142,11 +148,15 @@ class KvStorage {
 
   // Bytes of one block over every layer: what SwapOut / SwapIn move.
   int64_t SwapBytesPerBlock() const { return static_cast<int64_t>(layout_.num_layers()) * layout_.BlockBytes(); }
-  // Copies `block`'s KV, every layer, to / from `host` (SwapBytesPerBlock() bytes,
-  // layer-major: layer l at l * BlockBytes()), for the lower KV tiers.
-  // InvalidArgument for a block out of range.
-  absl::Status SwapOut(BlockId block, std::byte* host) const;
-  absl::Status SwapIn(BlockId block, const std::byte* host);
+  // Copies each block's KV, every layer, to / from its `host` range (SwapBytesPerBlock()
+  // bytes, layer-major: layer l at l * BlockBytes()), for the lower KV tiers. The copies
+  // run as one pipeline of streaming copies (kv/streaming_copy.h) and are complete and
+  // ordered when the call returns. InvalidArgument for a block out of range, before
+  // anything is copied.
+  absl::Status SwapOut(std::span<const KvHostCopy> copies) const;
+  absl::Status SwapIn(std::span<const KvHostCopy> copies);
+  absl::Status SwapOut(BlockId block, std::byte* host) const { return SwapOut({{KvHostCopy{block, host}}}); }
+  absl::Status SwapIn(BlockId block, std::byte* host) { return SwapIn({{KvHostCopy{block, host}}}); }
 
   // Copies block `src` onto block `dst` in every layer (copy-on-write after a fork).
   // InvalidArgument for an id out of range; src == dst is a no-op.
@@ -159,6 +169,7 @@ class KvStorage {
   using Memory = std::unique_ptr<std::byte, FreeDeleter>;
 
   KvStorage(const KvLayout& layout, Memory data) : layout_(layout), data_(std::move(data)) {}
+  absl::Status CheckSwapBlocks(std::span<const KvHostCopy> copies, const char* what) const;
 
   const KvLayout layout_;
   Memory data_;  // from std::aligned_alloc

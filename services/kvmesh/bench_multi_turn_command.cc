@@ -36,6 +36,7 @@
 #include "cli/engine_flags.h"
 #include "kv/disk_kv_tier.h"
 #include "kv/disk_read_bound.h"
+#include "kv/host_copy_bound.h"
 
 ABSL_FLAG(int, sessions, 64, "multi-turn: chat sessions.");
 ABSL_FLAG(int, turns, 8, "multi-turn: turns per session.");
@@ -91,23 +92,6 @@ struct ModeResult {
   // GB/s; 0 when not measured.
   double own_data_bound_gbps = 0;
 };
-
-// Median GB/s of copying `blocks` slots of `slot_bytes` (the bound the host tier's
-// copies are compared with).
-double MemcpyGbps(int64_t slot_bytes, int blocks) {
-  std::vector<std::byte> src(static_cast<size_t>(slot_bytes) * blocks, std::byte{1});
-  std::vector<std::byte> dst(src.size(), std::byte{0});  // touched: no page faults in the timing
-  std::vector<double> gbps;
-  for (int rep = 0; rep < 15; ++rep) {
-    const auto t0 = Clock::now();
-    for (int b = 0; b < blocks; ++b) {
-      std::memcpy(dst.data() + static_cast<size_t>(b) * slot_bytes, src.data() + static_cast<size_t>(b) * slot_bytes,
-                  static_cast<size_t>(slot_bytes));
-    }
-    gbps.push_back(static_cast<double>(src.size()) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
-  }
-  return Percentile(gbps, 50);
-}
 
 absl::StatusOr<ModeResult> RunMode(engine::LlamaModel& model, const std::string& mode, const Trace& trace,
                                    int64_t working_set_bytes, const std::string& disk_dir) {
@@ -275,14 +259,15 @@ int RunBenchMultiTurn(int argc, char** argv) {
       std::printf(
           "%-10s TTFT p50 %8.1f ms  p90 %8.1f ms | %7.1f output tok/s | prefill %lld tokens computed | hits: "
           "tier0 %lld, host %lld tokens | host tier %.2f GB/s out, %.2f GB/s in | disk %.2f GB/s write, %.2f GB/s "
-          "read, %lld records | load %lld / recompute %lld | stranded %lld\n",
+          "read, %lld records | load %lld / recompute %lld | stranded %lld | tier calls %.1f ms = %.2f%% of the run\n",
           m.mode.c_str(), 1e3 * Percentile(m.ttft, 50), 1e3 * Percentile(m.ttft, 90), m.output_tokens / m.seconds,
           static_cast<long long>(s.num_prefill_tokens),
           static_cast<long long>(s.prefix_cache_hit_tokens - host_hits), static_cast<long long>(host_hits),
           s.host_tier.write_bytes_per_second / 1e9, s.host_tier.read_bytes_per_second / 1e9,
           s.disk_tier.write_bytes_per_second / 1e9, s.disk_tier.read_bytes_per_second / 1e9,
           static_cast<long long>(s.disk_tier_records), static_cast<long long>(s.tiers.load_decisions),
-          static_cast<long long>(s.tiers.recompute_decisions), static_cast<long long>(s.num_kv_blocks_stranded));
+          static_cast<long long>(s.tiers.recompute_decisions), static_cast<long long>(s.num_kv_blocks_stranded),
+          1e3 * s.tier_call_seconds, 100 * s.tier_call_seconds / m.seconds);
       if (s.has_disk_tier) {
         // Where disk hits were lost, if they were: offloads the host tier had no slot for,
         // write-throughs that waited for queue room or were dropped, reads that waited.
@@ -314,9 +299,11 @@ int RunBenchMultiTurn(int argc, char** argv) {
       runs[mode].push_back(std::move(r).value());
     }
   }
-  const double memcpy_gbps = MemcpyGbps(slot_bytes, 256);
-  std::printf("memcpy           %.2f GB/s for %lld-byte blocks (the host tier's bound)\n", memcpy_gbps,
-              static_cast<long long>(slot_bytes));
+  const kv::HostCopyBound copy_bound = kv::MeasureHostCopyBound(slot_bytes);
+  const double memcpy_gbps = copy_bound.bytes_per_second / 1e9;
+  std::printf("memcpy           %.2f GB/s for %lld-byte blocks between two %.0f MiB buffers (the host tier's "
+              "bound, kv/host_copy_bound.h)\n",
+              memcpy_gbps, static_cast<long long>(slot_bytes), copy_bound.buffer_bytes / 1048576.0);
   double disk_bound_gbps = 0, disk_best_gbps = 0;
   if (runs.contains("host+disk")) {
     // The disk tier's bound, measured now on the tier's filesystem (kv/disk_read_bound.h):
@@ -345,10 +332,11 @@ int RunBenchMultiTurn(int argc, char** argv) {
                 dd->bytes_per_second / 1e9);
   }
   struct Summary {
-    double ttft_p50 = 0, ttft_p90 = 0, tokens_per_second = 0, host_out = 0, host_in = 0, disk_read = 0;
+    double ttft_p50 = 0, ttft_p90 = 0, tokens_per_second = 0, host_out = 0, host_in = 0, disk_read = 0,
+           tier_call_share = 0;
   };
   auto summarize = [&](const std::vector<ModeResult>& v) {
-    std::vector<double> p50, p90, tps, out, in, disk;
+    std::vector<double> p50, p90, tps, out, in, disk, share;
     for (const ModeResult& m : v) {
       p50.push_back(Percentile(m.ttft, 50));
       p90.push_back(Percentile(m.ttft, 90));
@@ -356,16 +344,31 @@ int RunBenchMultiTurn(int argc, char** argv) {
       out.push_back(m.stats.host_tier.write_bytes_per_second / 1e9);
       in.push_back(m.stats.host_tier.read_bytes_per_second / 1e9);
       disk.push_back(m.stats.disk_tier.read_bytes_per_second / 1e9);
+      share.push_back(m.stats.tier_call_seconds / m.seconds);
     }
-    return Summary{Percentile(p50, 50), Percentile(p90, 50), Percentile(tps, 50),
-                   Percentile(out, 50), Percentile(in, 50),  Percentile(disk, 50)};
+    return Summary{Percentile(p50, 50), Percentile(p90, 50), Percentile(tps, 50), Percentile(out, 50),
+                   Percentile(in, 50),  Percentile(disk, 50), Percentile(share, 50)};
   };
+  // Runs are interleaved (each repeat runs every mode once), so repeat r of a mode and
+  // repeat r of "off" ran side by side: their throughput ratio cancels what the machine
+  // did between repeats. The median of those paired ratios, with their range.
+  auto paired_throughput = [&](const std::vector<ModeResult>& mode_runs, const std::vector<ModeResult>& off_runs) {
+    std::vector<double> ratios;
+    for (size_t r = 0; r < std::min(mode_runs.size(), off_runs.size()); ++r) {
+      ratios.push_back((mode_runs[r].output_tokens / mode_runs[r].seconds) /
+                       std::max(1e-9, off_runs[r].output_tokens / off_runs[r].seconds));
+    }
+    std::sort(ratios.begin(), ratios.end());
+    return ratios;
+  };
+  const std::vector<ModeResult> off_runs = runs.contains("off") ? runs["off"] : std::vector<ModeResult>{};
   std::printf("medians of %d run(s) per mode:\n", absl::GetFlag(FLAGS_multi_turn_repeats));
   const bool have_off = runs.contains("off");
   const Summary off = have_off ? summarize(runs["off"]) : Summary{};
   for (const std::string& mode : modes) {
     if (!runs.contains(mode)) continue;
     const Summary m = summarize(runs[mode]);
+    const std::vector<double> paired = paired_throughput(runs[mode], off_runs);
     runs.erase(mode);  // a mode named twice is summarized once
     std::string line = absl::StrCat(mode, std::string(mode.size() < 10 ? 10 - mode.size() : 0, ' '),
                                     " TTFT p50 ", absl::StrFormat("%.1f", 1e3 * m.ttft_p50), " ms, p90 ",
@@ -377,9 +380,15 @@ int RunBenchMultiTurn(int argc, char** argv) {
                                              off.ttft_p90 / std::max(1e-9, m.ttft_p90),
                                              m.tokens_per_second / std::max(1e-9, off.tokens_per_second)));
     }
+    if (have_off && mode != "off" && paired.size() > 1) {
+      absl::StrAppend(&line, absl::StrFormat(" | paired throughput vs off: median %.3fx (%.3f..%.3f over %d pairs)",
+                                             Percentile(paired, 50), paired.front(), paired.back(),
+                                             static_cast<int>(paired.size())));
+    }
     if (mode != "off") {
       absl::StrAppend(&line, absl::StrFormat(" | host copies at %.0f%% / %.0f%% of memcpy (out / in)",
                                              100 * m.host_out / memcpy_gbps, 100 * m.host_in / memcpy_gbps));
+      absl::StrAppend(&line, absl::StrFormat(" | tier calls %.2f%% of the run", 100 * m.tier_call_share));
     }
     if (mode == "host+disk" && disk_bound_gbps > 0) {
       absl::StrAppend(&line, absl::StrFormat(" | disk reads %.2f GB/s per busy second = %.0f%% of the O_DIRECT "

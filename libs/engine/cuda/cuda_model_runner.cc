@@ -570,6 +570,12 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& m
   if (model.shard().size != 1)
     return absl::FailedPreconditionError("tensor parallelism is not available on --device cuda yet");
   const model::ModelConfig& c = model.config();
+  // NOTE: the paged-attention kernels are instantiated for these head sizes only; any
+  // other would fail at its first launch (cudaErrorInvalidValue) instead of here.
+  if (c.head_dim != 64 && c.head_dim != 128)
+    return absl::InvalidArgumentError(absl::StrCat("--device cuda: the CUDA paged-attention kernels take head_dim 64 or 128; "
+                                                   "this model's is ",
+                                                   c.head_dim, " (serve it with --device cpu)"));
   if (options.max_num_tokens < 1 || options.max_num_seqs < 1 || options.max_model_len < 1 ||
       options.max_num_seqs > options.max_num_tokens)
     return absl::InvalidArgumentError(

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -145,6 +146,63 @@ TEST(KvStorageTest, CopyBlockCopiesEveryLayerAndNothingElse) {
   EXPECT_TRUE(storage->CopyBlock(BlockId{2}, BlockId{2}).ok());
   EXPECT_EQ(storage->CopyBlock(BlockId{0}, BlockId{5}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(storage->CopyBlock(BlockId{-1}, BlockId{0}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+
+// Every byte of block b in layer l is 10 * l + b.
+void FillBlocks(KvStorage& storage) {
+  for (int32_t l = 0; l < storage.layout().num_layers(); ++l) {
+    for (int32_t b = 0; b < storage.layout().num_blocks(); ++b) {
+      std::span<std::byte> bytes = storage.BlockData(l, BlockId{b});
+      std::memset(bytes.data(), 10 * l + b, bytes.size());
+    }
+  }
+}
+
+TEST(KvStorageTest, SwapOutOfABatchWritesEachBlockLayerMajorToItsHostRange) {
+  auto storage = KvStorage::Create(SmallShape()).value();
+  FillBlocks(*storage);
+  const int64_t swap = storage->SwapBytesPerBlock();
+  ASSERT_EQ(swap, 3 * 512);
+  alignas(64) std::byte host[3][3 * 512] = {};
+  // Scattered, out of order: blocks 4, 0, 2.
+  const std::vector<KvHostCopy> copies = {{BlockId{4}, host[0]}, {BlockId{0}, host[1]}, {BlockId{2}, host[2]}};
+  ASSERT_TRUE(storage->SwapOut(copies).ok());
+  const int blocks[3] = {4, 0, 2};
+  for (int c = 0; c < 3; ++c) {
+    for (int64_t i = 0; i < swap; ++i) {
+      ASSERT_EQ(static_cast<int>(host[c][i]), 10 * (i / 512) + blocks[c]) << c << " " << i;
+    }
+  }
+}
+
+TEST(KvStorageTest, SwapInOfABatchRestoresEachBlockAndTouchesNoOther) {
+  auto storage = KvStorage::Create(SmallShape()).value();
+  FillBlocks(*storage);
+  alignas(64) std::byte host[2][3 * 512];
+  for (int c = 0; c < 2; ++c) {
+    for (int64_t i = 0; i < 3 * 512; ++i) host[c][i] = static_cast<std::byte>(100 + 10 * c + i / 512);
+  }
+  const std::vector<KvHostCopy> copies = {{BlockId{3}, host[0]}, {BlockId{1}, host[1]}};
+  ASSERT_TRUE(storage->SwapIn(copies).ok());
+  for (int32_t l = 0; l < 3; ++l) {
+    for (int32_t b = 0; b < 5; ++b) {
+      const int expected = b == 3 ? 100 + l : b == 1 ? 110 + l : 10 * l + b;
+      for (std::byte x : storage->BlockData(l, BlockId{b})) ASSERT_EQ(static_cast<int>(x), expected) << l << " " << b;
+    }
+  }
+}
+
+TEST(KvStorageTest, ABatchWithABlockOutOfRangeIsRefusedBeforeAnythingIsCopied) {
+  auto storage = KvStorage::Create(SmallShape()).value();
+  FillBlocks(*storage);
+  alignas(64) std::byte host[2][3 * 512] = {};
+  const std::vector<KvHostCopy> out = {{BlockId{1}, host[0]}, {BlockId{5}, host[1]}};
+  EXPECT_EQ(storage->SwapOut(out).code(), absl::StatusCode::kInvalidArgument);
+  for (std::byte x : host[0]) ASSERT_EQ(x, std::byte{0});
+  const std::vector<KvHostCopy> in = {{BlockId{1}, host[0]}, {BlockId{-1}, host[1]}};
+  EXPECT_EQ(storage->SwapIn(in).code(), absl::StatusCode::kInvalidArgument);
+  for (std::byte x : storage->BlockData(0, BlockId{1})) ASSERT_EQ(static_cast<int>(x), 1);
 }
 
 }  // namespace

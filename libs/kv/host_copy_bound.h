@@ -1,0 +1,30 @@
+// MeasureHostCopyBound: what a plain memcpy of whole KV blocks achieves between two host
+// buffers that do not fit in the cache — the bound the host tier's measured offload and
+// onboard bandwidths (kv/host_kv_tier.h, bytes per busy second) are compared with. One
+// definition for every benchmark that quotes a ratio to it (`kvmesh bench multi-turn`,
+// tests/bench/kv_tier_bench), as kv/disk_read_bound.h is for the disk tier.
+//
+// Why larger than the cache: a tier copies between a device pool and a host arena that
+// are each far larger than the last-level cache, so every byte comes from and goes to
+// DRAM. A bound measured on buffers that fit (256 blocks of 64 KiB were 2 x 16 MiB)
+// measures the cache instead: 20 GB/s against 7 GB/s from DRAM on the 2-core EPYC VM.
+//
+// Thread-safety: a free function; it uses only its own buffers.
+#pragma once
+
+#include <cstdint>
+
+namespace kvmesh::kv {
+
+struct HostCopyBound {
+  double bytes_per_second = 0;  // median pass
+  int64_t buffer_bytes = 0;     // each of source and destination
+  int64_t block_bytes = 0;      // one memcpy
+};
+
+// memcpy of `block_bytes` blocks, in order, from one buffer to the other, `repeats`
+// passes; buffers of max(256 MiB, 8 x the last-level cache) rounded down to whole
+// blocks, both touched before timing (no page faults in the figure).
+HostCopyBound MeasureHostCopyBound(int64_t block_bytes, int32_t repeats = 9);
+
+}  // namespace kvmesh::kv
