@@ -296,13 +296,18 @@ int main(int argc, char** argv) {
       }
       double out = 0, sum = 0, in = 0, verify = 0;
       int failures = 0;
-      for (int32_t first = 0; first < blocks; first += kHostBatch) {
-        const int32_t last = std::min(blocks, first + kHostBatch);
+      // Batch [first, last) of the shuffled blocks and their slots.
+      auto batch = [&](int32_t first, int32_t last) {
         std::vector<kvmesh::kv::KvHostCopy> copies;
         for (int32_t i = first; i < last; ++i) {
           copies.push_back({.block = kvmesh::kv::BlockId{order[static_cast<size_t>(i)]},
                             .host = (*host)->data(slots[static_cast<size_t>(i)]).data()});
         }
+        return copies;
+      };
+      for (int32_t first = 0; first < blocks; first += kHostBatch) {
+        const int32_t last = std::min(blocks, first + kHostBatch);
+        const std::vector<kvmesh::kv::KvHostCopy> copies = batch(first, last);
         const auto t0 = Clock::now();
         (void)(*pool)->SwapOut(copies);
         const auto t1 = Clock::now();
@@ -312,11 +317,7 @@ int main(int argc, char** argv) {
       }
       for (int32_t first = 0; first < blocks; first += kHostBatch) {
         const int32_t last = std::min(blocks, first + kHostBatch);
-        std::vector<kvmesh::kv::KvHostCopy> copies;
-        for (int32_t i = first; i < last; ++i) {
-          copies.push_back({.block = kvmesh::kv::BlockId{order[static_cast<size_t>(i)]},
-                            .host = (*host)->data(slots[static_cast<size_t>(i)]).data()});
-        }
+        const std::vector<kvmesh::kv::KvHostCopy> copies = batch(first, last);
         const auto t0 = Clock::now();
         for (int32_t i = first; i < last; ++i) failures += !(*host)->Verify(slots[static_cast<size_t>(i)]).ok();
         const auto t1 = Clock::now();

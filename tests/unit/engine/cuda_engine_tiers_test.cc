@@ -19,9 +19,13 @@
 #include "engine/cuda_model_runner.h"
 #include "engine/engine.h"
 #include "engine/llama_model.h"
+#include "generation_checks.h"
 
 namespace kvmesh::engine {
 namespace {
+
+using testing_util::ExpectIdentical;
+using testing_util::Generation;
 
 constexpr int32_t kBlock = 16;
 
@@ -30,10 +34,6 @@ std::string ModelDir(const std::string& name) {
   return (dir != nullptr && *dir != 0 ? std::string(dir) : std::string(KVMESH_BINARY_DIR) + "/models") + "/" + name;
 }
 
-struct Generation {
-  std::vector<int32_t> tokens;
-  std::vector<SampleResult> samples;
-};
 
 class CudaEngineTiersTest : public testing::TestWithParam<const char*> {
  protected:
@@ -61,16 +61,7 @@ class CudaEngineTiersTest : public testing::TestWithParam<const char*> {
     EXPECT_TRUE(runner.ok()) << runner.status();
     if (!runner.ok()) return w;
     w.runner = std::move(runner).value();
-    EngineOptions options;
-    options.scheduler.max_num_batched_tokens = 256;
-    options.scheduler.max_num_seqs = 4;
-    options.kv.block_size_tokens = kBlock;
-    options.kv.record_events = false;
-    options.max_model_len = 512;
-    options.tiers = std::move(tiers);
-    auto engine = Engine::Create(options, *w.runner);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    if (engine.ok()) w.engine = std::move(engine).value();
+    w.engine = testing_util::MakeSmallStepEngine(*w.runner, std::move(tiers), kBlock);
     return w;
   }
 
@@ -83,44 +74,7 @@ class CudaEngineTiersTest : public testing::TestWithParam<const char*> {
   }
 
   static Generation Generate(Engine& engine, const std::string& id, const std::vector<int32_t>& prompt) {
-    Generation run;
-    EngineRequest r;
-    r.request_id = id;
-    r.prompt_token_ids = prompt;
-    r.sampling_params.temperature = 0;
-    r.sampling_params.max_tokens = 12;
-    r.sampling_params.ignore_eos = true;
-    r.sampling_params.logprobs = 3;
-    EXPECT_TRUE(engine.AddRequest(std::move(r)).ok());
-    for (int step = 0; step < 2000 && engine.HasUnfinishedRequests(); ++step) {
-      auto outputs = engine.Step();
-      EXPECT_TRUE(outputs.ok()) << outputs.status();
-      if (!outputs.ok()) break;
-      for (const RequestOutput& out : *outputs) {
-        for (const CompletionOutput& c : out.outputs) {
-          run.tokens.insert(run.tokens.end(), c.new_token_ids.begin(), c.new_token_ids.end());
-          run.samples.insert(run.samples.end(), c.new_logprobs.begin(), c.new_logprobs.end());
-        }
-      }
-      EXPECT_TRUE(engine.kv_cache().CheckInvariants().ok()) << engine.kv_cache().CheckInvariants();
-      EXPECT_EQ(engine.stats().num_kv_blocks_stranded, 0);
-      if (engine.stats().num_running_seqs == 0) usleep(1000);  // disk reads land asynchronously
-    }
-    EXPECT_FALSE(engine.HasUnfinishedRequests());
-    return run;
-  }
-
-  static void ExpectIdentical(const Generation& got, const Generation& want, const std::string& what) {
-    ASSERT_EQ(got.tokens, want.tokens) << what;
-    ASSERT_EQ(got.samples.size(), want.samples.size()) << what;
-    for (size_t i = 0; i < want.samples.size(); ++i) {
-      EXPECT_EQ(*got.samples[i].logprob, *want.samples[i].logprob) << what << ", token " << i;
-      ASSERT_EQ(got.samples[i].top_logprobs.size(), want.samples[i].top_logprobs.size()) << what;
-      for (size_t k = 0; k < want.samples[i].top_logprobs.size(); ++k) {
-        EXPECT_EQ(got.samples[i].top_logprobs[k].token_id, want.samples[i].top_logprobs[k].token_id) << what;
-        EXPECT_EQ(got.samples[i].top_logprobs[k].logprob, want.samples[i].top_logprobs[k].logprob) << what;
-      }
-    }
+    return testing_util::GenerateChecked(engine, id, prompt, /*max_tokens=*/12);
   }
 
   std::unique_ptr<backend::Backend> backend_;

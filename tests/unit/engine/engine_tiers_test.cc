@@ -19,18 +19,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
+#include "generation_checks.h"
 #include "engine/paged_model_runner.h"
 #include "engine/tensor_parallel_runner.h"
 
 namespace kvmesh::engine {
 namespace {
 
+using testing_util::ExpectIdentical;
+using testing_util::Generation;
+
 constexpr int32_t kBlock = 16;
 
-struct Generation {
-  std::vector<int32_t> tokens;
-  std::vector<SampleResult> samples;
-};
 
 std::string TempDir(const std::string& name) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/kvmesh_tiers_", name, "_", getpid());
@@ -66,53 +66,12 @@ class EngineTiersTest : public ::testing::TestWithParam<std::string> {
 
   // The engine every test here runs: small steps, no events, the given tiers.
   static std::unique_ptr<Engine> MakeEngine(ModelRunner& runner, EngineKvTierOptions tiers) {
-    EngineOptions options;
-    options.scheduler.max_num_batched_tokens = 256;
-    options.scheduler.max_num_seqs = 4;
-    options.kv.block_size_tokens = kBlock;
-    options.kv.record_events = false;
-    options.max_model_len = 512;
-    options.tiers = std::move(tiers);
-    auto engine = Engine::Create(options, runner);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    return engine.ok() ? std::move(engine).value() : nullptr;
+    return testing_util::MakeSmallStepEngine(runner, std::move(tiers), kBlock);
   }
 
-  static SamplingParams Greedy(int32_t max_tokens) {
-    SamplingParams p;
-    p.temperature = 0;
-    p.max_tokens = max_tokens;
-    p.ignore_eos = true;
-    p.logprobs = 3;
-    return p;
-  }
-
-  // Runs one request to its end on `engine`, checking the KV owner after every step.
-  static Generation Generate(Engine& engine, const std::string& id, const std::vector<int32_t>& prompt, int32_t max_tokens) {
-    Generation run;
-    EngineRequest r;
-    r.request_id = id;
-    r.prompt_token_ids = prompt;
-    r.sampling_params = Greedy(max_tokens);
-    EXPECT_TRUE(engine.AddRequest(std::move(r)).ok());
-    for (int step = 0; step < 2000 && engine.HasUnfinishedRequests(); ++step) {
-      auto outputs = engine.Step();
-      EXPECT_TRUE(outputs.ok()) << outputs.status();
-      if (!outputs.ok()) break;
-      for (const RequestOutput& out : *outputs) {
-        for (const CompletionOutput& c : out.outputs) {
-          run.tokens.insert(run.tokens.end(), c.new_token_ids.begin(), c.new_token_ids.end());
-          run.samples.insert(run.samples.end(), c.new_logprobs.begin(), c.new_logprobs.end());
-        }
-      }
-      EXPECT_TRUE(engine.kv_cache().CheckInvariants().ok()) << engine.kv_cache().CheckInvariants();
-      EXPECT_EQ(engine.stats().num_kv_blocks_stranded, 0);
-      if (!engine.stats().has_disk_tier && engine.stats().num_waiting_for_disk == 0) continue;
-      // Disk reads complete asynchronously: give them a moment between steps.
-      if (engine.stats().num_running_seqs == 0) usleep(1000);
-    }
-    EXPECT_FALSE(engine.HasUnfinishedRequests());
-    return run;
+  static Generation Generate(Engine& engine, const std::string& id, const std::vector<int32_t>& prompt,
+                             int32_t max_tokens) {
+    return testing_util::GenerateChecked(engine, id, prompt, max_tokens);
   }
 
   static std::vector<int32_t> RandomPrompt(std::mt19937& rng, int32_t n) {
@@ -120,20 +79,6 @@ class EngineTiersTest : public ::testing::TestWithParam<std::string> {
     std::vector<int32_t> p(n);
     for (int32_t& t : p) t = token(rng);
     return p;
-  }
-
-  // Bitwise: the same tokens and the same float logprobs, top-k included.
-  static void ExpectIdentical(const Generation& got, const Generation& want, const std::string& what) {
-    ASSERT_EQ(got.tokens, want.tokens) << what;
-    ASSERT_EQ(got.samples.size(), want.samples.size()) << what;
-    for (size_t i = 0; i < want.samples.size(); ++i) {
-      EXPECT_EQ(*got.samples[i].logprob, *want.samples[i].logprob) << what << ", token " << i;
-      ASSERT_EQ(got.samples[i].top_logprobs.size(), want.samples[i].top_logprobs.size());
-      for (size_t k = 0; k < want.samples[i].top_logprobs.size(); ++k) {
-        EXPECT_EQ(got.samples[i].top_logprobs[k].token_id, want.samples[i].top_logprobs[k].token_id) << what;
-        EXPECT_EQ(got.samples[i].top_logprobs[k].logprob, want.samples[i].top_logprobs[k].logprob) << what;
-      }
-    }
   }
 
   std::unique_ptr<backend::Backend> backend_;
@@ -253,7 +198,7 @@ TEST_P(EngineTiersTest, WaitingLoadsShareTheHostTierWithoutLosingWhatTheyRead) {
     EngineRequest r;
     r.request_id = absl::StrCat("p", i);
     r.prompt_token_ids = prompts[i];
-    r.sampling_params = Greedy(6);
+    r.sampling_params = testing_util::GreedyWithLogprobs(6);
     ASSERT_TRUE(engine.AddRequest(std::move(r)).ok());
   }
   for (int step = 0; step < 4000 && engine.HasUnfinishedRequests(); ++step) {
@@ -304,7 +249,7 @@ TEST_P(EngineTiersTest, RandomizedSoakKeepsInvariantsAndStrandsNothing) {
       r.prompt_token_ids = prefixes[std::uniform_int_distribution<size_t>(0, prefixes.size() - 1)(rng)];
       const std::vector<int32_t> own = RandomPrompt(rng, std::uniform_int_distribution<int>(1, 30)(rng));
       r.prompt_token_ids.insert(r.prompt_token_ids.end(), own.begin(), own.end());
-      r.sampling_params = Greedy(std::uniform_int_distribution<int>(1, 20)(rng));
+      r.sampling_params = testing_util::GreedyWithLogprobs(std::uniform_int_distribution<int>(1, 20)(rng));
       ASSERT_TRUE(worker->engine->AddRequest(r).ok());
       live.push_back(r.request_id);
       ++operations;
