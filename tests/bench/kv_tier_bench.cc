@@ -181,7 +181,10 @@ int main(int argc, char** argv) {
     int64_t next = 0, done = 0, failures = 0;
     const auto t0 = Clock::now();
     while (done < num_blocks) {
-      while (next < num_blocks && !free_buffers.empty() && tier.num_in_flight() < queue_depth) {
+      // Writes may hold only part of the queue (a read always finds room): wait for that
+      // room rather than retry into a refusal, which the tier counts as a write failure.
+      while (next < num_blocks && !free_buffers.empty() &&
+             (write ? tier.CanStartWrite() : tier.num_in_flight() < queue_depth)) {
         const int32_t b = free_buffers.back();
         const BlockHash h{.low = static_cast<uint64_t>(next) + 1, .high = 42};
         auto t = write ? tier.StartWrite(h, {}, buffer(b), checksums[b]) : tier.StartRead(h, buffer(b));
