@@ -159,8 +159,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   scheduled.batch.on_layer_kv_written = nullptr;
   // NOTE: a failed step may have run none of its copies: offloads are dropped (the
   // blocks were evicted anyway) and onboarded blocks end with their failed requests.
-  kv_->FinishSwaps(scheduled.swaps, result.ok(), result.ok() ? result->swap_out_seconds : 0,
-                   result.ok() ? result->swap_in_seconds : 0);
+  FinishSwaps(scheduled.swaps, result);
   if (result.ok()) RecordStepSpeed(scheduled, *result, seconds);
   if (result.ok()) {
     const size_t expected = static_cast<size_t>(scheduled.num_logits_rows) * static_cast<size_t>(limits_.vocab_size);
@@ -214,9 +213,17 @@ absl::Status Engine::RunPendingTierCopies() {
   ModelBatch batch;
   AppendSwaps(swaps, &batch);
   absl::StatusOr<ModelOutput> result = runner_.Execute(batch);
-  kv_->FinishSwaps(swaps, result.ok(), result.ok() ? result->swap_out_seconds : 0,
-                   result.ok() ? result->swap_in_seconds : 0);
+  FinishSwaps(swaps, result);
   return result.status();
+}
+
+void Engine::FinishSwaps(const kv::KvSwaps& swaps, const absl::StatusOr<ModelOutput>& result) {
+  if (!result.ok()) {
+    kv_->FinishSwaps(swaps, /*copied=*/false, 0, 0, {});
+    return;
+  }
+  kv_->FinishSwaps(swaps, /*copied=*/true, result->swap_out_seconds, result->swap_in_seconds,
+                   result->swap_out_checksums);
 }
 
 void Engine::RecordStepSpeed(const SchedulerOutput& scheduled, const ModelOutput& output, double seconds) {

@@ -305,6 +305,9 @@ class Engine {
   // Runs the lower-tier copies queued outside a step (a reservation's evictions and
   // onboards) at once, before anyone writes the blocks directly.
   absl::Status RunPendingTierCopies();
+  // Hands a step's swaps back to the tiers: committed with the runner's checksums and
+  // times when `result` is OK, dropped (offloads aborted) when the step failed.
+  void FinishSwaps(const kv::KvSwaps& swaps, const absl::StatusOr<ModelOutput>& result);
   // Folds one step's prefill speed into the load-versus-recompute estimate.
   void RecordStepSpeed(const SchedulerOutput& scheduled, const ModelOutput& output, double seconds);
   int64_t CountStrandedBlocks() const;

@@ -108,6 +108,10 @@ struct ModelOutput {
   // Time the step spent on ModelBatch::swap_out and swap_in (the tiers' bandwidths).
   double swap_out_seconds = 0;
   double swap_in_seconds = 0;
+  // One per ModelBatch::swap_out, when the runner hashed each host range as it copied
+  // it (kv::Checksum, from the cache); empty when it did not (a TP rank writes only its
+  // share; a device copy lands by DMA), and the host tier hashes the slot itself.
+  std::vector<uint64_t> swap_out_checksums;
 };
 
 class ModelRunner {

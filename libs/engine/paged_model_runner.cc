@@ -94,7 +94,11 @@ absl::Status PagedModelRunner::RunSwaps(const ModelBatch& batch, ModelOutput& ou
     return out;
   };
   auto start = std::chrono::steady_clock::now();
-  if (!batch.swap_out.empty()) KVMESH_RETURN_IF_ERROR(storage_->SwapOut(copies(batch.swap_out)));
+  if (!batch.swap_out.empty()) {
+    // NOTE: only a whole slot's writer can hash it: a TP rank copies its share alone.
+    if (comm_ == nullptr) output.swap_out_checksums.resize(batch.swap_out.size());
+    KVMESH_RETURN_IF_ERROR(storage_->SwapOut(copies(batch.swap_out), output.swap_out_checksums));
+  }
   auto mid = std::chrono::steady_clock::now();
   if (!batch.swap_in.empty()) KVMESH_RETURN_IF_ERROR(storage_->SwapIn(copies(batch.swap_in)));
   auto end = std::chrono::steady_clock::now();

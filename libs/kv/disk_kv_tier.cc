@@ -23,6 +23,7 @@
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kv/checksum.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/logging.h"
@@ -790,7 +791,8 @@ void DiskKvTier::Impl::FinishOp(uint64_t op_id, Op& op, std::vector<DiskIoComple
                          .completed_at = now};
       if (err == 0 && !op.short_io) {
         if (op.staging) std::memcpy(op.read_dst.data(), op.staging.get(), op.read_dst.size());
-        if (XXH3_64bits(op.read_dst.data(), op.read_dst.size()) == s.checksum) {
+        if (Checksum(op.read_dst) == s.checksum) {
+          c.checksum = s.checksum;
           ++stats_.blocks_onboarded;
           stats_.bytes_onboarded += options_.record_payload_bytes;
           c.bytes = options_.record_payload_bytes;

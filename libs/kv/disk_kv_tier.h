@@ -96,6 +96,9 @@ struct DiskIoCompletion {
   // for other I/O errors.
   absl::Status status;
   int64_t bytes = 0;  // payload bytes moved (0 on failure)
+  // A read that verified: the payload's checksum (kv::Checksum), which the host tier
+  // records for the block instead of hashing the bytes a second time.
+  uint64_t checksum = 0;
   // When the I/O completed, as the tier's reaper thread saw it (not when Poll reaped it,
   // which is up to an engine step later): load times measured from it are the disk's.
   std::chrono::steady_clock::time_point completed_at;

@@ -12,7 +12,7 @@ namespace kvmesh::kv {
 
 HostCopyBound MeasureHostCopyBound(int64_t block_bytes, int32_t repeats) {
   const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);  // 0 or -1 where unknown
-  const int64_t target = std::max<int64_t>(int64_t{256} << 20, 8 * static_cast<int64_t>(std::max(0L, l3)));
+  const int64_t target = std::max<int64_t>(int64_t{256} << 20, 2 * static_cast<int64_t>(std::max(0L, l3)));
   const int64_t blocks = std::max<int64_t>(1, target / std::max<int64_t>(1, block_bytes));
   const size_t bytes = static_cast<size_t>(blocks * block_bytes);
   auto src = std::make_unique_for_overwrite<std::byte[]>(bytes);

@@ -23,8 +23,11 @@ struct HostCopyBound {
 };
 
 // memcpy of `block_bytes` blocks, in order, from one buffer to the other, `repeats`
-// passes; buffers of max(256 MiB, 8 x the last-level cache) rounded down to whole
-// blocks, both touched before timing (no page faults in the figure).
+// passes; buffers of max(256 MiB, 2 x the last-level cache) rounded down to whole
+// blocks, both touched before timing (no page faults in the figure). Two caches' worth
+// each (4 together) cannot stay cached from one pass to the next; 8x, as before, took
+// 2 x 2.5 GiB on a VM that reports a 320 MiB L3 and measured within 4% (10.9 GB/s
+// against 11.3-11.4 for 368,640-byte blocks, tests/bench/kv_tier_bench).
 HostCopyBound MeasureHostCopyBound(int64_t block_bytes, int32_t repeats = 9);
 
 }  // namespace kvmesh::kv

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "xxhash.h"
+#include "kv/checksum.h"
 
 namespace kvmesh::kv {
 namespace {
@@ -142,10 +142,10 @@ absl::StatusOr<HostSlot> HostKvTier::BeginStore(const BlockHash& hash, const Blo
   return HostSlot{s};
 }
 
-void HostKvTier::CommitStore(HostSlot slot) {
+void HostKvTier::CommitStore(HostSlot slot, std::optional<uint64_t> checksum) {
   Slot& m = slots_[slot.value];
   if (m.state != State::kFilling) return;
-  m.checksum = XXH3_64bits(data(slot).data(), data(slot).size());
+  m.checksum = checksum.has_value() ? *checksum : Checksum(data(slot));
   m.state = State::kResident;
   --num_filling_;
   --stats_.in_flight;
@@ -183,7 +183,7 @@ void HostKvTier::Unpin(HostSlot slot) {
 absl::Status HostKvTier::Verify(HostSlot slot) {
   Slot& m = slots_[slot.value];
   if (m.state != State::kResident) return absl::FailedPreconditionError("host KV tier: slot is not resident");
-  if (XXH3_64bits(data(slot).data(), data(slot).size()) == m.checksum) return absl::OkStatus();
+  if (Checksum(data(slot)) == m.checksum) return absl::OkStatus();
   ++stats_.checksum_failures;
   const std::string hex = m.hash.ToHex();
   if (m.pins == 0) Drop(slot.value);

@@ -77,7 +77,10 @@ class HostKvTier {
   // resident or filling; ResourceExhausted if every slot is filling or pinned.
   absl::StatusOr<HostSlot> BeginStore(const BlockHash& hash, const BlockHash& parent_hash);
   // The bytes have landed: records their checksum and makes the slot resident.
-  void CommitStore(HostSlot slot);
+  // `checksum`, when given, is kv::Checksum of the bytes, computed by whoever wrote them
+  // while they were in its cache (a fused copy, a verified disk read); otherwise the
+  // slot is read once more to compute it.
+  void CommitStore(HostSlot slot, std::optional<uint64_t> checksum = std::nullopt);
   // The bytes never landed (the step failed): frees the slot.
   void AbortStore(HostSlot slot);
 

@@ -3,12 +3,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include <sys/mman.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "kv/checksum.h"
 #include "kv/streaming_copy.h"
 
 namespace kvmesh::kv {
@@ -152,19 +154,27 @@ absl::Status KvStorage::CheckSwapBlocks(std::span<const KvHostCopy> copies, cons
   return absl::OkStatus();
 }
 
-absl::Status KvStorage::SwapOut(std::span<const KvHostCopy> copies) const {
+absl::Status KvStorage::SwapOut(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums) const {
   KVMESH_RETURN_IF_ERROR(CheckSwapBlocks(copies, "SwapOut"));
+  if (!checksums.empty() && checksums.size() != copies.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SwapOut: ", checksums.size(), " checksums asked for ", copies.size(), " copies"));
+  }
   const size_t bytes = static_cast<size_t>(layout_.BlockBytes());
   const int32_t layers = layout_.num_layers();
   for (size_t c = 0; c < copies.size(); ++c) {
+    std::optional<ChecksumStream> checksum;
+    if (!checksums.empty()) checksum.emplace();
     for (int32_t layer = 0; layer < layers; ++layer) {
       // The source read next: this block's next layer, else the next block's first.
       const std::byte* next = layer + 1 < layers      ? data_.get() + layout_.BlockOffset(layer + 1, copies[c].block)
                               : c + 1 < copies.size() ? data_.get() + layout_.BlockOffset(0, copies[c + 1].block)
                                                       : nullptr;
-      StreamingCopy(copies[c].host + static_cast<size_t>(layer) * bytes,
-                    data_.get() + layout_.BlockOffset(layer, copies[c].block), bytes, next);
+      const std::byte* src = data_.get() + layout_.BlockOffset(layer, copies[c].block);
+      StreamingCopy(copies[c].host + static_cast<size_t>(layer) * bytes, src, bytes, next);
+      if (checksum.has_value()) checksum->Update(src, bytes);  // the slice the copy just read: in L1/L2
     }
+    if (checksum.has_value()) checksums[c] = checksum->Digest();
   }
   StreamingCopyFence();
   return absl::OkStatus();

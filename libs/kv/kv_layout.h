@@ -152,8 +152,10 @@ class KvStorage {
   // bytes, layer-major: layer l at l * BlockBytes()), for the lower KV tiers. The copies
   // run as one pipeline of streaming copies (kv/streaming_copy.h) and are complete and
   // ordered when the call returns. InvalidArgument for a block out of range, before
-  // anything is copied.
-  absl::Status SwapOut(std::span<const KvHostCopy> copies) const;
+  // anything is copied. SwapOut fills `checksums`, when not empty (one per copy), with
+  // kv::Checksum of each host range: each layer slice is hashed right after its copy,
+  // from the cache, so the host tier need not reread the block from DRAM.
+  absl::Status SwapOut(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums = {}) const;
   absl::Status SwapIn(std::span<const KvHostCopy> copies);
   absl::Status SwapOut(BlockId block, std::byte* host) const { return SwapOut({{KvHostCopy{block, host}}}); }
   absl::Status SwapIn(BlockId block, std::byte* host) { return SwapIn({{KvHostCopy{block, host}}}); }

@@ -94,11 +94,14 @@ void KvTiers::QueueSwapIn(BlockId block, HostSlot slot) {
 
 KvSwaps KvTiers::TakeSwaps() { return std::exchange(pending_, {}); }
 
-void KvTiers::FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds) {
+void KvTiers::FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds,
+                          std::span<const uint64_t> out_checksums) {
   const int64_t bytes = host_->slot_bytes();
-  for (const KvSwap& s : swaps.out) {
+  const bool hashed = out_checksums.size() == swaps.out.size();
+  for (size_t i = 0; i < swaps.out.size(); ++i) {
+    const KvSwap& s = swaps.out[i];
     if (copied) {
-      host_->CommitStore(s.slot);
+      host_->CommitStore(s.slot, hashed ? std::optional<uint64_t>(out_checksums[i]) : std::nullopt);
       StartWriteThrough(s.slot);
     } else {
       host_->AbortStore(s.slot);
@@ -301,19 +304,20 @@ void KvTiers::Poll() {
       }
       continue;
     }
-    FinishRead(c.ticket, c.status);
+    FinishRead(c);
   }
   SubmitBacklog();
 }
 
-void KvTiers::FinishRead(int64_t ticket, const absl::Status& status) {
-  const auto it = reads_.find(ticket);
+void KvTiers::FinishRead(const DiskIoCompletion& c) {
+  const absl::Status& status = c.status;
+  const auto it = reads_.find(c.ticket);
   if (it == reads_.end()) return;
   const Read& read = it->second;
   const auto hold = holds_.find(read.owner);
   const bool held = hold != holds_.end() && hold->second.id == read.hold_id;
   if (status.ok()) {
-    host_->CommitStore(read.slot);
+    host_->CommitStore(read.slot, c.checksum);  // the disk tier verified the bytes against it
     if (held) {  // its reservation becomes the pin
       host_->Pin(read.slot);
       hold->second.slots.push_back(read.slot);
@@ -341,7 +345,7 @@ void KvTiers::DrainDisk() {
           host_->Unpin(w->second);
           writes_.erase(w);
         } else {
-          FinishRead(c.ticket, c.status);
+          FinishRead(c);
         }
       }
       SubmitBacklog();

@@ -146,8 +146,10 @@ class KvTiers {
   // The copies for the next step; the queue empties. Run them, then FinishSwaps.
   KvSwaps TakeSwaps();
   // The step that carried `swaps` ran (`copied`: the runner executed them) in the given
-  // seconds each way.
-  void FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds);
+  // seconds each way. `out_checksums`: one per swaps.out when the copy hashed the bytes
+  // it wrote (ModelOutput::swap_out_checksums), else empty (the host tier hashes them).
+  void FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds,
+                   std::span<const uint64_t> out_checksums = {});
   bool has_pending_swaps() const { return !pending_.empty(); }
 
   // For `owner`: reads hashes[first, first + n) from the disk tier into host slots
@@ -218,7 +220,7 @@ class KvTiers {
   bool SubmitRead(const Read& read);
   // A disk read finished (any status): commits or aborts its slot; a committed block
   // joins its owner's hold if that hold still exists.
-  void FinishRead(int64_t ticket, const absl::Status& status);
+  void FinishRead(const DiskIoCompletion& completion);
   // A read of `read.owner`'s hold will not land (failed, or its record went): its
   // reservation is given back.
   void UnreserveRead(const Read& read);

@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kv/checksum.h"
+
 namespace kvmesh::engine {
 namespace {
 
@@ -196,6 +198,41 @@ TEST_P(PagedModelRunnerTest, CopyOnWriteCopiesEveryLayerBeforeTheStep) {
   tokens.push_back(12);
   const std::vector<float> dense = DenseLogits(tokens);
   EXPECT_LE(MaxDiff(out->logits.data(), dense.data() + 7 * vocab, vocab), 1e-3f);
+}
+
+// A step's offloads come back with the checksum of every host range they wrote, which
+// the host tier records instead of rereading the slot; onboarding them restores the
+// step's logits bit for bit.
+TEST_P(PagedModelRunnerTest, SwapOutReturnsEachHostRangesChecksumAndSwapInRestoresTheBlock) {
+  std::vector<int32_t> tokens(kBlockSize + 3);
+  std::iota(tokens.begin(), tokens.end(), 3);
+  const std::vector<int32_t> table = TakeBlocks(2);
+  ModelBatch prefill;
+  prefill.chunks.push_back({tokens, 0, table, true});
+  auto first = runner_->Execute(prefill);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const size_t slot_bytes = static_cast<size_t>(runner_->kv_swap_bytes_per_block());
+  std::vector<std::byte> host(2 * slot_bytes + 64);
+  std::byte* slot = host.data() + (64 - reinterpret_cast<uintptr_t>(host.data()) % 64) % 64;
+  ModelBatch out;
+  out.swap_out.push_back({table[0], slot});
+  out.swap_out.push_back({table[1], slot + slot_bytes});
+  auto swapped = runner_->Execute(out);
+  ASSERT_TRUE(swapped.ok()) << swapped.status();
+  ASSERT_EQ(swapped->swap_out_checksums.size(), 2u);
+  EXPECT_EQ(swapped->swap_out_checksums[0], kv::Checksum({slot, slot_bytes}));
+  EXPECT_EQ(swapped->swap_out_checksums[1], kv::Checksum({slot + slot_bytes, slot_bytes}));
+  // Back into two other blocks: the last token's logits over them equal the first run's.
+  const std::vector<int32_t> moved = TakeBlocks(2);
+  ModelBatch in;
+  in.swap_in.push_back({moved[0], slot});
+  in.swap_in.push_back({moved[1], slot + slot_bytes});
+  std::vector<int32_t> last(tokens.end() - 1, tokens.end());
+  in.chunks.push_back({last, static_cast<int32_t>(tokens.size()) - 1, moved, true});
+  auto again = runner_->Execute(in);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->swap_out_checksums.empty());
+  EXPECT_EQ(again->logits, first->logits);
 }
 
 // The same steps twice over the same blocks: once with every table whole, once as the

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kv/checksum.h"
+
 namespace kvmesh::kv {
 namespace {
 
@@ -43,6 +45,26 @@ TEST(HostKvTierTest, FillingSlotIsNotFoundUntilCommitted) {
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0].kind, KvEvent::Kind::kStored);
   EXPECT_EQ(events[0].tier, Tier::kHost);
+}
+
+TEST(HostKvTierTest, CommitStoreKeepsTheWritersChecksumAndVerifyChecksItAgainstTheBytes) {
+  auto tier = MakeTier(2);
+  auto good = tier->BeginStore(H(1), kRootBlockHash);
+  ASSERT_TRUE(good.ok());
+  std::memset(tier->data(*good).data(), 7, tier->data(*good).size());
+  const uint64_t sum = Checksum(tier->data(*good));
+  tier->CommitStore(*good, sum);
+  EXPECT_EQ(tier->checksum(*good), sum);
+  EXPECT_TRUE(tier->Verify(*good).ok());
+  // A writer whose checksum does not match what landed: the block never goes back up.
+  auto bad = tier->BeginStore(H(2), H(1));
+  ASSERT_TRUE(bad.ok());
+  std::memset(tier->data(*bad).data(), 8, tier->data(*bad).size());
+  tier->CommitStore(*bad, sum);
+  EXPECT_EQ(tier->Verify(*bad).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(tier->stats().checksum_failures, 1);
+  EXPECT_FALSE(tier->Find(H(2)).has_value());
+  EXPECT_TRUE(tier->CheckInvariants().ok());
 }
 
 TEST(HostKvTierTest, EvictsLeastRecentlyUsedUnpinnedSlot) {

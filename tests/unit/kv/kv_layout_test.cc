@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "kv/checksum.h"
+
 namespace kvmesh::kv {
 namespace {
 
@@ -174,6 +176,20 @@ TEST(KvStorageTest, SwapOutOfABatchWritesEachBlockLayerMajorToItsHostRange) {
       ASSERT_EQ(static_cast<int>(host[c][i]), 10 * (i / 512) + blocks[c]) << c << " " << i;
     }
   }
+}
+
+TEST(KvStorageTest, SwapOutHashesEachHostRangeAsItCopiesIt) {
+  auto storage = KvStorage::Create(SmallShape()).value();
+  FillBlocks(*storage);
+  alignas(64) std::byte host[2][3 * 512] = {};
+  const std::vector<KvHostCopy> copies = {{BlockId{4}, host[0]}, {BlockId{1}, host[1]}};
+  std::vector<uint64_t> checksums(2, 0);
+  ASSERT_TRUE(storage->SwapOut(copies, checksums).ok());
+  EXPECT_EQ(checksums[0], Checksum({host[0], sizeof(host[0])}));
+  EXPECT_EQ(checksums[1], Checksum({host[1], sizeof(host[1])}));
+  EXPECT_NE(checksums[0], checksums[1]);
+  std::vector<uint64_t> too_few(1, 0);
+  EXPECT_EQ(storage->SwapOut(copies, too_few).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(KvStorageTest, SwapInOfABatchRestoresEachBlockAndTouchesNoOther) {
