@@ -221,7 +221,9 @@ absl::Status KvCacheManager::MarkComputed(RequestId id, std::span<const int32_t>
     // False when an equal block is cached already: keep ours, register nothing (vLLM
     // does the same; swapping tables under a running request is not worth it).
     KVMESH_ASSIGN_OR_RETURN(const bool stored, pool_->CacheBlock(state.blocks[i], state.block_hashes[i], parent));
-    if (stored && tiers_ != nullptr) {
+    // NOTE: under write-back (the default) OnDeviceCache does nothing: skip the call and
+    // its timer, once per newly cached block.
+    if (stored && tiers_ != nullptr && tiers_->write_through()) {
       const TierCallTimer timer(&tier_call_seconds_);
       tiers_->OnDeviceCache(state.blocks[i], state.block_hashes[i], parent);
     }

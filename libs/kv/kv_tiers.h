@@ -131,6 +131,7 @@ class KvTiers {
   // does nothing. The measured choice between them is in docs/architecture.md §3.
   void OnDeviceCache(BlockId block, const BlockHash& hash, const BlockHash& parent_hash);
   void set_write_through(bool on) { write_through_ = on; }
+  bool write_through() const { return write_through_; }
 
   // Continues a prefix whose first `first` blocks tier 0 holds: appends the host hits of
   // hashes[first..limit) to `host_slots` (verified and pinned; stops at the first miss,
