@@ -16,18 +16,15 @@
 #include <system_error>
 #include <thread>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kv/checksum.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/logging.h"
 #include "kv/busy_bandwidth.h"
+#include "kv/checksum.h"
 
 namespace kvmesh::kv {
 namespace {
@@ -58,7 +55,9 @@ struct RecordHeader {
 static_assert(sizeof(RecordHeader) == 104);
 constexpr size_t kChecksummedHeaderBytes = offsetof(RecordHeader, header_checksum);
 
-uint64_t HeaderChecksum(const RecordHeader& h) { return XXH3_64bits(&h, kChecksummedHeaderBytes); }
+uint64_t HeaderChecksum(const RecordHeader& h) {
+  return Checksum({reinterpret_cast<const std::byte*>(&h), kChecksummedHeaderBytes});
+}
 
 // A 4 KiB-aligned heap buffer (O_DIRECT needs aligned memory).
 struct AlignedFree {
