@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -37,19 +39,41 @@ kvmesh::http::HttpServer& Server() {
   return *server;
 }
 
+[[noreturn]] void Die(const char* what) {
+  std::fprintf(stderr, "http_request_fuzz: %s: %s\n", what, std::strerror(errno));
+  std::abort();
+}
+
 // Sends `bytes`, half-closes, and reads until the server closes (or 3 s pass).
-// Returns what came back.
+// Returns what came back. Every call retries on EINTR: libFuzzer's -timeout watchdog is
+// a SIGALRM that interrupts whatever syscall is running (a CI run once aborted on an
+// interrupted connect(), and an interrupted poll() would have read as a dead server).
 std::string Exchange(const std::string& bytes) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) std::abort();
+  if (fd < 0) Die("socket");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(Server().port()));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) std::abort();
+  // An interrupted connect() goes on in the background: wait for it and read its outcome.
+  // A refused connection means the server stopped listening: a finding, not a retry.
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (errno != EINTR) Die("connect to the server");
+    pollfd p{.fd = fd, .events = POLLOUT, .revents = 0};
+    while (poll(&p, 1, 3000) < 0 && errno == EINTR) {
+    }
+    int error = 0;
+    socklen_t length = sizeof(error);
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) Die("SO_ERROR");
+    if (error != 0 || (p.revents & POLLOUT) == 0) {
+      errno = error != 0 ? error : ETIMEDOUT;
+      Die("connect to the server (after EINTR)");
+    }
+  }
   size_t sent = 0;
   while (sent < bytes.size()) {
     const ssize_t n = send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // the server may close early (a bad request): fine
     sent += static_cast<size_t>(n);
   }
@@ -58,8 +82,11 @@ std::string Exchange(const std::string& bytes) {
   char buffer[4096];
   for (;;) {
     pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
-    if (poll(&p, 1, 3000) <= 0) break;
+    const int ready = poll(&p, 1, 3000);
+    if (ready < 0 && errno == EINTR) continue;  // the SIGALRM again: not the server's answer
+    if (ready <= 0) break;
     const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     reply.append(buffer, static_cast<size_t>(n));
   }
