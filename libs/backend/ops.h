@@ -85,6 +85,10 @@ class Backend {
   // Whether the ops take host memory (the CPU backends) or device memory (cuda). The
   // host-side runners (LlamaModel::Forward, PagedModelRunner) need host memory.
   virtual bool uses_host_memory() const { return true; }
+  // Host threads the ops run on (the CPU backends' OpenMP team), which a runner may also
+  // use for host work between ops (KV copies to and from the host tier); 1 for a device
+  // backend, whose ops leave the host thread free.
+  virtual int num_host_threads() const { return 1; }
 
   // The first run-time failure since the last call (clause 2 of the error contract),
   // and clears it; OK if none. Host backends: always OK.

@@ -93,14 +93,16 @@ absl::Status PagedModelRunner::RunSwaps(const ModelBatch& batch, ModelOutput& ou
     for (const KvBlockSwap& s : swaps) out.push_back({.block = kv::BlockId{s.block}, .host = s.host + offset});
     return out;
   };
+  // The backend's team, idle between steps' ops (each TP rank has its own).
+  const int threads = model_.backend().num_host_threads();
   auto start = std::chrono::steady_clock::now();
   if (!batch.swap_out.empty()) {
     // NOTE: only a whole slot's writer can hash it: a TP rank copies its share alone.
     if (comm_ == nullptr) output.swap_out_checksums.resize(batch.swap_out.size());
-    KVMESH_RETURN_IF_ERROR(storage_->SwapOut(copies(batch.swap_out), output.swap_out_checksums));
+    KVMESH_RETURN_IF_ERROR(storage_->SwapOut(copies(batch.swap_out), output.swap_out_checksums, threads));
   }
   auto mid = std::chrono::steady_clock::now();
-  if (!batch.swap_in.empty()) KVMESH_RETURN_IF_ERROR(storage_->SwapIn(copies(batch.swap_in)));
+  if (!batch.swap_in.empty()) KVMESH_RETURN_IF_ERROR(storage_->SwapIn(copies(batch.swap_in), threads));
   auto end = std::chrono::steady_clock::now();
   output.swap_out_seconds = std::chrono::duration<double>(mid - start).count();
   output.swap_in_seconds = std::chrono::duration<double>(end - mid).count();

@@ -20,6 +20,7 @@ struct HostCopyBound {
   double bytes_per_second = 0;  // median pass
   int64_t buffer_bytes = 0;     // each of source and destination
   int64_t block_bytes = 0;      // one memcpy
+  int32_t num_threads = 1;      // copying at once, each its contiguous share of the blocks
 };
 
 // memcpy of `block_bytes` blocks, in order, from one buffer to the other, `repeats`
@@ -28,6 +29,8 @@ struct HostCopyBound {
 // each (4 together) cannot stay cached from one pass to the next; 8x, as before, took
 // 2 x 2.5 GiB on a VM that reports a 320 MiB L3 and measured within 4% (10.9 GB/s
 // against 11.3-11.4 for 368,640-byte blocks, tests/bench/kv_tier_bench).
-HostCopyBound MeasureHostCopyBound(int64_t block_bytes, int32_t repeats = 9);
+// `num_threads` > 1 splits each pass into that many contiguous shares copied at once (an
+// OpenMP team), the bound of KvStorage's swaps on as many threads.
+HostCopyBound MeasureHostCopyBound(int64_t block_bytes, int32_t repeats = 9, int32_t num_threads = 1);
 
 }  // namespace kvmesh::kv

@@ -1,11 +1,13 @@
 #include "kv/kv_layout.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
 
+#include <omp.h>
 #include <sys/mman.h>
 
 #include "absl/strings/str_cat.h"
@@ -154,12 +156,44 @@ absl::Status KvStorage::CheckSwapBlocks(std::span<const KvHostCopy> copies, cons
   return absl::OkStatus();
 }
 
-absl::Status KvStorage::SwapOut(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums) const {
+namespace {
+
+// Runs `share(begin, end)` over `count` items split into contiguous shares, one per
+// thread of an OpenMP team of min(num_threads, count): in order on the calling thread
+// when that is one. Contiguous, so each share keeps the caller's order for its prefetch
+// pipeline.
+template <typename Share>
+void ForEachShare(size_t count, int num_threads, const Share& share) {
+  const int threads = static_cast<int>(std::min<size_t>(count, static_cast<size_t>(std::max(1, num_threads))));
+  if (threads <= 1) {
+    share(size_t{0}, count);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const size_t t = static_cast<size_t>(omp_get_thread_num());
+    const size_t n = static_cast<size_t>(omp_get_num_threads());
+    share(count * t / n, count * (t + 1) / n);
+  }
+}
+
+}  // namespace
+
+absl::Status KvStorage::SwapOut(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums,
+                                int num_threads) const {
   KVMESH_RETURN_IF_ERROR(CheckSwapBlocks(copies, "SwapOut"));
   if (!checksums.empty() && checksums.size() != copies.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("SwapOut: ", checksums.size(), " checksums asked for ", copies.size(), " copies"));
   }
+  ForEachShare(copies.size(), num_threads, [&](size_t begin, size_t end) {
+    SwapOutShare(copies.subspan(begin, end - begin),
+                 checksums.empty() ? checksums : checksums.subspan(begin, end - begin));
+  });
+  return absl::OkStatus();
+}
+
+void KvStorage::SwapOutShare(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums) const {
   const size_t bytes = static_cast<size_t>(layout_.BlockBytes());
   const int32_t layers = layout_.num_layers();
   for (size_t c = 0; c < copies.size(); ++c) {
@@ -176,12 +210,17 @@ absl::Status KvStorage::SwapOut(std::span<const KvHostCopy> copies, std::span<ui
     }
     if (checksum.has_value()) checksums[c] = checksum->Digest();
   }
-  StreamingCopyFence();
+  StreamingCopyFence();  // this thread's stores; the team's closing barrier orders them for the caller
+}
+
+absl::Status KvStorage::SwapIn(std::span<const KvHostCopy> copies, int num_threads) {
+  KVMESH_RETURN_IF_ERROR(CheckSwapBlocks(copies, "SwapIn"));
+  ForEachShare(copies.size(), num_threads,
+               [&](size_t begin, size_t end) { SwapInShare(copies.subspan(begin, end - begin)); });
   return absl::OkStatus();
 }
 
-absl::Status KvStorage::SwapIn(std::span<const KvHostCopy> copies) {
-  KVMESH_RETURN_IF_ERROR(CheckSwapBlocks(copies, "SwapIn"));
+void KvStorage::SwapInShare(std::span<const KvHostCopy> copies) {
   const size_t bytes = static_cast<size_t>(layout_.BlockBytes());
   const int32_t layers = layout_.num_layers();
   for (size_t c = 0; c < copies.size(); ++c) {
@@ -194,7 +233,6 @@ absl::Status KvStorage::SwapIn(std::span<const KvHostCopy> copies) {
     }
   }
   StreamingCopyFence();
-  return absl::OkStatus();
 }
 
 absl::Status KvStorage::CopyBlock(BlockId src, BlockId dst) {

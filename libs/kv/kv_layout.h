@@ -155,8 +155,13 @@ class KvStorage {
   // anything is copied. SwapOut fills `checksums`, when not empty (one per copy), with
   // kv::Checksum of each host range: each layer slice is hashed right after its copy,
   // from the cache, so the host tier need not reread the block from DRAM.
-  absl::Status SwapOut(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums = {}) const;
-  absl::Status SwapIn(std::span<const KvHostCopy> copies);
+  // `num_threads` > 1 splits the copies into that many contiguous shares, each its own
+  // pipeline on an OpenMP thread (the caller's team: the CPU backend's between ops).
+  // Why: a step's copies run between the backend's parallel ops, where its other
+  // threads would otherwise spin beside the one copying (figures: kv/host_copy_bound.h).
+  absl::Status SwapOut(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums = {},
+                       int num_threads = 1) const;
+  absl::Status SwapIn(std::span<const KvHostCopy> copies, int num_threads = 1);
   absl::Status SwapOut(BlockId block, std::byte* host) const { return SwapOut({{KvHostCopy{block, host}}}); }
   absl::Status SwapIn(BlockId block, std::byte* host) { return SwapIn({{KvHostCopy{block, host}}}); }
 
@@ -172,6 +177,9 @@ class KvStorage {
 
   KvStorage(const KvLayout& layout, Memory data) : layout_(layout), data_(std::move(data)) {}
   absl::Status CheckSwapBlocks(std::span<const KvHostCopy> copies, const char* what) const;
+  // One thread's share of SwapOut / SwapIn: a pipeline of copies, then its fence.
+  void SwapOutShare(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums) const;
+  void SwapInShare(std::span<const KvHostCopy> copies);
 
   const KvLayout layout_;
   Memory data_;  // from std::aligned_alloc

@@ -85,6 +85,7 @@ class CpuBackend final : public Backend {
       : kernels_(kernels), num_threads_(num_threads), name_(std::string("cpu-") + kernels.isa) {}
 
   std::string_view name() const override { return name_; }
+  int num_host_threads() const override { return num_threads_; }
 
   absl::StatusOr<std::unique_ptr<PackedLinear>> PackLinear(std::span<const TensorView> parts,
                                                            std::span<const TensorView> biases) override {

@@ -209,6 +209,40 @@ TEST(KvStorageTest, SwapInOfABatchRestoresEachBlockAndTouchesNoOther) {
   }
 }
 
+TEST(KvStorageTest, SwapsSplitOverThreadsMoveTheSameBytesAndChecksumsAsOneThread) {
+  auto storage = KvStorage::Create(SmallShape()).value();
+  FillBlocks(*storage);
+  // 5 copies over 3 threads (shares of 1, 2 and 2) and over more threads than copies.
+  alignas(64) std::byte one[5][3 * 512] = {};
+  alignas(64) std::byte split[5][3 * 512] = {};
+  const int order[5] = {4, 0, 3, 1, 2};
+  for (int threads : {3, 8}) {
+    std::vector<KvHostCopy> serial, parallel;
+    for (int c = 0; c < 5; ++c) {
+      serial.push_back({BlockId{order[c]}, one[c]});
+      parallel.push_back({BlockId{order[c]}, split[c]});
+    }
+    std::memset(split, 0, sizeof(split));
+    std::vector<uint64_t> serial_sums(5, 0), parallel_sums(5, 0);
+    ASSERT_TRUE(storage->SwapOut(serial, serial_sums).ok());
+    ASSERT_TRUE(storage->SwapOut(parallel, parallel_sums, threads).ok());
+    EXPECT_EQ(std::memcmp(one, split, sizeof(one)), 0) << threads;
+    EXPECT_EQ(serial_sums, parallel_sums) << threads;
+    // Back in, onto other blocks (reversed), on the same thread count.
+    for (int c = 0; c < 5; ++c) {
+      for (int64_t i = 0; i < 3 * 512; ++i) split[c][i] = static_cast<std::byte>(50 + 10 * c + i / 512);
+      parallel[c].block = BlockId{4 - c};
+    }
+    ASSERT_TRUE(storage->SwapIn(parallel, threads).ok());
+    for (int c = 0; c < 5; ++c) {
+      for (int32_t l = 0; l < 3; ++l) {
+        for (std::byte x : storage->BlockData(l, BlockId{4 - c})) ASSERT_EQ(static_cast<int>(x), 50 + 10 * c + l);
+      }
+    }
+    FillBlocks(*storage);
+  }
+}
+
 TEST(KvStorageTest, ABatchWithABlockOutOfRangeIsRefusedBeforeAnythingIsCopied) {
   auto storage = KvStorage::Create(SmallShape()).value();
   FillBlocks(*storage);

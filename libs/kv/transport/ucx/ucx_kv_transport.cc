@@ -5,7 +5,6 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 #include <ucp/api/ucp.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -26,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
+#include "kv/checksum.h"
 #include "kv/kv_block_spec.h"
 #include "kv/transport/kv_lease_descriptor.h"
 #include "kv/transport/kv_runs.h"
@@ -55,7 +55,7 @@ struct RunChecksum {
   int32_t layer;
   int32_t first_index;
   int32_t num_blocks;
-  uint64_t xxh64;
+  uint64_t checksum;  // kv::Checksum of the run's bytes in that layer
 };
 // Answers: then a status code and its message's bytes.
 struct AnswerBody {
@@ -360,8 +360,8 @@ class UcxKvTransport::Impl {
     if (options_.checksum_runs) {
       for (const KvRun& r : runs) {
         sums.push_back(RunChecksum{.layer = layer, .first_index = first_index + r.first_index, .num_blocks = r.num_blocks,
-                                   .xxh64 = XXH64(st->local_base + local.BlockOffset(layer, r.src_first),
-                                                  static_cast<size_t>(r.num_blocks * block_bytes), 0)});
+                                   .checksum = Checksum({st->local_base + local.BlockOffset(layer, r.src_first),
+                                                         static_cast<size_t>(r.num_blocks * block_bytes)})});
       }
     }
     {
@@ -958,7 +958,7 @@ class UcxKvTransport::Impl {
         }
       }
       const std::byte* at = pool->base + layout.BlockOffset(c.layer, lease.block_ids[c.first_index]);
-      if (XXH64(at, static_cast<size_t>(c.num_blocks * layout.BlockBytes()), 0) != c.xxh64) {
+      if (Checksum({at, static_cast<size_t>(c.num_blocks * layout.BlockBytes())}) != c.checksum) {
         return absl::DataLossError(absl::StrCat("KV run layer ", c.layer, " blocks [", c.first_index, ", ",
                                                 c.first_index + c.num_blocks, ") landed with a different checksum"));
       }

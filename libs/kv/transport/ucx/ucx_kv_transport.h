@@ -9,7 +9,7 @@
 // worker's address. The sender puts each merged run of a layer with ONE ucp_put_nbx
 // (source and destination blocks both consecutive), then ucp_ep_flush_nbx, then sends
 // the completion (an active message counting the (layer, block) pairs it put, and with
-// checksum_runs the XXH64 of every run); the receiver checks the count (and the
+// checksum_runs the kv::Checksum of every run); the receiver checks the count (and the
 // checksums against what landed) before it reports the lease done.
 //
 // Control messages (active messages on the sender's endpoint; the receiver answers on
@@ -68,7 +68,7 @@ struct UcxKvTransportOptions {
   int64_t receiver_timeout_ms = 1000;
   // Sender: how long the HelloAck and the DoneAck may take (Unavailable past it).
   int64_t ack_timeout_ms = 2000;
-  // Sender: XXH64 of every run goes with the completion and the receiver verifies it
+  // Sender: kv::Checksum (XXH3-64) of every run goes with the completion and the receiver verifies it
   // (DataLoss on a mismatch). Costs a read of the bytes on both sides.
   bool checksum_runs = false;
 };
