@@ -12,7 +12,10 @@
 // Thread-safety: a free function; it uses only its own buffers.
 #pragma once
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace kvmesh::kv {
 
@@ -32,5 +35,34 @@ struct HostCopyBound {
 // `num_threads` > 1 splits each pass into that many contiguous shares copied at once (an
 // OpenMP team), the bound of KvStorage's swaps on as many threads.
 HostCopyBound MeasureHostCopyBound(int64_t block_bytes, int32_t repeats = 9, int32_t num_threads = 1);
+
+// The same copy into destination memory that nothing has written since construction:
+// made before a run, measured once after it. Why: a host tier evicts its least recently
+// used slot, so an offload writes memory that has idled the longest, and on some
+// virtual machines the first write to a page after it idled costs a hypervisor fault.
+// On the 2-core EPYC VM, 128-block batches of KvStorage::SwapOut into slots written 90 s
+// earlier ran at 2.6-3.2 GB/s (zero-filled or distinct pages alike), into fresh memory
+// at 12-13 GB/s; a second write to the same slots ran at full speed again. Only the
+// first pass after an idle spell measures it: each Measure restarts the clock.
+//
+// Thread-safety: not thread-safe.
+class IdleHostCopyBound {
+ public:
+  // Allocates and writes both buffers (as MeasureHostCopyBound sizes them) now.
+  explicit IdleHostCopyBound(int64_t block_bytes);
+  // One pass on `num_threads` into the destination as it has aged (the source is
+  // rewritten first: a tier-0 pool is touched every step).
+  HostCopyBound Measure(int32_t num_threads = 1);
+  // How long the destination had idled at the last Measure.
+  double idle_seconds() const { return idle_seconds_; }
+
+ private:
+  const int64_t block_bytes_;
+  const int64_t blocks_;
+  std::unique_ptr<std::byte[]> src_;
+  std::unique_ptr<std::byte[]> dst_;
+  std::chrono::steady_clock::time_point written_;
+  double idle_seconds_ = 0;
+};
 
 }  // namespace kvmesh::kv

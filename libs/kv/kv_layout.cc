@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/omp_team_sync.h"
 #include "core/status_macros.h"
 #include "kv/checksum.h"
 #include "kv/streaming_copy.h"
@@ -169,12 +170,17 @@ void ForEachShare(size_t count, int num_threads, const Share& share) {
     share(size_t{0}, count);
     return;
   }
+  core::OmpTeamSync sync;
+  sync.BeforeFork();
 #pragma omp parallel num_threads(threads)
   {
+    sync.AtThreadStart();
     const size_t t = static_cast<size_t>(omp_get_thread_num());
     const size_t n = static_cast<size_t>(omp_get_num_threads());
     share(count * t / n, count * (t + 1) / n);
+    sync.AtThreadEnd();
   }
+  sync.AfterJoin();
 }
 
 }  // namespace

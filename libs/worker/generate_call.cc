@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
+#include "rpc/cancel_before_done.h"
 #include "rpc/status_conversion.h"
 
 namespace kvmesh::worker {
@@ -56,10 +57,17 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     }
     Pump();
   }
-  void OnCancel() override { state_.engine().Abort(request_id_); }
-  void OnDone() override { Unref(); }
+  void OnCancel() override {
+    state_.engine().Abort(request_id_);
+    cancel_order_.CancelReturned();
+  }
+  void OnDone() override {
+    cancel_order_.DoneStarts();
+    Unref();
+  }
 
  private:
+  rpc::CancelBeforeDone cancel_order_;
   bool offer_ucx_ = true;  // set in Start, before the engine thread reads it
 
   void Start(const v1::WorkerGenerateRequest& request) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "worker/kv_push_stream.h"
+#include "rpc/cancel_before_done.h"
 #include "rpc/status_conversion.h"
 
 namespace kvmesh::worker {
@@ -321,11 +322,18 @@ class PrefillReactor : public grpc::ServerUnaryReactor {
     job_ = std::make_shared<PrefillJob>(state, this, *request, response);
     job_->Start();
   }
-  void OnCancel() override { job_->Cancel(); }
-  void OnDone() override { delete this; }
+  void OnCancel() override {
+    job_->Cancel();
+    cancel_order_.CancelReturned();
+  }
+  void OnDone() override {
+    cancel_order_.DoneStarts();
+    delete this;
+  }
 
  private:
   std::shared_ptr<PrefillJob> job_;
+  rpc::CancelBeforeDone cancel_order_;
 };
 
 }  // namespace
