@@ -38,6 +38,8 @@ std::vector<std::byte> MakePayload(uint64_t key, int64_t bytes) {
 }
 BlockHash HashOf(uint64_t key) { return BlockHash{.low = key + 1, .high = key * 31 + 7}; }
 BlockHash ParentOf(uint64_t key) { return key == 0 ? kRootBlockHash : HashOf(key - 1); }
+// The tier's checksum computed independently of kv::Checksum (libxxhash's own XXH3, not
+// its runtime dispatch): a record verifies only if the two agree.
 uint64_t Checksum(std::span<const std::byte> p) { return XXH3_64bits(p.data(), p.size()); }
 
 std::vector<std::string>& CreatedDirs() {
