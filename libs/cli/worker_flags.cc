@@ -96,15 +96,9 @@ absl::StatusOr<worker::WorkerOptions> WorkerOptionsFromFlags(const WorkerCommand
     role = *command.role;
   }
   o.role = *role;
-  // KV moves between workers block by block out of one host pool; a tensor-parallel
-  // group's KV is split over its ranks' pools, which no transfer path reads yet.
-  if (absl::GetFlag(FLAGS_tensor_parallel_size) > 1 && o.role != v1::WORKER_ROLE_BOTH) {
-    return absl::InvalidArgumentError(
-        "--tensor-parallel-size > 1 needs --role both: prefill -> decode KV transfer of a tensor-parallel group's "
-        "sharded KV is not supported");
-  }
-  // Likewise the CUDA runner's pool is in device memory, which the transfer path (host
-  // blocks over gRPC) does not read yet.
+  // NOTE: a tensor-parallel group takes either role: its ranks move their own KV heads
+  // rank to rank (kv/transport/kv_rank_group.h). The CUDA runner's pool is in device
+  // memory, which the transfer paths (host blocks over UCX or gRPC) do not read yet.
   absl::StatusOr<int> cuda_device = CudaDeviceFromFlags();
   if (!cuda_device.ok()) return cuda_device.status();
   if (*cuda_device >= 0 && o.role != v1::WORKER_ROLE_BOTH) {

@@ -184,7 +184,13 @@ absl::StatusOr<Placement> PlacementPolicy::Choose(int32_t prompt_length_tokens, 
   if (!prefill.has_value()) return local("no prefill-capable worker");
   const WorkerRegistration& p = prefill->candidate->worker.registration;
   if (p.worker_id == d.worker_id) return local("the best prefill worker is the decode worker");
-  // 4. The pair's KV transport: UCX whenever both sides have it.
+  // 4. KV moves rank to rank (kv/transport/kv_rank_group.h): equal tensor-parallel sizes only.
+  if (p.kv_cache_spec.tp_size != d.kv_cache_spec.tp_size) {
+    return local(absl::StrCat("prefill worker ", p.worker_id, " has tensor-parallel size ", p.kv_cache_spec.tp_size,
+                              " and decode worker ", d.worker_id, " ", d.kv_cache_spec.tp_size,
+                              ": KV moves rank to rank"));
+  }
+  // 5. The pair's KV transport: UCX whenever both sides have it.
   if (p.kv_transports.ucx && d.kv_transports.ucx) {
     placement.kv_transport = KvTransportKind::kUcx;
   } else if (p.kv_transports.grpc_stream && d.kv_transports.grpc_stream) {

@@ -27,8 +27,9 @@ inline bool CanPrefill(WorkerRole role) { return role != WorkerRole::kDecode; }
 inline bool CanDecode(WorkerRole role) { return role != WorkerRole::kPrefill; }
 
 // The shape of a worker's paged KV cache. All live workers of one model must have equal
-// specs: block hashes (block size, salt) and transferred blocks (layers, heads, dtype,
-// TP size) are only comparable between equal specs.
+// specs but for tp_size: block hashes (block size, salt) and transferred blocks (layers,
+// heads, dtype) are only comparable between equal specs, and a KV hand-off moves rank r
+// to rank r, so placement pairs a prefill and a decode worker of equal tp_size only.
 struct KvCacheSpec {
   int32_t block_size_tokens = kv::kDefaultBlockSizeTokens;
   int32_t num_layers = 0;

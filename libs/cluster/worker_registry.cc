@@ -50,7 +50,11 @@ absl::Status WorkerRegistry::Register(const WorkerRegistration& registration) {
   for (const auto& [id, state] : workers_) {
     const WorkerRegistration& other = state.snapshot.registration;
     if (id == registration.worker_id || other.model != registration.model) continue;
-    if (!(other.kv_cache_spec == registration.kv_cache_spec)) {
+    // NOTE: tensor-parallel sizes may differ (a TP group serves alone as well as any);
+    // placement pairs a prefill and a decode worker only when theirs are equal.
+    KvCacheSpec comparable = registration.kv_cache_spec;
+    comparable.tp_size = other.kv_cache_spec.tp_size;
+    if (!(other.kv_cache_spec == comparable)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "worker ", registration.worker_id, ": kv_cache_spec {", registration.kv_cache_spec.DebugString(),
           "} differs from live worker ", id, "'s {", other.kv_cache_spec.DebugString(), "} for model ",

@@ -118,6 +118,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 Engine::Engine(const EngineOptions& options, ModelRunner& runner, std::unique_ptr<kv::KvCacheManager> kv,
                std::unique_ptr<Scheduler> scheduler, const RequestLimits& limits)
     : runner_(runner),
+      kv_ranks_(runner.kv_rank_storages()),
       kv_(std::move(kv)),
       scheduler_(std::move(scheduler)),
       limits_(limits),

@@ -192,14 +192,15 @@ class Engine {
   // elsewhere); FailedPrecondition if the model runner exposes no KvStorage.
   absl::StatusOr<RemotePrefillLease> ReserveForRemotePrefill(EngineRequest request);
 
-  // Copies `data`, the KV of block `block_index` of the lease (its position in
-  // lease.block_ids) in layer `layer`, into the runner's KV storage. FailedPrecondition
-  // for a lease that is unknown, committed, failed, aborted or expired (even before Step
-  // reclaimed it); InvalidArgument for a layer or block index out of range, or a block
+  // Copies `data`, tensor-parallel rank `rank`'s KV of block `block_index` of the lease
+  // (its position in lease.block_ids) in layer `layer`, into that rank's KV storage
+  // (rank 0 without TP). FailedPrecondition for a lease that is unknown, committed,
+  // failed, aborted or expired (even before Step reclaimed it); InvalidArgument for a
+  // rank, layer or block index out of range, or a block
   // below num_cached_blocks() (served by the local prefix cache, possibly shared: never
   // overwritten); DataLoss when data.size() is not the layout's block bytes (a
   // truncated transfer or a sender with another layout). Nothing is written on error.
-  absl::Status ImportKvBlock(KvTransferId transfer_id, int32_t layer, int32_t block_index,
+  absl::Status ImportKvBlock(KvTransferId transfer_id, int32_t rank, int32_t layer, int32_t block_index,
                              std::span<const std::byte> data);
 
   // The lease's blocks hold the prompt's KV (written through ImportKvBlock or by a
@@ -257,23 +258,27 @@ class Engine {
   absl::Status AddPrefillOnlyRequest(EngineRequest request, int32_t skip_leading_tokens = 0,
                                      KvLayerSink on_layer_blocks = nullptr);
 
-  // The KV of block `block_index` (its position in PrefillResult::block_ids) of layer
-  // `layer` of a computed prefill-only request, in the runner's storage. Valid until the
+  // Rank `rank`'s KV of block `block_index` (its position in PrefillResult::block_ids)
+  // of layer `layer` of a computed prefill-only request, in that rank's storage (rank 0
+  // without TP). Valid until the
   // request ends (ReleasePrefill, Abort, release timeout); the engine never writes a
   // pinned block meanwhile. FailedPrecondition for a request that is unknown, not yet
   // computed or ended, or a runner without KvStorage; InvalidArgument for an index out
   // of range.
-  absl::StatusOr<std::span<const std::byte>> ExportKvBlock(const std::string& request_id, int32_t layer,
-                                                           int32_t block_index) const;
+  absl::StatusOr<std::span<const std::byte>> ExportKvBlock(const std::string& request_id, int32_t rank,
+                                                           int32_t layer, int32_t block_index) const;
 
   // Ends a computed prefill-only request: unpins its blocks (its full blocks stay in
   // the prefix cache) and returns (and streams) its final output. FailedPrecondition
   // for a request that is unknown or not computed yet (Abort it instead).
   absl::StatusOr<RequestOutput> ReleasePrefill(const std::string& request_id);
 
-  // This engine's KV block layout, what a peer's blocks must match.
-  // FailedPrecondition when the runner exposes no KvStorage.
+  // This engine's KV block layout (one rank's pool under TP), what a peer's blocks must
+  // match. FailedPrecondition when the runner exposes no KvStorage.
   absl::StatusOr<kv::KvBlockSpec> kv_block_spec() const;
+  // Tensor-parallel ranks whose pools a transfer moves (ModelRunner::kv_rank_storages):
+  // 1 without TP, 0 when the runner exposes no KV storage.
+  int32_t kv_tp_size() const { return static_cast<int32_t>(kv_ranks_.size()); }
 
   bool HasUnfinishedRequests() const { return scheduler_->HasUnfinishedRequests(); }
   EngineStats stats() const;
@@ -330,6 +335,7 @@ class Engine {
   void FinishStreamedPrefill(const std::string& request_id, const PrefillResult& result);
 
   ModelRunner& runner_;
+  const std::vector<kv::KvStorage*> kv_ranks_;  // runner_.kv_rank_storages(), fixed for its life
   std::unique_ptr<kv::KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;  // borrows *kv_: declared after it
   const RequestLimits limits_;

@@ -29,11 +29,10 @@ int64_t Engine::DeadlineAfter(int64_t timeout_ms) const {
 }
 
 absl::StatusOr<kv::KvBlockSpec> Engine::kv_block_spec() const {
-  const kv::KvStorage* storage = runner_.kv_storage();
-  if (storage == nullptr) {
+  if (kv_ranks_.empty()) {
     return absl::FailedPreconditionError("the model runner exposes no KV storage: blocks cannot be transferred");
   }
-  return kv::KvBlockSpecOf(storage->layout());
+  return kv::KvBlockSpecOf(kv_ranks_[0]->layout());
 }
 
 absl::StatusOr<RemotePrefillLease> Engine::ReserveForRemotePrefill(EngineRequest request) {
@@ -49,25 +48,36 @@ absl::StatusOr<RemotePrefillLease> Engine::ReserveForRemotePrefill(EngineRequest
   }
   const int32_t num_cached_blocks = reservation.num_cached_tokens / spec.block_size_tokens;
   const int64_t deadline_ms = DeadlineAfter(lease_timeout_ms_);
-  const KvTransferId id =
-      handoffs_.Grant(request.request_id, reservation.block_ids, num_cached_blocks, spec.num_layers, deadline_ms);
+  // The ledger counts every rank's layers: (rank, layer) is its layer r * num_layers + layer.
+  const KvTransferId id = handoffs_.Grant(request.request_id, reservation.block_ids, num_cached_blocks,
+                                          spec.num_layers * kv_tp_size(), deadline_ms);
   RemotePrefillLease granted{.transfer_id = id,
                              .request_id = request.request_id,
                              .block_ids = std::move(reservation.block_ids),
                              .num_cached_tokens = reservation.num_cached_tokens,
                              .kv_spec = spec,
+                             .tp_size = kv_tp_size(),
                              .deadline_ms = deadline_ms};
   if (request.on_output) callbacks_[request.request_id] = std::move(request.on_output);
   return granted;
 }
 
-absl::Status Engine::ImportKvBlock(KvTransferId transfer_id, int32_t layer, int32_t block_index,
+absl::Status Engine::ImportKvBlock(KvTransferId transfer_id, int32_t rank, int32_t layer, int32_t block_index,
                                    std::span<const std::byte> data) {
   KVMESH_ASSIGN_OR_RETURN(kv::KvLease * lease, handoffs_.Find(transfer_id, NowMs(), "ImportKvBlock"));
-  kv::KvStorage* storage = runner_.kv_storage();
-  if (storage == nullptr) return absl::FailedPreconditionError("the model runner exposes no KV storage");
+  if (kv_ranks_.empty()) return absl::FailedPreconditionError("the model runner exposes no KV storage");
+  if (rank < 0 || rank >= kv_tp_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ImportKvBlock: rank ", rank, " is outside this engine's ", kv_tp_size(), " ranks"));
+  }
+  kv::KvStorage* storage = kv_ranks_[static_cast<size_t>(rank)];
   const kv::KvLayout& layout = storage->layout();
-  KVMESH_ASSIGN_OR_RETURN(const kv::BlockId target, handoffs_.ImportTarget(*lease, layer, block_index));
+  if (layer < 0 || layer >= layout.num_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ImportKvBlock: layer ", layer, " is outside [0, ", layout.num_layers(), ")"));
+  }
+  const int32_t ledger_layer = rank * layout.num_layers() + layer;
+  KVMESH_ASSIGN_OR_RETURN(const kv::BlockId target, handoffs_.ImportTarget(*lease, ledger_layer, block_index));
   if (static_cast<int64_t>(data.size()) != layout.BlockBytes()) {
     return absl::DataLossError(absl::StrCat("ImportKvBlock: got ", data.size(), " bytes for block ", block_index,
                                             " of layer ", layer, ", the layout's blocks have ",
@@ -75,7 +85,7 @@ absl::Status Engine::ImportKvBlock(KvTransferId transfer_id, int32_t layer, int3
   }
   const std::span<std::byte> dst = storage->BlockData(layer, target);
   std::memcpy(dst.data(), data.data(), data.size());
-  handoffs_.RecordImport(*lease, layer, block_index);
+  handoffs_.RecordImport(*lease, ledger_layer, block_index);
   return absl::OkStatus();
 }
 
@@ -137,7 +147,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::HandBackUnstarted(const absl:
 
 absl::Status Engine::AddPrefillOnlyRequest(EngineRequest request, int32_t skip_leading_tokens,
                                            KvLayerSink on_layer_blocks) {
-  if (on_layer_blocks && runner_.kv_storage() == nullptr) {
+  if (on_layer_blocks && kv_ranks_.empty()) {
     return absl::FailedPreconditionError("the model runner exposes no KV storage: its KV cannot be streamed");
   }
   KVMESH_RETURN_IF_ERROR(ValidateEngineRequest(request, limits_));
@@ -190,12 +200,16 @@ std::vector<Engine::LayerExport> Engine::PlanLayerExports(const SchedulerOutput&
 }
 
 void Engine::ExportLayer(const std::vector<LayerExport>& plan, int32_t layer) {
-  kv::KvStorage* storage = runner_.kv_storage();
   std::vector<std::span<const std::byte>> spans;
   for (const LayerExport& e : plan) {
-    spans.clear();
-    for (const kv::BlockId id : e.block_ids) spans.push_back(storage->BlockData(layer, id));
-    (*e.sink)(KvLayerBlocks{.layer = layer, .first_block_index = e.first_block_index, .blocks = spans});
+    for (size_t rank = 0; rank < kv_ranks_.size(); ++rank) {
+      spans.clear();
+      for (const kv::BlockId id : e.block_ids) spans.push_back(kv_ranks_[rank]->BlockData(layer, id));
+      (*e.sink)(KvLayerBlocks{.rank = static_cast<int32_t>(rank),
+                              .layer = layer,
+                              .first_block_index = e.first_block_index,
+                              .blocks = spans});
+    }
   }
 }
 
@@ -205,21 +219,25 @@ void Engine::FinishStreamedPrefill(const std::string& request_id, const PrefillR
   if (it->second.next_block < num_blocks) {
     LayerExport rest{.sink = &it->second.sink, .first_block_index = it->second.next_block, .block_ids = {}};
     rest.block_ids.assign(result.block_ids.begin() + it->second.next_block, result.block_ids.end());
-    for (int32_t layer = 0; layer < runner_.kv_storage()->layout().num_layers(); ++layer) ExportLayer({rest}, layer);
+    for (int32_t layer = 0; layer < kv_ranks_[0]->layout().num_layers(); ++layer) ExportLayer({rest}, layer);
   }
   streamed_prefills_.erase(it);
 }
 
-absl::StatusOr<std::span<const std::byte>> Engine::ExportKvBlock(const std::string& request_id, int32_t layer,
-                                                                 int32_t block_index) const {
+absl::StatusOr<std::span<const std::byte>> Engine::ExportKvBlock(const std::string& request_id, int32_t rank,
+                                                                 int32_t layer, int32_t block_index) const {
   const kv::KvExportPin* pin = handoffs_.pin(request_id);
   if (pin == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ExportKvBlock: request '", request_id, "' is not a computed prefill-only request (unknown, not yet "
         "computed, or ended)"));
   }
-  const kv::KvStorage* storage = runner_.kv_storage();
-  if (storage == nullptr) return absl::FailedPreconditionError("the model runner exposes no KV storage");
+  if (kv_ranks_.empty()) return absl::FailedPreconditionError("the model runner exposes no KV storage");
+  if (rank < 0 || rank >= kv_tp_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ExportKvBlock: rank ", rank, " is outside this engine's ", kv_tp_size(), " ranks"));
+  }
+  const kv::KvStorage* storage = kv_ranks_[static_cast<size_t>(rank)];
   const int32_t num_blocks = static_cast<int32_t>(pin->block_ids.size());
   if (layer < 0 || layer >= storage->layout().num_layers()) {
     return absl::InvalidArgumentError(

@@ -12,8 +12,8 @@
 //                                                         lease.num_cached_tokens)
 //                                                     P.Step() ... → PrefillResult
 //   CheckKvBlockSpecsMatch(P's spec, lease.kv_spec)   (the sender checks)
-//   for each layer, for each block i >= lease.num_cached_blocks():
-//     D.ImportKvBlock(lease.transfer_id, layer, i,  P.ExportKvBlock(id, layer, i))
+//   for each TP rank r, layer, block i >= lease.num_cached_blocks():
+//     D.ImportKvBlock(lease.transfer_id, r, layer, i,  P.ExportKvBlock(id, r, layer, i))
 //                                                     P.ReleasePrefill(id)
 //   D.CommitRemotePrefill(lease.transfer_id, first token (+ logprobs))
 //   D.Step() ... decodes as usual
@@ -22,9 +22,14 @@
 // engine then hands it each layer's blocks as soon as the model runner has written that
 // layer (ModelBatch::on_layer_kv_written) — every step of a chunked prefill sends the
 // blocks its chunk completed — so the transport overlaps the later layers' compute. By
-// the time the PrefillResult output is delivered, every (layer, block >=
+// the time the PrefillResult output is delivered, every (rank, layer, block >=
 // num_skipped_blocks) has gone through the sink exactly once; the bytes are those
 // ExportKvBlock would return after the prefill.
+//
+// Tensor parallelism: both engines' runners hold a block's KV as tp_size shares, one
+// per rank's pool under the same block ids (ModelRunner::kv_rank_storages). A transfer
+// moves rank r's share into the peer's rank r, so the two sides must have the same
+// tp_size (the lease carries it; the sender checks).
 //
 // A lease ends in exactly one of: committed (CommitRemotePrefill), failed
 // (FailRemotePrefill: the transfer failed; a retry takes a new lease), aborted
@@ -63,8 +68,10 @@ struct RemotePrefillLease {
   // Leading prompt tokens whose KV the decode side has already (a multiple of B, below
   // the prompt length). Pass it to the prefill side as skip_leading_tokens.
   int32_t num_cached_tokens = 0;
-  // The layout every sent block must have (the sender checks it against its own).
+  // The layout every sent block must have (one rank's; the sender checks it against its
+  // own), and the ranks the decode side holds each block over.
   kv::KvBlockSpec kv_spec;
+  int32_t tp_size = 1;
   // When the lease expires on the decode engine's clock (EngineOptions::now_ms);
   // INT64_MAX when leases do not expire.
   int64_t deadline_ms = 0;
@@ -76,10 +83,11 @@ struct RemotePrefillLease {
 };
 
 // Blocks [first_block_index, first_block_index + blocks.size()) of a streamed prefill
-// (indices into PrefillResult::block_ids, all >= its num_skipped_blocks) for one layer,
-// each the layout's block bytes. The spans point into the KV storage: valid only during
-// the sink call.
+// (indices into PrefillResult::block_ids, all >= its num_skipped_blocks) for one layer
+// of one TP rank (0 without TP), each the layout's block bytes. The spans point into
+// that rank's KV storage: valid only during the sink call.
 struct KvLayerBlocks {
+  int32_t rank = 0;
   int32_t layer = 0;
   int32_t first_block_index = 0;
   std::span<const std::span<const std::byte>> blocks;

@@ -89,8 +89,8 @@ struct ModelBatch {
   // and sent whole again in the same batch. Ids the runner does not keep are ignored.
   std::vector<int64_t> released_seq_ids;
   // Optional: Execute calls it once per layer, in layer order, on its own thread, as
-  // soon as that layer's new KV of every chunk is in kv_storage() (every rank's, under
-  // TP) and before the next layer starts. It may read that layer's blocks (and must not
+  // soon as that layer's new KV of every chunk is in kv_rank_storages() (every rank's,
+  // under TP) and before the next layer starts. It may read that layer's blocks (and must not
   // write any, nor call back into the runner). The engine streams a prefill's KV out
   // layer by layer through it while the later layers compute. NOTE: empty for ordinary
   // steps; a runner only tests it, so it costs nothing then.
@@ -131,6 +131,14 @@ class ModelRunner {
   // pool). Prefill/decode disaggregation copies blocks in and out through it
   // (Engine::ImportKvBlock / ExportKvBlock) between steps, never during Execute.
   virtual kv::KvStorage* kv_storage() { return nullptr; }
+  // Every tensor-parallel rank's host KV pool, in rank order: rank r's pool holds its own
+  // KV heads (every layer) under the same block ids as every other rank's, so a prefill
+  // -> decode transfer moves rank r's blocks into the peer's rank r (kv_handoff.h). One
+  // entry, kv_storage(), for an unsharded runner; empty when it has none.
+  virtual std::vector<kv::KvStorage*> kv_rank_storages() {
+    kv::KvStorage* storage = kv_storage();
+    return storage == nullptr ? std::vector<kv::KvStorage*>{} : std::vector<kv::KvStorage*>{storage};
+  }
   // Whether Execute honours SequenceChunk::argmax_only (a device runner then copies one
   // token id to the host instead of a vocabulary of logits, and skips the host's argmax).
   virtual bool returns_argmax() const { return false; }

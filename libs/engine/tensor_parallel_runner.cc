@@ -54,6 +54,7 @@ struct TensorParallelRunner::Rank {
   absl::Status setup_status;    // (mu_)
   int64_t done_step = 0;        // (mu_) last step this follower finished
   absl::Status step_status;     // (mu_) its result
+  int32_t layers_written = 0;   // (mu_) layers of the current step whose KV it wrote (streamed steps)
 };
 
 TensorParallelRunner::TensorParallelRunner(const TensorParallelRunnerOptions& options) : options_(options) {}
@@ -198,7 +199,21 @@ void TensorParallelRunner::FollowerLoop(int32_t r) {
     seen = step_;
     lock.unlock();
     // NOTE: plan_ is not written again until every follower has reported this step.
-    absl::StatusOr<ModelOutput> out = RunRank(r, plan_, seen);
+    absl::StatusOr<ModelOutput> out;
+    if (plan_streams_layers_) {
+      // The driver's hook reads this rank's pool too: say when each layer is in it.
+      ModelBatch batch = plan_;
+      batch.on_layer_kv_written = [this, &rank](int32_t layer) {
+        {
+          std::lock_guard<std::mutex> guard(mu_);
+          rank.layers_written = layer + 1;
+        }
+        cv_.notify_all();
+      };
+      out = RunRank(r, batch, seen);
+    } else {
+      out = RunRank(r, plan_, seen);
+    }
     lock.lock();
     rank.done_step = seen;
     rank.step_status = out.status();
@@ -221,10 +236,24 @@ absl::StatusOr<ModelOutput> TensorParallelRunner::Execute(const ModelBatch& batc
     plan_.swap_in = batch.swap_in;
     plan_.block_copies = batch.block_copies;
     plan_.released_seq_ids = batch.released_seq_ids;  // every rank keeps its own tables
+    plan_streams_layers_ = static_cast<bool>(batch.on_layer_kv_written);
+    for (auto& rank : ranks_) rank->layers_written = 0;
     step = ++step_;
   }
   cv_.notify_all();
-  absl::StatusOr<ModelOutput> out = RunRank(0, batch, step);
+  absl::StatusOr<ModelOutput> out;
+  if (batch.on_layer_kv_written) {
+    // The hook reads every rank's share of a layer: it runs once all ranks wrote it (they
+    // meet at each layer's all-reduce anyway, so rank 0 waits for little).
+    ModelBatch driver = batch;
+    driver.on_layer_kv_written = [this, &batch, step](int32_t layer) {
+      WaitForLayerOnEveryRank(layer, step);
+      batch.on_layer_kv_written(layer);
+    };
+    out = RunRank(0, driver, step);
+  } else {
+    out = RunRank(0, batch, step);
+  }
 
   // Every follower finishes the step or fails within its collectives' timeout; the extra
   // bound catches a follower stuck outside any collective.
@@ -254,6 +283,23 @@ absl::StatusOr<ModelOutput> TensorParallelRunner::Execute(const ModelBatch& batc
   KVMESH_LOG(kError) << message;
   if (options_.on_group_failure) options_.on_group_failure(group_status_);
   return group_status_;
+}
+
+void TensorParallelRunner::WaitForLayerOnEveryRank(int32_t layer, int64_t step) {
+  // A follower that failed or is stuck ends the step in error, so nothing read early is
+  // ever committed (the prefill's result is never delivered).
+  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(options_.comm_timeout);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_until(lock, deadline, [&] {
+    return std::all_of(ranks_.begin() + 1, ranks_.end(),
+                       [&](const auto& rank) { return rank->layers_written > layer || rank->done_step == step; });
+  });
+}
+
+std::vector<kv::KvStorage*> TensorParallelRunner::kv_rank_storages() {
+  std::vector<kv::KvStorage*> storages;
+  for (auto& rank : ranks_) storages.push_back(rank->runner->kv_storage());
+  return storages;
 }
 
 absl::Status TensorParallelRunner::health() const { return group_status_; }

@@ -88,9 +88,10 @@ class TensorParallelRunner : public ModelRunner {
   // Each rank keeps its own copy (every rank executes every batch; once the group breaks
   // no batch runs anywhere).
   bool keeps_block_tables() const override { return true; }
-  // NOTE: nullptr: KV is spread over the ranks' pools, so the engine cannot copy whole
-  // blocks in or out (prefill/decode disaggregation under TP is not supported yet).
+  // NOTE: nullptr: KV is spread over the ranks' pools (a block's KV is every rank's
+  // share of it); the transfer paths take each rank's pool from kv_rank_storages().
   kv::KvStorage* kv_storage() override { return nullptr; }
+  std::vector<kv::KvStorage*> kv_rank_storages() override;
   // Every rank copies its own heads into its share of the slot (ModelBatch swaps).
   int64_t kv_swap_bytes_per_block() const override {
     return rank_storage(0).SwapBytesPerBlock() * tensor_parallel_size();
@@ -125,6 +126,9 @@ class TensorParallelRunner : public ModelRunner {
   // rank's communicator so that peers fail fast instead of waiting out the timeout.
   absl::StatusOr<ModelOutput> RunRank(int32_t r, const ModelBatch& batch, int64_t step);
   void FollowerLoop(int32_t r);
+  // Driver, during a step whose batch has on_layer_kv_written: until every follower has
+  // written `layer` (or ended the step, or comm_timeout passed).
+  void WaitForLayerOnEveryRank(int32_t layer, int64_t step);
   void StopFollowers();
 
   const TensorParallelRunnerOptions options_;
@@ -138,6 +142,7 @@ class TensorParallelRunner : public ModelRunner {
   ModelBatch plan_;          // guarded by mu_ (copy of the batch, without callbacks)
   int64_t step_ = 0;         // guarded by mu_: the step the plan belongs to
   bool stopping_ = false;    // guarded by mu_
+  bool plan_streams_layers_ = false;  // guarded by mu_: the step's batch has on_layer_kv_written
 };
 
 }  // namespace kvmesh::engine

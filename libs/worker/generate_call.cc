@@ -35,7 +35,7 @@ struct PrefillClientCall {
 
   std::mutex mu;
   bool ucx_offered = false;  // set before the call starts
-  uint64_t ucx_token = 0;    // set before the call starts
+  std::vector<uint64_t> ucx_tokens;  // set before the call starts: one lease per TP rank
   std::optional<absl::Status> ucx_verdict;  // guarded by mu
   kv::KvTransferStats ucx_stats;            // guarded by mu
   std::optional<absl::Status> reply;        // guarded by mu: the Prefill call's status
@@ -137,10 +137,13 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     v1::KvDestination* dest = call->request.mutable_destination();
     dest->set_decode_worker_address(state_.address());
     dest->set_transfer_id(transfer_id);
-    v1::RankBlocks* blocks = dest->add_blocks_per_rank();
-    blocks->set_rank(0);
-    for (int32_t i = lease.num_cached_blocks(); i < lease.num_blocks(); ++i) {
-      blocks->add_block_ids(lease.block_ids[i].value);
+    // Every rank holds the block under the same id (kv_handoff.h, tensor parallelism).
+    for (int32_t rank = 0; rank < lease.tp_size; ++rank) {
+      v1::RankBlocks* blocks = dest->add_blocks_per_rank();
+      blocks->set_rank(rank);
+      for (int32_t i = lease.num_cached_blocks(); i < lease.num_blocks(); ++i) {
+        blocks->add_block_ids(lease.block_ids[i].value);
+      }
     }
     *dest->mutable_kv_cache_spec() = state_.spec();
     dest->set_num_skip_blocks(lease.num_cached_blocks());
@@ -166,12 +169,12 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
       prefill_call_ = call;
     }
     const bool want_logprobs = sampling.has_logprobs();
-    if (kv::KvTransport* transport = offer_ucx_ ? state_.kv_transport() : nullptr) {
+    if (offer_ucx_ && state_.has_kv_transport()) {
       // Offer UCX: the prefill worker puts straight into these blocks when it has UCX
       // too, else it pushes over the gRPC stream (the lease above serves that).
       std::vector<kv::BlockId> ids(lease.block_ids.begin() + lease.num_cached_blocks(), lease.block_ids.end());
-      auto grant = transport->OpenLease(
-          state_.kv_pool(), {.block_ids = std::move(ids)},
+      auto grant = kv::OpenRankGroupLease(
+          state_.kv_rank_pools(), ids,
           [call, state, id, want_logprobs](const absl::Status& status, const kv::KvTransferStats& stats) {
             {
               std::lock_guard<std::mutex> lock(call->mu);
@@ -182,9 +185,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
           });
       if (grant.ok()) {
         call->ucx_offered = true;
-        call->ucx_token = grant->lease_token;
+        call->ucx_tokens = grant->lease_tokens;
         dest->set_transport(v1::KV_TRANSPORT_UCX);
-        dest->set_kv_lease_descriptor(std::move(grant->descriptor));
+        for (std::string& d : grant->descriptors) dest->add_kv_lease_descriptors(std::move(d));
       } else {
         KVMESH_LOG(kWarning) << "no UCX lease, offering the gRPC stream" << LogKv("status", grant.status().ToString());
       }
@@ -259,9 +262,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
       // Unavailable: the prefill worker is gone or unreachable, so the transport must
       // not answer on its endpoint (UCX may have torn it down: sending there crashed).
       const bool peer_lost = failure.has_value() && failure->code() == absl::StatusCode::kUnavailable;
-      state.kv_transport()->CloseLease(call->ucx_token, peer_lost
-                                                            ? absl::UnavailableError("the KV sender is unreachable")
-                                                            : absl::CancelledError("the KV went another way"));
+      kv::CloseRankGroupLease(state.kv_rank_pools(), call->ucx_tokens,
+                              peer_lost ? absl::UnavailableError("the KV sender is unreachable")
+                                        : absl::CancelledError("the KV went another way"));
     }
     if (cancel_call) call->context.TryCancel();
     if (failure.has_value()) return FailOrFallBack(state, id, *failure, call->prefill_address);
@@ -356,7 +359,8 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
       prefill_call->context.TryCancel();
       // Its UCX lease too: the blocks are gone, the sender is refused from now on.
       if (prefill_call->ucx_offered) {
-        state_.kv_transport()->CloseLease(prefill_call->ucx_token, absl::CancelledError("the request ended"));
+        kv::CloseRankGroupLease(state_.kv_rank_pools(), prefill_call->ucx_tokens,
+                                absl::CancelledError("the request ended"));
       }
     }
     Pump();

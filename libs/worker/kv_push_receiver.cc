@@ -47,7 +47,10 @@ absl::Status KvPushReceiver::Accept(const v1::KvBlockChunk& chunk) {
   }
   std::optional<WorkerState::Lease> lease = state_.FindLease(chunk.transfer_id());
   if (!lease) return absl::NotFoundError(absl::StrCat("unknown KV transfer '", chunk.transfer_id(), "'"));
-  if (chunk.rank() != 0) return absl::InvalidArgumentError(absl::StrCat("rank ", chunk.rank(), ": this worker has 1"));
+  if (chunk.rank() < 0 || chunk.rank() >= state_.tp_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", chunk.rank(), ": this worker has ", state_.tp_size(), " tensor-parallel ranks"));
+  }
   const int64_t block_bytes = state_.block_spec().block_bytes;
   if (static_cast<int64_t>(payload.size()) != block_bytes * chunk.block_ids_size()) {
     return absl::DataLossError(absl::StrCat("KV chunk of ", payload.size(), " bytes for ", chunk.block_ids_size(),
@@ -75,11 +78,12 @@ absl::Status KvPushReceiver::Accept(const v1::KvBlockChunk& chunk) {
   }
   auto data = std::make_shared<std::string>(payload);
   const engine::KvTransferId id = lease->id;
+  const int32_t rank = chunk.rank();
   const int32_t layer = chunk.layer();
-  state_.engine().Post([this, id, layer, indices, data, block_bytes](engine::Engine& e) {
+  state_.engine().Post([this, id, rank, layer, indices, data, block_bytes](engine::Engine& e) {
     absl::Status s;
     for (size_t i = 0; i < indices->size() && s.ok(); ++i) {
-      s = e.ImportKvBlock(id, layer, (*indices)[i],
+      s = e.ImportKvBlock(id, rank, layer, (*indices)[i],
                           std::span<const std::byte>(reinterpret_cast<const std::byte*>(data->data()) + i * block_bytes,
                                                      static_cast<size_t>(block_bytes)));
     }

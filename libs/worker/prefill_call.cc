@@ -39,23 +39,33 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
 
   void Start() {
     const v1::KvDestination& dest = request_.destination();
+    // KV moves rank to rank: the two tensor-parallel groups must have the same size.
+    if (dest.kv_cache_spec().tp_size() != state_.spec().tp_size()) {
+      return Respond(absl::InvalidArgumentError(absl::StrCat(
+          "the decode worker has tensor-parallel size ", dest.kv_cache_spec().tp_size(), ", this prefill worker ",
+          state_.spec().tp_size(), ": KV moves rank to rank, so both sides need the same size")));
+    }
     if (!SameSpec(dest.kv_cache_spec(), state_.spec())) {
       return Respond(absl::InvalidArgumentError("destination kv_cache_spec differs from this worker's"));
     }
     // UCX when the decode side offers it and this worker has it; else the gRPC stream
     // (the decode side learns which from kv_transport_used).
-    const bool offer_ucx = dest.transport() == v1::KV_TRANSPORT_UCX && !dest.kv_lease_descriptor().empty() &&
-                           state_.kv_transport() != nullptr;
-    if (dest.blocks_per_rank_size() != 1 || dest.decode_worker_address().empty() || dest.num_skip_blocks() < 0) {
-      return Respond(absl::InvalidArgumentError("destination: one rank's blocks and an address are required"));
+    const bool offer_ucx = dest.transport() == v1::KV_TRANSPORT_UCX && dest.kv_lease_descriptors_size() > 0 &&
+                           state_.has_kv_transport();
+    if (dest.blocks_per_rank_size() != state_.tp_size() || dest.decode_worker_address().empty() ||
+        dest.num_skip_blocks() < 0) {
+      return Respond(absl::InvalidArgumentError(absl::StrCat("destination: blocks for each of the ", state_.tp_size(),
+                                                             " ranks and an address are required")));
     }
     const int32_t block_size = state_.block_spec().block_size_tokens;
     const int32_t num_prompt_blocks = (request_.prompt_token_ids_size() + block_size - 1) / block_size;
-    if (request_.prompt_token_ids_size() > 0 &&
-        dest.blocks_per_rank(0).block_ids_size() != num_prompt_blocks - dest.num_skip_blocks()) {
-      return Respond(absl::InvalidArgumentError(
-          absl::StrCat("destination has ", dest.blocks_per_rank(0).block_ids_size(), " blocks after skipping ",
-                       dest.num_skip_blocks(), "; the prompt has ", num_prompt_blocks)));
+    for (const v1::RankBlocks& rank_blocks : dest.blocks_per_rank()) {
+      if (request_.prompt_token_ids_size() > 0 &&
+          rank_blocks.block_ids_size() != num_prompt_blocks - dest.num_skip_blocks()) {
+        return Respond(absl::InvalidArgumentError(
+            absl::StrCat("destination has ", rank_blocks.block_ids_size(), " blocks for rank ", rank_blocks.rank(),
+                         " after skipping ", dest.num_skip_blocks(), "; the prompt has ", num_prompt_blocks)));
+      }
     }
     auto r = state_.ToEngineRequest(request_.request_id(), request_.prompt_token_ids(), request_.sampling(), {});
     if (!r.ok()) return Respond(r.status());
@@ -68,8 +78,10 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
     start_ = std::chrono::steady_clock::now();
     if (offer_ucx) {
       // Blocks for one round trip: the receiver refuses an unknown lease before anything is put.
-      absl::StatusOr<std::unique_ptr<kv::KvPush>> push =
-          state_.kv_transport()->OpenPush(state_.kv_pool(), dest.kv_lease_descriptor());
+      const std::vector<std::string> descriptors(dest.kv_lease_descriptors().begin(),
+                                                 dest.kv_lease_descriptors().end());
+      absl::StatusOr<std::unique_ptr<kv::KvRankGroupPush>> push =
+          kv::KvRankGroupPush::Open(state_.kv_rank_pools(), descriptors);
       if (push.ok()) {
         ucx_ = *std::move(push);
       } else if (!absl::IsUnavailable(push.status())) {
@@ -130,14 +142,14 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
       ids.reserve(blocks.blocks.size());
       absl::Status s;
       for (const std::span<const std::byte>& b : blocks.blocks) {
-        absl::StatusOr<kv::BlockId> id = state_.PoolBlockOf(blocks.layer, b);
+        absl::StatusOr<kv::BlockId> id = state_.PoolBlockOf(blocks.rank, blocks.layer, b);
         if (!id.ok()) {
           s = id.status();
           break;
         }
         ids.push_back(*id);
       }
-      if (s.ok()) s = ucx_->PutLayer(blocks.layer, blocks.first_block_index - dest.num_skip_blocks(), ids);
+      if (s.ok()) s = ucx_->PutLayer(blocks.rank, blocks.layer, blocks.first_block_index - dest.num_skip_blocks(), ids);
       if (!s.ok()) {
         // The transfer is over; Finish reports it (and the decode side fails its lease).
         KVMESH_LOG(kWarning) << "UCX put refused" << LogKv("request", request_.request_id())
@@ -146,7 +158,7 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
       }
       return;
     }
-    const v1::RankBlocks& dest_blocks = dest.blocks_per_rank(0);
+    const v1::RankBlocks& dest_blocks = dest.blocks_per_rank(blocks.rank);
     const int32_t skip = dest.num_skip_blocks();
     const size_t block_bytes = static_cast<size_t>(state_.block_spec().block_bytes);
     const size_t per_chunk = std::max<size_t>(1, kMaxChunkBytes / block_bytes);
@@ -154,7 +166,7 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
       const size_t n = std::min(per_chunk, blocks.blocks.size() - first);
       v1::KvBlockChunk chunk;
       chunk.set_transfer_id(dest.transfer_id());
-      chunk.set_rank(0);
+      chunk.set_rank(blocks.rank);
       chunk.set_layer(blocks.layer);
       std::string* payload = chunk.mutable_payload();
       payload->reserve(n * block_bytes);
@@ -172,16 +184,18 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
     const int32_t skip = request_.destination().num_skip_blocks();
     std::vector<std::span<const std::byte>> spans;
     for (int32_t layer = 0; layer < state_.block_spec().num_layers; ++layer) {
-      spans.clear();
-      for (int32_t b = skip; b < num_blocks; ++b) {
-        absl::StatusOr<std::span<const std::byte>> span = e.ExportKvBlock(engine_id_, layer, b);
-        if (!span.ok()) {
-          CancelTransfer();
-          return Respond(span.status());
+      for (int32_t rank = 0; rank < state_.tp_size(); ++rank) {
+        spans.clear();
+        for (int32_t b = skip; b < num_blocks; ++b) {
+          absl::StatusOr<std::span<const std::byte>> span = e.ExportKvBlock(engine_id_, rank, layer, b);
+          if (!span.ok()) {
+            CancelTransfer();
+            return Respond(span.status());
+          }
+          spans.push_back(*span);
         }
-        spans.push_back(*span);
+        SendLayer(engine::KvLayerBlocks{.rank = rank, .layer = layer, .first_block_index = skip, .blocks = spans});
       }
-      SendLayer(engine::KvLayerBlocks{.layer = layer, .first_block_index = skip, .blocks = spans});
     }
   }
 
@@ -308,7 +322,7 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
   std::string engine_id_;          // set in Start, before any callback can run
   std::chrono::steady_clock::time_point start_;
   std::shared_ptr<KvPushStream> push_;  // gRPC: set in Start, before the engine sees the request
-  std::unique_ptr<kv::KvPush> ucx_;     // UCX: set in Start, before the engine sees the request
+  std::unique_ptr<kv::KvRankGroupPush> ucx_;  // UCX: set in Start, before the engine sees the request
   std::atomic<bool> responded_{false};
   std::mutex mu_;
   std::optional<engine::PrefillResult> result_;  // guarded by mu_

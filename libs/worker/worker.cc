@@ -56,12 +56,11 @@ absl::Status Worker::Init() {
   spec.set_head_dim(block_spec.head_dim);
   KVMESH_ASSIGN_OR_RETURN(const v1::KvDtype dtype, rpc::KvDtypeToProto(block_spec.dtype));
   spec.set_dtype(dtype);
-  spec.set_tp_size(1);
+  spec.set_tp_size(created->kv_tp_size());
   spec.set_block_hash_salt(engine_options.kv.salt);
 
-  kv::KvStorage* storage = model_.runner->kv_storage();
   if (options_.kv_transport != KvTransportChoice::kGrpc && options_.role != v1::WORKER_ROLE_BOTH) {
-    KVMESH_RETURN_IF_ERROR(StartUcx(storage));
+    KVMESH_RETURN_IF_ERROR(StartUcx(model_.runner->kv_rank_storages()));
   }
 
   engine_ = std::make_unique<engine::AsyncEngine>(std::move(created));
@@ -75,7 +74,7 @@ absl::Status Worker::Init() {
   KVMESH_ASSIGN_OR_RETURN(transfer_metrics_, KvTransferMetrics::Create(registry_));
   state_->SetMetrics(serving_metrics_.get(), transfer_metrics_.get());
   state_->SetStreamKvLayers(options_.stream_kv_layers);
-  if (ucx_) state_->SetKvTransport(ucx_.get(), ucx_pool_, storage->data(), storage->layout());
+  if (!ucx_.empty()) state_->SetKvTransports(ucx_ranks_);
   state_->SetRemotePrefillPolicy(options_.remote_prefill);
   // Failed remote prefills are recorded by the engine (FallBackToLocalPrefill).
   KVMESH_RETURN_IF_ERROR(registry_
@@ -108,30 +107,35 @@ absl::Status Worker::Init() {
   state_->SetIdentity(worker_id_, address_);
   KVMESH_LOG(kInfo) << "worker listening on " << address_ << LogKv("role", RoleName(options_.role))
                     << LogKv("worker_id", worker_id_) << LogKv("kv_blocks", model_.runner->num_blocks())
-                    << LogKv("kv_transport", ucx_ ? "ucx" : "grpc");
+                    << LogKv("kv_transport", ucx_.empty() ? "grpc" : "ucx") << LogKv("tp_size", spec.tp_size());
   if (!options_.scheduler.empty()) StartHeartbeats(spec);
   return absl::OkStatus();
 }
 
-// The KV data plane: UCX over this worker's whole pool, registered once.
-absl::Status Worker::StartUcx(kv::KvStorage* storage) {
-  absl::Status s = storage == nullptr ? absl::FailedPreconditionError("the model runner has no host KV pool")
-                                      : absl::OkStatus();
-  if (s.ok()) {
+// The KV data plane: UCX over each rank's whole pool, registered once. A
+// tensor-parallel rank gets its own transport (UCX worker and progress thread), so the
+// ranks' puts run side by side, as they would from one process per GPU.
+absl::Status Worker::StartUcx(const std::vector<kv::KvStorage*>& rank_storages) {
+  absl::Status s = rank_storages.empty() ? absl::FailedPreconditionError("the model runner has no host KV pool")
+                                         : absl::OkStatus();
+  for (size_t r = 0; r < rank_storages.size() && s.ok(); ++r) {
+    kv::KvStorage* storage = rank_storages[r];
     auto created = kv::UcxKvTransport::Create({.tls = options_.ucx_tls,
                                                .progress_timeout_ms = options_.kv_progress_timeout_ms,
                                                .receiver_timeout_ms = options_.kv_progress_timeout_ms});
     s = created.status();
-    if (created.ok()) {
-      auto pool = (*created)->RegisterPool(storage->data(), storage->layout());
-      s = pool.status();
-      if (pool.ok()) {
-        ucx_ = *std::move(created);
-        ucx_pool_ = *pool;
-      }
-    }
+    if (!created.ok()) break;
+    auto pool = (*created)->RegisterPool(storage->data(), storage->layout());
+    s = pool.status();
+    if (!pool.ok()) break;
+    ucx_ranks_.push_back({.pool = {.transport = created->get(), .pool = *pool},
+                          .base = storage->data(),
+                          .layout = storage->layout()});
+    ucx_.push_back(*std::move(created));
   }
   if (s.ok()) return s;
+  ucx_ranks_.clear();
+  ucx_.clear();
   if (options_.kv_transport == KvTransportChoice::kUcx) {
     return absl::FailedPreconditionError(absl::StrCat("--kv-transport ucx: ", s.message()));
   }
@@ -175,7 +179,7 @@ void Worker::StartHeartbeats(const v1::KvCacheSpec& spec) {
   registration.mutable_capacity()->set_max_model_len(model_.engine.max_model_len);
   // What placement pairs workers by: UCX when both sides of a hand-off have it.
   registration.add_kv_transports(v1::KV_TRANSPORT_GRPC_STREAM);
-  if (ucx_) registration.add_kv_transports(v1::KV_TRANSPORT_UCX);
+  if (!ucx_.empty()) registration.add_kv_transports(v1::KV_TRANSPORT_UCX);
   heartbeater_ = std::make_unique<Heartbeater>(*state_, options_.scheduler, std::move(registration), health_.get());
 }
 
@@ -203,7 +207,8 @@ void Worker::Drain() {
   // the engine: they end before any of those does.
   state_->outgoing_calls().CancelAllAndWait();
   // Before the state and the engine its callbacks post to: open leases and pushes end.
-  ucx_.reset();
+  ucx_ranks_.clear();
+  ucx_.clear();
 }
 
 Worker::~Worker() {
@@ -211,7 +216,8 @@ Worker::~Worker() {
   // A Start that failed half way: whatever of the data plane started goes before the
   // state and the engine.
   if (state_) state_->outgoing_calls().CancelAllAndWait();
-  ucx_.reset();
+  ucx_ranks_.clear();
+  ucx_.clear();
 }
 
 }  // namespace kvmesh::worker

@@ -58,7 +58,7 @@ class Worker {
  private:
   Worker(const WorkerOptions& options, WorkerModel model) : options_(options), model_(std::move(model)) {}
   absl::Status Init();
-  absl::Status StartUcx(kv::KvStorage* storage);
+  absl::Status StartUcx(const std::vector<kv::KvStorage*>& rank_storages);
   absl::Status StartMetricsServer();
   void StartHeartbeats(const v1::KvCacheSpec& spec);
 
@@ -68,8 +68,10 @@ class Worker {
   std::string worker_id_;
   bool drained_ = false;
   // Declared in the order they start; the destructor tears down the rest in reverse.
-  std::unique_ptr<kv::UcxKvTransport> ucx_;  // none: KV moves over gRPC
-  kv::KvPoolHandle ucx_pool_;
+  // One per tensor-parallel rank, each over that rank's pool (kv/transport/kv_rank_group.h);
+  // none: KV moves over gRPC.
+  std::vector<std::unique_ptr<kv::UcxKvTransport>> ucx_;
+  std::vector<WorkerState::KvRankTransport> ucx_ranks_;
   std::unique_ptr<engine::AsyncEngine> engine_;
   std::unique_ptr<WorkerState> state_;
   metrics::Registry registry_;

@@ -23,9 +23,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "engine/async_engine.h"
 #include "kv/kv_block_spec.h"
 #include "kv/kv_layout.h"
+#include "kv/transport/kv_rank_group.h"
 #include "kv/transport/kv_transport.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
 #include "rpc/channel.h"
@@ -73,23 +75,32 @@ class WorkerState {
   bool stream_kv_layers() const { return stream_kv_layers_; }
   KvTransferMetrics* transfer_metrics() const { return transfer_metrics_; }
 
-  // The one-sided KV transport (UCX) and this worker's registered pool; none: the gRPC
-  // stream only. Both must outlive this. Set once, before serving.
-  void SetKvTransport(kv::KvTransport* transport, kv::KvPoolHandle pool, const std::byte* pool_base,
-                      const kv::KvLayout& layout) {
-    kv_transport_ = transport;
-    kv_pool_ = pool;
-    kv_pool_base_ = pool_base;
-    kv_pool_layout_.emplace(layout);
+  // The one-sided KV transport (UCX): each tensor-parallel rank's transport and
+  // registered pool, rank order (kv/transport/kv_rank_group.h); none: the gRPC stream
+  // only. Transports and pools must outlive this. Set once, before serving.
+  struct KvRankTransport {
+    kv::KvRankPool pool;
+    const std::byte* base = nullptr;  // the rank's pool memory
+    kv::KvLayout layout;
+  };
+  void SetKvTransports(std::vector<KvRankTransport> ranks) {
+    kv_ranks_ = std::move(ranks);
+    kv_rank_pools_.clear();
+    for (const KvRankTransport& r : kv_ranks_) kv_rank_pools_.push_back(r.pool);
   }
-  kv::KvTransport* kv_transport() const { return kv_transport_; }
-  kv::KvPoolHandle kv_pool() const { return kv_pool_; }
-  // The pool block id of `block`, one layer-`layer` block of this worker's pool (the spans
-  // a KvLayerSink gets); InvalidArgument when it is not one.
-  absl::StatusOr<kv::BlockId> PoolBlockOf(int32_t layer, std::span<const std::byte> block) const {
-    if (!kv_pool_layout_.has_value()) return absl::FailedPreconditionError("no registered KV pool");
-    const kv::KvLayout& l = *kv_pool_layout_;
-    const int64_t offset = block.data() - kv_pool_base_ - l.BlockOffset(layer, kv::BlockId{0});
+  bool has_kv_transport() const { return !kv_rank_pools_.empty(); }
+  std::span<const kv::KvRankPool> kv_rank_pools() const { return kv_rank_pools_; }
+  // Ranks of this worker's tensor-parallel group (1 without TP).
+  int32_t tp_size() const { return std::max(spec_.tp_size(), 1); }
+  // The pool block id of `block`, one layer-`layer` block of rank `rank`'s pool (the
+  // spans a KvLayerSink gets); InvalidArgument when it is not one.
+  absl::StatusOr<kv::BlockId> PoolBlockOf(int32_t rank, int32_t layer, std::span<const std::byte> block) const {
+    if (rank < 0 || rank >= static_cast<int32_t>(kv_ranks_.size())) {
+      return absl::FailedPreconditionError(absl::StrCat("no registered KV pool for rank ", rank));
+    }
+    const KvRankTransport& r = kv_ranks_[static_cast<size_t>(rank)];
+    const kv::KvLayout& l = r.layout;
+    const int64_t offset = block.data() - r.base - l.BlockOffset(layer, kv::BlockId{0});
     if (offset < 0 || offset % l.BlockBytes() != 0 || offset / l.BlockBytes() >= l.num_blocks() ||
         static_cast<int64_t>(block.size()) != l.BlockBytes()) {
       return absl::InvalidArgumentError("a KV block outside the registered pool");
@@ -212,10 +223,8 @@ class WorkerState {
   serving::ServingMetrics* serving_metrics_ = nullptr;  // set once before serving
   KvTransferMetrics* transfer_metrics_ = nullptr;       // set once before serving
   bool stream_kv_layers_ = true;                        // set once before serving
-  kv::KvTransport* kv_transport_ = nullptr;             // set once before serving
-  kv::KvPoolHandle kv_pool_;                            // set once before serving
-  const std::byte* kv_pool_base_ = nullptr;             // set once before serving
-  std::optional<kv::KvLayout> kv_pool_layout_;          // set once before serving
+  std::vector<KvRankTransport> kv_ranks_;              // set once before serving
+  std::vector<kv::KvRankPool> kv_rank_pools_;           // set once before serving: kv_ranks_' pools
   RemotePrefillPolicy remote_prefill_policy_;           // set once before serving
   UnreachableReporter report_unreachable_;              // set once before serving
 

@@ -63,7 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (flags & 2) bytes = in.Take<uint16_t>() % (2 * block_bytes + 1);
     std::vector<std::byte> payload(static_cast<size_t>(bytes));
     for (std::byte& b : payload) b = static_cast<std::byte>(in.Take<uint8_t>());
-    (void)engine.ImportKvBlock(id, layer, block, payload);
+    (void)engine.ImportKvBlock(id, 0, layer, block, payload);
   }
   const int32_t first_token = static_cast<int32_t>(in.Take<int16_t>());
   absl::StatusOr<kvmesh::engine::RequestOutput> committed = engine.CommitRemotePrefill(lease->transfer_id, first_token);

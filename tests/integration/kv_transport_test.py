@@ -3,7 +3,8 @@ kvmesh-decode-worker, driven over grpcio):
 
 - greedy tokens over UCX (loopback shm/cma), over the gRPC stream (--kv-transport grpc)
   and aggregated (one worker prefilling itself) are identical, and the metrics say which
-  transport carried the KV;
+  transport carried the KV; the same with TP=2 workers on both sides (rank to rank),
+  and a TP=2 prefill worker refuses a TP=1 decode worker, which then prefills itself;
 - as root, the prefill worker in its own network namespace joined to the decode worker's
   by a veth pair, UCX over tcp between the two addresses (skipped, saying why, where
   namespaces cannot be made);
@@ -132,6 +133,16 @@ def reference_tokens():
         both.stop()
 
 
+@pytest.fixture(scope="module")
+def reference_tokens_tp2():
+    """Greedy tokens of PROMPT from one TP=2 worker prefilling itself (aggregated)."""
+    both = Worker(DECODE, "--tensor-parallel-size=2")
+    try:
+        return _generate(both, None, PROMPT, request_id="ref-tp2")
+    finally:
+        both.stop()
+
+
 def _pair(*args, prefill_env=None, decode_env=None):
     prefill = Worker(PREFILL, *args, env=prefill_env)
     try:
@@ -142,24 +153,45 @@ def _pair(*args, prefill_env=None, decode_env=None):
     return prefill, decode
 
 
+@pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("transport", ["ucx", "grpc"])
-def test_greedy_tokens_over_each_transport_equal_aggregated(reference_tokens, transport):
-    prefill, decode = _pair(f"--kv-transport={transport}")
+def test_greedy_tokens_over_each_transport_equal_aggregated(reference_tokens, reference_tokens_tp2, transport, tp):
+    # With TP=2 on both sides each rank moves its own KV heads to the peer's same rank.
+    prefill, decode = _pair(f"--kv-transport={transport}", f"--tensor-parallel-size={tp}")
+    expected = reference_tokens if tp == 1 else reference_tokens_tp2
     try:
         assert prefill.transport == transport and decode.transport == transport
+        assert any(f"tp_size={tp}" in l for l in decode.log), "".join(decode.log[-10:])
         for i in range(2):  # the second time the decode worker's prefix cache holds most blocks
-            assert _generate(decode, prefill.address, PROMPT, request_id=f"{transport}-{i}") == reference_tokens
+            assert _generate(decode, prefill.address, PROMPT, request_id=f"{transport}-{i}") == expected
         ok = prefill.metric("kvmesh_kv_transfers_total", f'{{direction="sent",transport="{transport}",result="ok"}}')
         assert ok == 2, "".join(prefill.log[-30:])
         sent = prefill.metric("kvmesh_kv_transfer_bytes_total", '{direction="sent"}')
         received = decode.metric("kvmesh_kv_transfer_bytes_total", '{direction="received"}')
         assert sent > 0 and sent == received, (sent, received)
         if transport == "ucx":
-            # One put per layer and merged run: a fresh pool hands out consecutive blocks.
+            # One put per rank, layer and merged run: a fresh pool hands out consecutive blocks.
             descriptors = prefill.metric("kvmesh_kv_transfer_descriptors_total", '{direction="sent",transport="ucx"}')
-            assert 0 < descriptors <= 2 * 8 * 4, descriptors
+            assert 0 < descriptors <= tp * 2 * 8 * 4, descriptors
+        assert decode.metric("kvmesh_kv_remote_prefill_fallbacks") == 0
         for w in (prefill, decode):
-            _blocks_used_eventually_zero(w, f"after the {transport} transfers")
+            _blocks_used_eventually_zero(w, f"after the TP={tp} {transport} transfers")
+    finally:
+        decode.stop()
+        prefill.stop()
+
+
+def test_tensor_parallel_sizes_that_differ_are_refused_and_prefilled_locally(reference_tokens):
+    # KV moves rank to rank: a TP=2 prefill worker refuses a TP=1 decode worker's lease,
+    # saying why, and the decode worker prefills the request itself.
+    prefill = Worker(PREFILL, "--tensor-parallel-size=2")
+    decode = Worker(DECODE)
+    try:
+        assert _generate(decode, prefill.address, PROMPT, request_id="tp-mismatch") == reference_tokens
+        assert decode.metric("kvmesh_kv_remote_prefill_fallbacks") == 1
+        assert any("tensor-parallel size" in l for l in decode.log), "".join(decode.log[-10:])
+        for w in (prefill, decode):
+            _blocks_used_eventually_zero(w, "after the refused transfer")
     finally:
         decode.stop()
         prefill.stop()
@@ -208,15 +240,17 @@ def namespace():
     _sh("ip", "netns", "del", NS)
 
 
-def test_ucx_tcp_between_two_network_namespaces(reference_tokens, namespace):
+@pytest.mark.parametrize("tp", [1, 2])
+def test_ucx_tcp_between_two_network_namespaces(reference_tokens, reference_tokens_tp2, namespace, tp):
     # Each side sees only its end of the veth pair: UCX's tcp transport runs between real
-    # addresses (shared memory is ruled out by --ucx-tls=tcp).
-    prefill = Worker(PREFILL, "--kv-transport=ucx", "--ucx-tls=tcp", listen=f"{NS_IP}:0", netns=NS,
-                     env={"UCX_NET_DEVICES": VETH_NS})
-    decode = Worker(DECODE, "--kv-transport=ucx", "--ucx-tls=tcp", listen=f"{ROOT_IP}:0",
-                    env={"UCX_NET_DEVICES": VETH_ROOT})
+    # addresses (shared memory is ruled out by --ucx-tls=tcp). With TP=2 each rank's own
+    # UCX worker connects to the peer's same rank.
+    args = ["--kv-transport=ucx", "--ucx-tls=tcp", f"--tensor-parallel-size={tp}"]
+    prefill = Worker(PREFILL, *args, listen=f"{NS_IP}:0", netns=NS, env={"UCX_NET_DEVICES": VETH_NS})
+    decode = Worker(DECODE, *args, listen=f"{ROOT_IP}:0", env={"UCX_NET_DEVICES": VETH_ROOT})
     try:
-        assert _generate(decode, prefill.address, PROMPT, request_id="netns") == reference_tokens
+        expected = reference_tokens if tp == 1 else reference_tokens_tp2
+        assert _generate(decode, prefill.address, PROMPT, request_id="netns") == expected
         assert prefill.metric("kvmesh_kv_transfers_total", '{direction="sent",transport="ucx",result="ok"}') == 1
         _blocks_used_eventually_zero(decode, "after the namespaced transfer")
     finally:

@@ -34,7 +34,8 @@ class PlacementPolicyTest : public ::testing::Test {
                    .clock = &clock_,
                    .in_flight_prefix_ttl_ms = in_flight_prefix_ttl_ms}) {}
 
-  void AddWorker(const std::string& id, WorkerRole role, int32_t max_num_seqs = 64, KvTransportSet transports = {}) {
+  void AddWorker(const std::string& id, WorkerRole role, int32_t max_num_seqs = 64, KvTransportSet transports = {},
+                 int32_t tp_size = 1) {
     // NOTE: built in one initializer: assigning short literals to std::string members trips
     // GCC 12's -Wrestrict false positive at -O3.
     const WorkerRegistration r{
@@ -42,7 +43,8 @@ class PlacementPolicyTest : public ::testing::Test {
         .address = absl::StrCat(id, ":1"),
         .role = role,
         .model = "m",
-        .kv_cache_spec = KvCacheSpec{.block_size_tokens = kBlock, .num_layers = 2, .num_kv_heads = 2, .head_dim = 8},
+        .kv_cache_spec = KvCacheSpec{.block_size_tokens = kBlock, .num_layers = 2, .num_kv_heads = 2, .head_dim = 8,
+                                     .tp_size = tp_size},
         .capacity = WorkerCapacity{.max_num_seqs = max_num_seqs},
         .kv_transports = transports};
     ASSERT_TRUE(registry_.Register(r).ok());
@@ -219,6 +221,24 @@ TEST_F(PlacementPolicyTest, UcxWhenBothSidesHaveItElseTheGrpcStream) {
   ASSERT_TRUE(placement.ok());
   ASSERT_FALSE(placement->prefill_locally);
   EXPECT_EQ(placement->kv_transport, KvTransportKind::kGrpcStream);
+}
+
+TEST_F(PlacementPolicyTest, TensorParallelSizesThatDifferPrefillLocallySayingWhy) {
+  // Workers of one model may differ in TP (the registry takes both); KV moves rank to
+  // rank, so only a pair of equal sizes disaggregates.
+  AddWorker("d", WorkerRole::kDecode, 64, {.grpc_stream = true, .ucx = true}, /*tp_size=*/2);
+  AddWorker("p", WorkerRole::kPrefill, 64, {.grpc_stream = true, .ucx = true}, /*tp_size=*/1);
+  PlacementPolicy policy({.disaggregation_threshold_tokens = 0});
+  auto placement = policy.Place(Request(Prompt(1000)), registry_);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  EXPECT_TRUE(placement->prefill_locally);
+  EXPECT_NE(placement->reason.find("tensor-parallel size 1"), std::string::npos) << placement->reason;
+  ASSERT_TRUE(registry_.Deregister("p").ok());
+  AddWorker("p", WorkerRole::kPrefill, 64, {.grpc_stream = true, .ucx = true}, /*tp_size=*/2);
+  placement = policy.Place(Request(Prompt(1000)), registry_);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  EXPECT_FALSE(placement->prefill_locally) << placement->reason;
+  EXPECT_EQ(placement->kv_transport, KvTransportKind::kUcx);
 }
 
 TEST_F(PlacementPolicyTest, APairSharingNoKvTransportPrefillsLocally) {

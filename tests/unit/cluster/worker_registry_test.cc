@@ -74,6 +74,18 @@ TEST_F(WorkerRegistryTest, RegisterRejectsAKvSpecThatDiffersWithinAModel) {
   EXPECT_TRUE(registry_.Register(r).ok());
 }
 
+TEST_F(WorkerRegistryTest, TensorParallelSizesMayDifferWithinAModel) {
+  // Placement pairs only equal sizes for a KV hand-off; each serves alone regardless.
+  ASSERT_TRUE(registry_.Register(Worker("a")).ok());
+  WorkerRegistration r = Worker("b");
+  r.kv_cache_spec.tp_size = 2;
+  EXPECT_TRUE(registry_.Register(r).ok());
+  r = Worker("c");
+  r.kv_cache_spec.tp_size = 2;
+  r.kv_cache_spec.num_layers = 3;  // but not another layout
+  EXPECT_EQ(registry_.Register(r).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(WorkerRegistryTest, HeartbeatOfUnknownWorkerIsNotFound) {
   EXPECT_EQ(registry_.Heartbeat("ghost", {}).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(registry_.Deregister("ghost").code(), absl::StatusCode::kNotFound);

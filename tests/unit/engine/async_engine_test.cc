@@ -233,7 +233,7 @@ TEST(AsyncEngineTest, HandoffThroughSubmitWithAndPostedTasks) {
     std::vector<std::vector<std::byte>> blocks;
     for (int32_t layer = 0; layer < lease.kv_spec.num_layers; ++layer) {
       for (int32_t b = result.num_skipped_blocks; b < lease.num_blocks(); ++b) {
-        const std::span<const std::byte> bytes = e.ExportKvBlock("r", layer, b).value();
+        const std::span<const std::byte> bytes = e.ExportKvBlock("r", 0, layer, b).value();
         blocks.emplace_back(bytes.begin(), bytes.end());
       }
     }
@@ -245,7 +245,7 @@ TEST(AsyncEngineTest, HandoffThroughSubmitWithAndPostedTasks) {
     size_t i = 0;
     for (int32_t layer = 0; layer < lease.kv_spec.num_layers; ++layer) {
       for (int32_t b = result.num_skipped_blocks; b < lease.num_blocks(); ++b) {
-        EXPECT_TRUE(e.ImportKvBlock(lease.transfer_id, layer, b, blocks[i++]).ok());
+        EXPECT_TRUE(e.ImportKvBlock(lease.transfer_id, 0, layer, b, blocks[i++]).ok());
       }
     }
     EXPECT_TRUE(e.CommitRemotePrefill(lease.transfer_id, result.first_token_id, result.first_token_logprobs).ok());

@@ -171,9 +171,9 @@ TEST_P(DisaggregationEquivalenceTest, DisaggregatedTokensMatchTheAggregatedEngin
       ASSERT_EQ(result.num_skipped_blocks, lease.num_cached_blocks());
       for (int32_t layer = 0; layer < lease.kv_spec.num_layers; ++layer) {
         for (int32_t b = result.num_skipped_blocks; b < lease.num_blocks(); ++b) {
-          absl::StatusOr<std::span<const std::byte>> bytes = p.engine->ExportKvBlock(lease.request_id, layer, b);
+          absl::StatusOr<std::span<const std::byte>> bytes = p.engine->ExportKvBlock(lease.request_id, 0, layer, b);
           ASSERT_TRUE(bytes.ok()) << bytes.status();
-          const absl::Status s = d.engine->ImportKvBlock(lease.transfer_id, layer, b, *bytes);
+          const absl::Status s = d.engine->ImportKvBlock(lease.transfer_id, 0, layer, b, *bytes);
           ASSERT_TRUE(s.ok()) << s;
           ++blocks_sent;
         }
@@ -297,12 +297,12 @@ TEST_P(DisaggregationEquivalenceTest, LayeredStreamingSendsTheSameBytesAsExportA
     some_streamed_over_several_steps |= got.steps.size() > 1;
     for (const auto& [key, bytes] : got.blocks) {
       ASSERT_GE(key.second, result.num_skipped_blocks);
-      absl::StatusOr<std::span<const std::byte>> exported = p.engine->ExportKvBlock(lease.request_id, key.first, key.second);
+      absl::StatusOr<std::span<const std::byte>> exported = p.engine->ExportKvBlock(lease.request_id, 0, key.first, key.second);
       ASSERT_TRUE(exported.ok()) << exported.status();
       ASSERT_EQ(bytes.size(), exported->size());
       ASSERT_EQ(std::memcmp(bytes.data(), exported->data(), bytes.size()), 0)
           << lease.request_id << " layer " << key.first << " block " << key.second << " differs from ExportKvBlock";
-      ASSERT_TRUE(d.engine->ImportKvBlock(lease.transfer_id, key.first, key.second, bytes).ok());
+      ASSERT_TRUE(d.engine->ImportKvBlock(lease.transfer_id, 0, key.first, key.second, bytes).ok());
     }
     ASSERT_TRUE(p.engine->ReleasePrefill(lease.request_id).ok());
     ASSERT_TRUE(d.engine->CommitRemotePrefill(lease.transfer_id, result.first_token_id, result.first_token_logprobs).ok());

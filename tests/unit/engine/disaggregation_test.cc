@@ -163,8 +163,8 @@ absl::Status TransferBlocks(const Engine& p, Engine& d, const RemotePrefillLease
   if (result.block_ids.size() != lease.block_ids.size()) return absl::InternalError("block counts differ");
   for (int32_t layer = 0; layer < lease.kv_spec.num_layers; ++layer) {
     for (int32_t i = result.num_skipped_blocks; i < lease.num_blocks(); ++i) {
-      KVMESH_ASSIGN_OR_RETURN(const std::span<const std::byte> bytes, p.ExportKvBlock(lease.request_id, layer, i));
-      KVMESH_RETURN_IF_ERROR(d.ImportKvBlock(lease.transfer_id, layer, i, bytes));
+      KVMESH_ASSIGN_OR_RETURN(const std::span<const std::byte> bytes, p.ExportKvBlock(lease.request_id, 0, layer, i));
+      KVMESH_RETURN_IF_ERROR(d.ImportKvBlock(lease.transfer_id, 0, layer, i, bytes));
     }
   }
   return absl::OkStatus();
@@ -312,7 +312,7 @@ TEST_F(DisaggregationTest, FailFreesTheLeaseAndEndsTheRequestWithItsError) {
 
   // The lease is gone: every further call is rejected.
   const std::vector<std::byte> block(static_cast<size_t>(lease->kv_spec.block_bytes));
-  EXPECT_EQ(d.engine->ImportKvBlock(lease->transfer_id, 0, 0, block).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d.engine->ImportKvBlock(lease->transfer_id, 0, 0, 0, block).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(d.engine->CommitRemotePrefill(lease->transfer_id, 1).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(d.engine->FailRemotePrefill(lease->transfer_id, absl::AbortedError("x")).status().code(),
@@ -325,7 +325,7 @@ TEST_F(DisaggregationTest, AbortWhileReceivingFreesTheLease) {
       d.engine->ReserveForRemotePrefill(d.Track(Req("x", Prompt(13), Greedy(4))));
   ASSERT_TRUE(lease.ok()) << lease.status();
   const std::vector<std::byte> block(static_cast<size_t>(lease->kv_spec.block_bytes));
-  ASSERT_TRUE(d.engine->ImportKvBlock(lease->transfer_id, 1, 2, block).ok());
+  ASSERT_TRUE(d.engine->ImportKvBlock(lease->transfer_id, 0, 1, 2, block).ok());
   absl::StatusOr<RequestOutput> out = d.engine->Abort("x");
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_TRUE(out->finished);
@@ -333,7 +333,7 @@ TEST_F(DisaggregationTest, AbortWhileReceivingFreesTheLease) {
   EXPECT_EQ(d.rec.num_final["x"], 1);
   d.ExpectNoBlockHeld();
   EXPECT_EQ(d.engine->stats().num_leases_aborted, 1);
-  EXPECT_EQ(d.engine->ImportKvBlock(lease->transfer_id, 0, 1, block).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d.engine->ImportKvBlock(lease->transfer_id, 0, 0, 1, block).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(d.engine->CommitRemotePrefill(lease->transfer_id, 1).status().code(),
             absl::StatusCode::kFailedPrecondition);
   // The id is free again.
@@ -349,11 +349,11 @@ TEST_F(DisaggregationTest, ExpiredLeaseIsRejectedThenReclaimedByStep) {
   const std::vector<std::byte> block(static_cast<size_t>(lease->kv_spec.block_bytes));
   now_ = kTimeoutMs - 1;
   d.Step();
-  EXPECT_TRUE(d.engine->ImportKvBlock(lease->transfer_id, 0, 0, block).ok());
+  EXPECT_TRUE(d.engine->ImportKvBlock(lease->transfer_id, 0, 0, 0, block).ok());
   EXPECT_EQ(d.rec.num_final["late"], 0);
   now_ = kTimeoutMs;
   // Expired: rejected at once, even before Step reclaims it.
-  EXPECT_EQ(d.engine->ImportKvBlock(lease->transfer_id, 0, 1, block).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d.engine->ImportKvBlock(lease->transfer_id, 0, 0, 1, block).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(d.engine->CommitRemotePrefill(lease->transfer_id, 1).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(d.engine->kv_cache().num_used_blocks(), 3);
@@ -374,7 +374,7 @@ TEST_F(DisaggregationTest, ImportAfterCommitIsRejected) {
   Disaggregate(p, d, {r}, &leases);
   EXPECT_EQ(d.rec.completions["done"][0], Reference(r, 0));
   const std::vector<std::byte> block(static_cast<size_t>(leases[0].kv_spec.block_bytes));
-  EXPECT_EQ(d.engine->ImportKvBlock(leases[0].transfer_id, 0, 1, block).code(),
+  EXPECT_EQ(d.engine->ImportKvBlock(leases[0].transfer_id, 0, 0, 1, block).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(d.engine->CommitRemotePrefill(leases[0].transfer_id, 1).status().code(),
             absl::StatusCode::kFailedPrecondition);
@@ -404,14 +404,14 @@ TEST_F(DisaggregationTest, ImportChecksLayoutRangeAndCachedBlocks) {
   const std::vector<std::byte> short_block(static_cast<size_t>(spec.block_bytes - 4));
   const std::vector<std::byte> long_block(static_cast<size_t>(spec.block_bytes * 2));
   const KvTransferId id = lease->transfer_id;
-  EXPECT_EQ(d.engine->ImportKvBlock(id, 0, 2, short_block).code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(d.engine->ImportKvBlock(id, 0, 2, long_block).code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(d.engine->ImportKvBlock(id, kLayers, 2, block).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(d.engine->ImportKvBlock(id, -1, 2, block).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(d.engine->ImportKvBlock(id, 0, 4, block).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(d.engine->ImportKvBlock(id, 0, 1, block).code(), absl::StatusCode::kInvalidArgument)
+  EXPECT_EQ(d.engine->ImportKvBlock(id, 0, 0, 2, short_block).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(d.engine->ImportKvBlock(id, 0, 0, 2, long_block).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(d.engine->ImportKvBlock(id, 0, kLayers, 2, block).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.engine->ImportKvBlock(id, 0, -1, 2, block).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.engine->ImportKvBlock(id, 0, 0, 4, block).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.engine->ImportKvBlock(id, 0, 0, 1, block).code(), absl::StatusCode::kInvalidArgument)
       << "a prefix-cache block must never be overwritten";
-  EXPECT_EQ(d.engine->ImportKvBlock(KvTransferId{999}, 0, 2, block).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d.engine->ImportKvBlock(KvTransferId{999}, 0, 0, 2, block).code(), absl::StatusCode::kFailedPrecondition);
 
   // A sender with another block size (or layer count) is refused before sending.
   Side other(32, &now_, 8, 2048, /*block_size=*/8);
@@ -420,7 +420,7 @@ TEST_F(DisaggregationTest, ImportChecksLayoutRangeAndCachedBlocks) {
   EXPECT_NE(mismatch.message().find("block_size_tokens"), std::string::npos) << mismatch;
 
   // Some but not all blocks imported: the commit is refused, the lease stays open.
-  ASSERT_TRUE(d.engine->ImportKvBlock(id, 0, 2, block).ok());
+  ASSERT_TRUE(d.engine->ImportKvBlock(id, 0, 0, 2, block).ok());
   EXPECT_EQ(d.engine->CommitRemotePrefill(id, 1).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(d.engine->stats().num_receiving_seqs, 1);
   ASSERT_TRUE(d.engine->FailRemotePrefill(id, absl::DataLossError("bad block")).ok());
@@ -532,7 +532,7 @@ TEST_F(DisaggregationTest, PinnedPrefillEndsByReleaseAbortOrTimeout) {
     ASSERT_TRUE(p.engine->AddPrefillOnlyRequest(p.Track(Req(id, Prompt(9, id[0]), Greedy(5))), 0).ok());
   }
   // Not computed yet: nothing to export or release.
-  EXPECT_EQ(p.engine->ExportKvBlock("rel", 0, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.engine->ExportKvBlock("rel", 0, 0, 0).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(p.engine->ReleasePrefill("rel").status().code(), absl::StatusCode::kFailedPrecondition);
   p.Step();
   ASSERT_EQ(p.rec.prefill.size(), 3u);
@@ -546,20 +546,20 @@ TEST_F(DisaggregationTest, PinnedPrefillEndsByReleaseAbortOrTimeout) {
   EXPECT_EQ(rel.block_ids.size(), 3u);
   EXPECT_EQ(rel.first_token_id, Reference(Req("rel", Prompt(9, 'r'), Greedy(5)), 0).front());
   EXPECT_FALSE(rel.first_token_logprobs.has_value());
-  EXPECT_TRUE(p.engine->ExportKvBlock("rel", 1, 2).ok());
-  EXPECT_EQ(p.engine->ExportKvBlock("rel", 2, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(p.engine->ExportKvBlock("rel", 0, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(p.engine->ExportKvBlock("rel", 0, 1, 2).ok());
+  EXPECT_EQ(p.engine->ExportKvBlock("rel", 0, 2, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.engine->ExportKvBlock("rel", 0, 0, 3).status().code(), absl::StatusCode::kInvalidArgument);
 
   absl::StatusOr<RequestOutput> released = p.engine->ReleasePrefill("rel");
   ASSERT_TRUE(released.ok()) << released.status();
   EXPECT_TRUE(released->finished);
   EXPECT_EQ(p.rec.reasons["rel"][0], CompletionFinishReason::kLength);
-  EXPECT_EQ(p.engine->ExportKvBlock("rel", 0, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.engine->ExportKvBlock("rel", 0, 0, 0).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(p.engine->ReleasePrefill("rel").status().code(), absl::StatusCode::kFailedPrecondition);
 
   ASSERT_TRUE(p.engine->Abort("abort").ok());
   EXPECT_EQ(p.rec.reasons["abort"][0], CompletionFinishReason::kAbort);
-  EXPECT_EQ(p.engine->ExportKvBlock("abort", 0, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.engine->ExportKvBlock("abort", 0, 0, 0).status().code(), absl::StatusCode::kFailedPrecondition);
 
   now_ = kTimeoutMs;
   p.Step();
@@ -592,7 +592,7 @@ TEST_F(DisaggregationTest, AbortMidPrefillAndSkipValidation) {
   ASSERT_TRUE(p.engine->AddPrefillOnlyRequest(Req("s", Prompt(9), Greedy(2)), 8).ok());
   EXPECT_EQ(p.engine->AddPrefillOnlyRequest(Req("s", Prompt(9), Greedy(2)), 0).code(),
             absl::StatusCode::kAlreadyExists);
-  while (!p.engine->ExportKvBlock("s", 0, 0).ok()) p.Step();
+  while (!p.engine->ExportKvBlock("s", 0, 0, 0).ok()) p.Step();
   ASSERT_TRUE(p.engine->ReleasePrefill("s").ok());
   p.ExpectNoBlockHeld();
 }
@@ -641,7 +641,7 @@ TEST_F(DisaggregationTest, FallBackToLocalPrefillFreesTheLeaseAndDecodesTheRefer
   ASSERT_TRUE(lease.ok()) << lease.status();
   // Part of the KV landed (garbage) before the sender died: it must not be used.
   std::vector<std::byte> garbage(static_cast<size_t>(lease->kv_spec.block_bytes), std::byte{0x5a});
-  ASSERT_TRUE(d.engine->ImportKvBlock(lease->transfer_id, 0, 0, garbage).ok());
+  ASSERT_TRUE(d.engine->ImportKvBlock(lease->transfer_id, 0, 0, 0, garbage).ok());
   ASSERT_TRUE(d.engine->FallBackToLocalPrefill(lease->transfer_id, absl::UnavailableError("prefill died")).ok());
   EXPECT_EQ(d.engine->stats().num_leases_failed, 1);
   EXPECT_EQ(d.engine->stats().num_remote_prefill_fallbacks, 1);
@@ -649,7 +649,7 @@ TEST_F(DisaggregationTest, FallBackToLocalPrefillFreesTheLeaseAndDecodesTheRefer
   EXPECT_EQ(d.engine->stats().num_kv_blocks_stranded, 0);
   EXPECT_EQ(d.rec.num_final["fb"], 0);  // no error reached the client
   // The lease is gone; the request lives on.
-  EXPECT_EQ(d.engine->ImportKvBlock(lease->transfer_id, 0, 1, garbage).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d.engine->ImportKvBlock(lease->transfer_id, 0, 0, 1, garbage).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(d.engine->FallBackToLocalPrefill(lease->transfer_id, absl::UnavailableError("again")).code(),
             absl::StatusCode::kFailedPrecondition);
   d.RunToCompletion();
