@@ -1,10 +1,12 @@
 // kv_transport_bench: moves the KV of a 4k-token prompt (256 blocks of 16 tokens, every
 // layer) from a sender process to a receiver process
-//   1. through UcxKvTransport (libs/kv/transport) with the options the worker uses:
+//   1. through UcxKvTransport (libs/kv/transport) with the options the worker uses
+//      (on one host: cross-memory attach; "<tls>/put" rows: ucp_put_nbx instead):
 //      lease, OpenPush, one PutLayer per layer, Finish, the receiver's verdict — the
 //      prefill -> decode path's whole transfer;
 //   2. with `ucx_perftest -t ucp_put_bw` (ucx-utils) in client/server mode, same
-//      UCX_TLS, message size = one layer's run (the size of our puts): the bound;
+//      UCX_TLS, message size = one layer's run (the size of our puts), and = the whole
+//      transfer's bytes (the same DRAM traffic as ours): the bounds;
 //   3. through the gRPC stream path (KvPushStream, services/prefill_worker, into a
 //      PushKvBlocks receiver that checks XXH64 and copies into a pool as the decode
 //      worker's does), on one host (loopback TCP);
@@ -47,6 +49,7 @@
 
 #include "absl/strings/str_split.h"
 #include "kv/kv_layout.h"
+#include "kv/transport/ucx/cma_put.h"
 #include "kv/transport/ucx/ucx_kv_transport.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
 #include "worker/kv_push_stream.h"
@@ -102,9 +105,10 @@ bool WriteAll(int fd, const void* buf, size_t n) {
   return true;
 }
 
-// What the worker's UcxKvTransport gets (libs/worker/worker.cc, with WorkerOptions defaults).
-kv::UcxKvTransportOptions WorkerOptions(const std::string& tls) {
-  return {.tls = tls, .progress_timeout_ms = 1000, .receiver_timeout_ms = 1000};
+// What the worker's UcxKvTransport gets (libs/worker/worker.cc, with WorkerOptions
+// defaults); `cma` false: same-host puts through ucp_put_nbx too, for comparison.
+kv::UcxKvTransportOptions WorkerOptions(const std::string& tls, bool cma = true) {
+  return {.tls = tls, .progress_timeout_ms = 1000, .receiver_timeout_ms = 1000, .cross_memory_attach = cma};
 }
 
 int64_t MonotonicNs() {
@@ -114,10 +118,10 @@ int64_t MonotonicNs() {
 // ---- The receiver process: per 'o' on stdin, opens a lease over blocks [100, 356),
 // writes its descriptor, then when the lease ends its status code and the
 // CLOCK_MONOTONIC time (ns) of its on_done — the commit.
-int RunReceiver(const std::string& tls, int shape_index) {
+int RunReceiver(const std::string& tls, int shape_index, bool cma) {
   const Shape shape = Shapes()[shape_index];
   auto storage = kv::KvStorage::Create(WithBlocks(shape.layout, 512));
-  kv::UcxKvTransportOptions options = WorkerOptions(tls);
+  kv::UcxKvTransportOptions options = WorkerOptions(tls, cma);
   options.hello_timeout_ms = 5000;  // a refused push must not leave the receiver waiting for ever
   auto transport = kv::UcxKvTransport::Create(options);
   if (!storage.ok() || !transport.ok()) {
@@ -210,6 +214,7 @@ struct Site {
   std::string label;  // what the table prints
   std::string tls;    // UCX_TLS
   bool netns = false;
+  bool cma = true;    // UcxKvTransportOptions::cross_memory_attach, both sides
 };
 
 int Sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
@@ -283,12 +288,13 @@ Result BenchUcx(const Site& site, int shape_index, int iters, int64_t layer_gap_
     child_env.push_back(std::string("UCX_NET_DEVICES=") + kVethNs);
     prefix = {"ip", "netns", "exec", kNetns};
   }
-  auto transport = kv::UcxKvTransport::Create(WorkerOptions(site.tls)).value();
+  auto transport = kv::UcxKvTransport::Create(WorkerOptions(site.tls, site.cma)).value();
   if (site.netns) unsetenv("UCX_NET_DEVICES");
   const kv::KvPoolHandle pool = transport->RegisterPool(storage->data(), storage->layout()).value();
   std::vector<kv::BlockId> src;
   for (int32_t i = 0; i < kPromptBlocks; ++i) src.push_back(kv::BlockId{i});
-  Child child = Spawn(prefix, {SelfPath(), "--receiver", site.tls, std::to_string(shape_index)}, child_env);
+  Child child = Spawn(prefix, {SelfPath(), "--receiver", site.tls, std::to_string(shape_index), site.cma ? "cma" : "nocma"},
+                      child_env);
   Result result;
   std::vector<double> gbps, tails;
   const int32_t num_layers = storage->layout().num_layers();
@@ -497,11 +503,13 @@ int Main(int argc, char** argv) {
       sites.push_back({.label = "tcp/netns", .tls = "tcp", .netns = true});
     } else {
       sites.push_back({.label = tls, .tls = tls});
+      // The same transport without cross-memory attach: what UCX's own put does.
+      if (kv::UcxTlsAllowsCma(tls)) sites.push_back({.label = tls + "/put", .tls = tls, .cma = false});
     }
   }
   std::printf("KV of a 4096-token prompt (256 blocks x 16 tokens, every layer), sender -> receiver process\n");
-  std::printf("%-48s %-9s %7s %9s %9s %7s %6s %6s %9s %9s %5s\n", "shape", "transport", "MB", "ucx GB/s",
-              "perftest", "ratio", "desc", "runs", "tail ms", "tail p90", "fail");
+  std::printf("%-48s %-9s %7s %9s %9s %7s %9s %7s %6s %6s %9s %9s %5s\n", "shape", "transport", "MB", "ucx GB/s",
+              "perftest", "ratio", "pt@xfer", "ratio", "desc", "runs", "tail ms", "tail p90", "fail");
   const std::vector<Shape> shapes = Shapes();
   int port = 14000 + static_cast<int>(getpid() % 1000);
   std::vector<std::pair<int, double>> ucx_shm;
@@ -511,9 +519,13 @@ int Main(int argc, char** argv) {
       const Result r = BenchUcx(site, s, iters, layer_gap_us);
       const int64_t run_bytes = layout.LayerBytes();  // one put: a layer's 256 contiguous blocks
       const double bound = BenchPerftest(perftest, site, run_bytes, std::max(20, iters * layout.num_layers()), port++);
-      std::printf("%-48s %-9s %7.1f %9.2f %9.2f %6.0f%% %6lld %6lld %9.3f %9.3f %5d\n", shapes[s].name,
+      // The same bytes per message as a whole transfer moves: perftest then streams
+      // through DRAM as the transfer does (its run-sized buffer stays in the cache).
+      const double xfer_bound = BenchPerftest(perftest, site, layout.TotalBytes(), std::max(10, iters), port++);
+      std::printf("%-48s %-9s %7.1f %9.2f %9.2f %6.0f%% %9.2f %6.0f%% %6lld %6lld %9.3f %9.3f %5d\n", shapes[s].name,
                   site.label.c_str(), static_cast<double>(layout.TotalBytes()) / 1e6, r.median_gbps, bound,
-                  bound > 0 ? 100.0 * r.median_gbps / bound : 0.0, static_cast<long long>(r.descriptors),
+                  bound > 0 ? 100.0 * r.median_gbps / bound : 0.0, xfer_bound,
+                  xfer_bound > 0 ? 100.0 * r.median_gbps / xfer_bound : 0.0, static_cast<long long>(r.descriptors),
                   static_cast<long long>(r.runs), r.median_tail_ms, r.p90_tail_ms, r.failures);
       std::fflush(stdout);
       if (!site.netns && ucx_shm.size() < shapes.size()) ucx_shm.push_back({s, r.median_gbps});
@@ -531,8 +543,11 @@ int Main(int argc, char** argv) {
                 sites.empty() ? "-" : sites[0].label.c_str(), g > 0 ? ucx / g : 0.0);
   }
   std::printf("\nucx GB/s: median over %d transfers, each OpenPush (Hello round trip) -> one PutLayer per layer ->"
-              " flush -> completion acknowledged.\nperftest: ucx_perftest -t ucp_put_bw, same UCX_TLS, message ="
-              " one layer's run; target ucx >= 80%% of it.\ntail: last PutLayer -> the receiver's commit, median and"
+              " flush -> completion acknowledged (sm: process_vm_writev into the receiver, kv/transport/ucx/cma_put.h;"
+              " sm/put: ucp_put_nbx, which UCX 1.13 emulates over active messages into registered memory).\n"
+              "perftest: ucx_perftest -t ucp_put_bw, same UCX_TLS, message = one layer's run (its one buffer stays in"
+              " the last-level cache); pt@xfer: message = the whole transfer's bytes (through DRAM, as the transfer)."
+              " Target ucx >= 80%% of it.\ntail: last PutLayer -> the receiver's commit, median and"
               " p90 over %d transfers with %lld us of compute before each layer; target <= 1 ms on shm.\n"
               "desc: puts posted per transfer (bound: layers x runs); runs: merged runs per layer.\n",
               iters, iters, static_cast<long long>(layer_gap_us));
@@ -543,6 +558,8 @@ int Main(int argc, char** argv) {
 }  // namespace kvmesh
 
 int main(int argc, char** argv) {
-  if (argc >= 4 && std::string(argv[1]) == "--receiver") return kvmesh::RunReceiver(argv[2], std::atoi(argv[3]));
+  if (argc >= 4 && std::string(argv[1]) == "--receiver") {
+    return kvmesh::RunReceiver(argv[2], std::atoi(argv[3]), argc < 5 || std::string(argv[4]) != "nocma");
+  }
   return kvmesh::Main(argc, argv);
 }

@@ -13,7 +13,7 @@ namespace kvmesh::kv {
 namespace {
 
 constexpr char kMagic[4] = {'K', 'V', 'L', 'D'};
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;  // 2: receiver_pid, cma_identity
 
 template <typename T>
 void Put(std::string& out, T value) {
@@ -75,6 +75,8 @@ std::string EncodeKvLeaseDescriptor(const KvLeaseDescriptor& d) {
   for (const BlockId id : d.block_ids) Put<int32_t>(out, id.value);
   PutBytes(out, d.remote_key);
   PutBytes(out, d.worker_address);
+  Put<int32_t>(out, d.receiver_pid);
+  PutBytes(out, d.cma_identity);
   Put<uint64_t>(out, XXH64(out.data(), out.size(), 0));
   return out;
 }
@@ -119,6 +121,8 @@ absl::StatusOr<KvLeaseDescriptor> DecodeKvLeaseDescriptor(std::string_view bytes
   for (BlockId& id : d.block_ids) KVMESH_RETURN_IF_ERROR(r.Get("block_ids", id.value));
   KVMESH_RETURN_IF_ERROR(r.GetBytes("remote_key", kMaxLeaseKeyBytes, d.remote_key));
   KVMESH_RETURN_IF_ERROR(r.GetBytes("worker_address", kMaxLeaseKeyBytes, d.worker_address));
+  KVMESH_RETURN_IF_ERROR(r.Get("receiver_pid", d.receiver_pid));
+  KVMESH_RETURN_IF_ERROR(r.GetBytes("cma_identity", kMaxLeaseKeyBytes, d.cma_identity));
   if (r.left() != 0) return absl::InvalidArgumentError(absl::StrCat("lease descriptor: ", r.left(), " trailing bytes"));
 
   // The receiver's layout must describe a real pool before anything is computed from it.
@@ -147,6 +151,7 @@ absl::StatusOr<KvLeaseDescriptor> DecodeKvLeaseDescriptor(std::string_view bytes
       return absl::InvalidArgumentError(absl::StrCat("lease descriptor: block id ", id.value, " repeated"));
     }
   }
+  if (d.receiver_pid < 0) return absl::InvalidArgumentError("lease descriptor: negative receiver pid");
   if (d.remote_key.empty() || d.worker_address.empty()) {
     return absl::InvalidArgumentError("lease descriptor: empty remote key or worker address");
   }

@@ -31,6 +31,10 @@ struct KvLeaseDescriptor {
   std::vector<BlockId> block_ids;  // destination blocks, in the sender's index order
   std::string remote_key;          // transport access key of the pool (UCX: packed rkey)
   std::string worker_address;      // where to reach the receiver (UCX: worker address)
+  // Same-host puts (ucx/cma_put.h): the receiver's pid and LocalCmaIdentity(); 0 and
+  // empty when it offers none.
+  int32_t receiver_pid = 0;
+  std::string cma_identity;
 };
 
 // Upper bounds Decode enforces (a descriptor is a few KB).

@@ -17,6 +17,8 @@ KvLeaseDescriptor Sample() {
   d.block_ids = {BlockId{3}, BlockId{4}, BlockId{99}};
   d.remote_key = std::string("\x01\x02\x00rkey", 7);
   d.worker_address = "address-bytes";
+  d.receiver_pid = 4242;
+  d.cma_identity = "boot-id/4026531836";
   return d;
 }
 
@@ -31,6 +33,8 @@ TEST(KvLeaseDescriptorTest, RoundTripsEveryField) {
   EXPECT_EQ(back->block_ids, d.block_ids);
   EXPECT_EQ(back->remote_key, d.remote_key);
   EXPECT_EQ(back->worker_address, d.worker_address);
+  EXPECT_EQ(back->receiver_pid, d.receiver_pid);
+  EXPECT_EQ(back->cma_identity, d.cma_identity);
 }
 
 TEST(KvLeaseDescriptorTest, RefusesEveryTruncation) {

@@ -56,11 +56,19 @@ struct Outcome {
   }
 };
 
-class UcxKvTransportTest : public ::testing::TestWithParam<const char*> {
+// UCX_TLS, and whether same-host puts go by cross-memory attach (ucx/cma_put.h) or
+// through ucp_put_nbx.
+struct Path {
+  const char* tls;
+  bool cma;
+};
+
+class UcxKvTransportTest : public ::testing::TestWithParam<Path> {
  protected:
   void SetUp() override {
-    UcxKvTransportOptions o{.tls = GetParam(), .progress_timeout_ms = 300, .hello_timeout_ms = 300, .keepalive_interval_ms = 50,
-                            .receiver_timeout_ms = 300, .ack_timeout_ms = 500, .checksum_runs = true};
+    UcxKvTransportOptions o{.tls = GetParam().tls, .progress_timeout_ms = 300, .hello_timeout_ms = 300, .keepalive_interval_ms = 50,
+                            .receiver_timeout_ms = 300, .ack_timeout_ms = 500, .cross_memory_attach = GetParam().cma,
+                            .checksum_runs = true};
     auto r = UcxKvTransport::Create(o);
     ASSERT_TRUE(r.ok()) << r.status();
     receiver_ = *std::move(r);
@@ -291,8 +299,11 @@ TEST_P(UcxKvTransportTest, ReceiverGoneFailsTheSender) {
   EXPECT_EQ(sender_->num_open_pushes(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, UcxKvTransportTest, ::testing::Values("sm", "tcp"),
-                         [](const auto& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Transports, UcxKvTransportTest,
+                         ::testing::Values(Path{"sm", true}, Path{"sm", false}, Path{"tcp", true}),
+                         [](const auto& info) {
+                           return std::string(info.param.tls) + (info.param.cma ? "" : "_ucx_put");
+                         });
 
 }  // namespace
 }  // namespace kvmesh::kv

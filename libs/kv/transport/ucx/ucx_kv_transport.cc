@@ -28,6 +28,7 @@
 #include "kv/checksum.h"
 #include "kv/kv_block_spec.h"
 #include "kv/transport/kv_lease_descriptor.h"
+#include "kv/transport/ucx/cma_put.h"
 #include "kv/transport/kv_runs.h"
 
 namespace kvmesh::kv {
@@ -137,6 +138,7 @@ struct PushState {
   std::string peer_key;     // the receiver's worker address
   ucp_ep_h ep = nullptr;
   ucp_rkey_h rkey = nullptr;
+  pid_t cma_pid = 0;        // > 0: puts by cross-memory attach into this process (ucx/cma_put.h)
   int64_t inflight = 0;     // puts and flushes not yet completed
   bool flush_posted = false;
   bool done_sent = false;
@@ -151,7 +153,10 @@ struct PushState {
 
 class UcxKvTransport::Impl {
  public:
-  explicit Impl(const UcxKvTransportOptions& options) : options_(options) {
+  explicit Impl(const UcxKvTransportOptions& options)
+      : options_(options),
+        cma_allowed_(options.cross_memory_attach && UcxTlsAllowsCma(options.tls)),
+        cma_identity_(cma_allowed_ ? LocalCmaIdentity() : std::string()) {
     std::random_device rd;
     token_salt_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   }
@@ -270,6 +275,10 @@ class UcxKvTransport::Impl {
     d.lease_token = token_salt_ ^ (next_token_.fetch_add(1) * 0x9E3779B97F4A7C15ULL);
     d.block_ids = options.block_ids;
     d.worker_address = worker_address_;
+    if (cma_allowed_) {
+      d.receiver_pid = static_cast<int32_t>(::getpid());
+      d.cma_identity = cma_identity_;
+    }
     KvLeaseGrant grant{.lease_token = d.lease_token, .descriptor = EncodeKvLeaseDescriptor(d)};
     Post([this, pool, token = d.lease_token, ids = std::move(options.block_ids), on_done = std::move(on_done)]() mutable {
       leases_[token] = Lease{.pool = pool, .block_ids = std::move(ids), .on_done = std::move(on_done),
@@ -307,6 +316,11 @@ class UcxKvTransport::Impl {
       st->local_layout = pools_[pool.value].layout;
     }
     KVMESH_RETURN_IF_ERROR(CheckKvBlockSpecsMatch(KvBlockSpecOf(*st->local_layout), st->dest.spec));
+    // A receiver on this host, in this PID namespace, is written by cross-memory attach.
+    if (cma_allowed_ && st->dest.receiver_pid > 0 && !cma_identity_.empty() &&
+        st->dest.cma_identity == cma_identity_) {
+      st->cma_pid = st->dest.receiver_pid;
+    }
     st->id = next_push_id_.fetch_add(1) + 1;
     st->sent.assign(static_cast<size_t>(st->dest.spec.num_layers) * st->dest.block_ids.size(), false);
     st->puts_per_layer.assign(static_cast<size_t>(st->dest.spec.num_layers), 0);
@@ -619,6 +633,15 @@ class UcxKvTransport::Impl {
   };
 
   void PostPut(const std::shared_ptr<PushState>& st, const std::byte* local, size_t bytes, uint64_t remote) {
+    if (st->cma_pid > 0) {
+      // Synchronous: the bytes are in the receiver's pool when it returns.
+      const absl::Status written = CmaWrite(st->cma_pid, local, bytes, remote);
+      if (written.ok()) return;
+      if (!absl::IsPermissionDenied(written)) return Fail(st, written);
+      KVMESH_LOG(kWarning) << "cross-memory attach refused; KV puts go through UCX"
+                           << LogKv("status", written.ToString());
+      st->cma_pid = 0;
+    }
     ucp_request_param_t p{};
     auto* ctx = new OpContext{this, st};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -1009,6 +1032,8 @@ class UcxKvTransport::Impl {
   }
 
   const UcxKvTransportOptions options_;
+  const bool cma_allowed_;          // same-host puts by cross-memory attach (ucx/cma_put.h)
+  const std::string cma_identity_;  // LocalCmaIdentity() when cma_allowed_
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string worker_address_;

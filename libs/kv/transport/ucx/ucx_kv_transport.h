@@ -6,8 +6,10 @@
 //
 // Data path: each pool is registered once (ucp_mem_map of its whole buffer) and a lease
 // descriptor carries the pool's packed rkey, base address and block ids, plus this
-// worker's address. The sender puts each merged run of a layer with ONE ucp_put_nbx
-// (source and destination blocks both consecutive), then ucp_ep_flush_nbx, then sends
+// worker's address (and, for a receiver on the same host, its pid: see
+// cross_memory_attach). The sender puts each merged run of a layer with ONE ucp_put_nbx
+// (source and destination blocks both consecutive; or one process_vm_writev on the same
+// host), then ucp_ep_flush_nbx, then sends
 // the completion (an active message counting the (layer, block) pairs it put, and with
 // checksum_runs the kv::Checksum of every run); the receiver checks the count (and the
 // checksums against what landed) before it reports the lease done.
@@ -68,6 +70,11 @@ struct UcxKvTransportOptions {
   int64_t receiver_timeout_ms = 1000;
   // Sender: how long the HelloAck and the DoneAck may take (Unavailable past it).
   int64_t ack_timeout_ms = 2000;
+  // A receiver on this host in this PID namespace is written by cross-memory attach
+  // (process_vm_writev, ucx/cma_put.h) instead of ucp_put_nbx, when the TLS allow cma:
+  // Debian's UCX 1.13 emulates puts into registered memory over shared memory with
+  // active messages. Both sides must allow it (the receiver offers it in its leases).
+  bool cross_memory_attach = true;
   // Sender: kv::Checksum (XXH3-64) of every run goes with the completion and the receiver verifies it
   // (DataLoss on a mismatch). Costs a read of the bytes on both sides.
   bool checksum_runs = false;

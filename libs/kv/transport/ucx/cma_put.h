@@ -1,0 +1,43 @@
+// Same-host puts by cross-memory attach (process_vm_writev: one kernel copy straight
+// into the receiver's pool, nothing for the receiver to do), beside UCX. Why not UCX's
+// own cma transport: Debian's UCX 1.13 uses it for rendezvous only; a ucp_put_nbx over
+// shared memory reaches only memory UCX allocated itself (sysv/posix segments), and a
+// put into a registered pool is emulated over active messages through the shm FIFO,
+// which measured 2-9 GB/s with a tail of 15 ms here (RMA bandwidth lanes for
+// UCP_FEATURE_RMA came in UCX 1.14, openucx/ucx#8537).
+//
+// A sender uses it only when the receiver's descriptor says it runs on this host in
+// this PID namespace (SameHostIdentity) and UCX_TLS allows cma; a kernel that refuses
+// (ptrace policy, seccomp) makes the push fall back to ucp_put_nbx.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace kvmesh::kv {
+
+// This process's host and PID namespace ("<boot id>/<pid namespace inode>"); two
+// processes can attach each other's memory only when theirs are equal. Empty when
+// either cannot be read.
+std::string LocalCmaIdentity();
+
+// Whether a UCX_TLS value (`tls`, else the environment's UCX_TLS; empty: UCX's choice)
+// lets UCX use cma: "all", "sm", "shm" or "cma" listed, or a "^" exclusion list that
+// names none of them.
+bool UcxTlsAllowsCma(std::string_view tls);
+
+// Writes [local, local + bytes) to `remote` in process `pid`. Unavailable when the
+// process is gone (ESRCH); PermissionDenied when the kernel refuses cross-memory attach
+// (EPERM, ENOSYS: fall back to another path); InvalidArgument when the remote range is
+// not mapped there (EFAULT); Internal otherwise.
+absl::Status CmaWrite(pid_t pid, const std::byte* local, size_t bytes, uint64_t remote);
+
+}  // namespace kvmesh::kv
