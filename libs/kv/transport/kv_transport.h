@@ -81,8 +81,9 @@ using KvPushDoneFn = std::function<void(const absl::Status& status, const KvTran
 
 // One transfer into one remote lease, from the sender's registered pool.
 //
-// Thread-safety: thread-safe. PutLayer is cheap (checks and queues); the puts are posted
-// on the transport's thread.
+// Thread-safety: thread-safe. PutLayer checks and queues (the puts are posted on the
+// transport's thread), or copies at memory speed where the receiver is on this host
+// (UcxKvTransportOptions::cross_memory_attach).
 class KvPush {
  public:
   virtual ~KvPush() = default;

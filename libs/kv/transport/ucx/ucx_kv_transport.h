@@ -2,7 +2,8 @@
 // and cma; no CUDA transports, so device pools are staged through host memory by their
 // owner). One ucp_context and one ucp_worker per transport (one per process, or per TP
 // rank), progressed on the transport's own thread: the engine thread only checks and
-// queues puts, it never posts a descriptor.
+// queues puts, it never posts a descriptor (a same-host receiver excepted: see
+// cross_memory_attach, whose copies PutLayer makes itself, as the gRPC stream does).
 //
 // Data path: each pool is registered once (ucp_mem_map of its whole buffer) and a lease
 // descriptor carries the pool's packed rkey, base address and block ids, plus this
@@ -71,7 +72,9 @@ struct UcxKvTransportOptions {
   // Sender: how long the HelloAck and the DoneAck may take (Unavailable past it).
   int64_t ack_timeout_ms = 2000;
   // A receiver on this host in this PID namespace is written by cross-memory attach
-  // (process_vm_writev, ucx/cma_put.h) instead of ucp_put_nbx, when the TLS allow cma:
+  // (process_vm_writev, ucx/cma_put.h) instead of ucp_put_nbx, when the TLS allow cma,
+  // on PutLayer's own thread (a copy at memory speed, which the transport thread would
+  // make only once a core is free of the model's work) and without a flush:
   // Debian's UCX 1.13 emulates puts into registered memory over shared memory with
   // active messages. Both sides must allow it (the receiver offers it in its leases).
   bool cross_memory_attach = true;
