@@ -1,7 +1,8 @@
 // kv_transport_bench: moves the KV of a 4k-token prompt (256 blocks of 16 tokens, every
 // layer) from a sender process to a receiver process
 //   1. through UcxKvTransport (libs/kv/transport) with the options the worker uses
-//      (on one host: cross-memory attach; "<tls>/put" rows: ucp_put_nbx instead):
+//      (on one host: cross-memory attach; "<tls>/am" rows: the rendezvous active
+//      messages the transport uses elsewhere):
 //      lease, OpenPush, one PutLayer per layer, Finish, the receiver's verdict — the
 //      prefill -> decode path's whole transfer;
 //   2. with `ucx_perftest -t ucp_put_bw` (ucx-utils) in client/server mode, same
@@ -215,6 +216,10 @@ struct Site {
   std::string tls;    // UCX_TLS
   bool netns = false;
   bool cma = true;    // UcxKvTransportOptions::cross_memory_attach, both sides
+  // The bound's ucx_perftest test. NOTE: over tcp, ucp_put_bw stalls in UCX 1.13 (its
+  // put is emulated with active messages that the idle target never progresses:
+  // 0.03-0.7 GB/s), so the bound there is ucp_am_bw, what UCX moves over the link.
+  std::string perftest_test = "ucp_put_bw";
 };
 
 int Sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
@@ -365,7 +370,7 @@ double BenchPerftest(const std::string& perftest, const Site& site, int64_t byte
   if (std::system(server.c_str()) != 0) return 0;
   usleep(500 * 1000);
   const std::string client = client_env + " " + perftest + " " + host + " -p " + std::to_string(port) +
-                             " -t ucp_put_bw -s " + std::to_string(bytes) + " -n " + std::to_string(iters) +
+                             " -t " + site.perftest_test + " -s " + std::to_string(bytes) + " -n " + std::to_string(iters) +
                              " -w " + std::to_string(std::max(2, iters / 10)) + " -f -v 2>/dev/null";
   FILE* f = popen(client.c_str(), "r");
   if (f == nullptr) return 0;
@@ -500,11 +505,14 @@ int Main(int argc, char** argv) {
         continue;
       }
       netns_up = true;
-      sites.push_back({.label = "tcp/netns", .tls = "tcp", .netns = true});
+      sites.push_back({.label = "tcp/netns", .tls = "tcp", .netns = true, .perftest_test = "ucp_am_bw"});
     } else {
-      sites.push_back({.label = tls, .tls = tls});
+      const bool has_tcp = tls.find("tcp") != std::string::npos;
+      sites.push_back({.label = tls, .tls = tls, .perftest_test = has_tcp ? "ucp_am_bw" : "ucp_put_bw"});
       // The same transport without cross-memory attach: what UCX's own put does.
-      if (kv::UcxTlsAllowsCma(tls)) sites.push_back({.label = tls + "/put", .tls = tls, .cma = false});
+      if (kv::UcxTlsAllowsCma(tls)) {
+        sites.push_back({.label = tls + "/am", .tls = tls, .cma = false, .perftest_test = sites.back().perftest_test});
+      }
     }
   }
   std::printf("KV of a 4096-token prompt (256 blocks x 16 tokens, every layer), sender -> receiver process\n");
@@ -544,10 +552,10 @@ int Main(int argc, char** argv) {
   }
   std::printf("\nucx GB/s: median over %d transfers, each OpenPush (Hello round trip) -> one PutLayer per layer ->"
               " flush -> completion acknowledged (sm: process_vm_writev into the receiver, kv/transport/ucx/cma_put.h;"
-              " sm/put: ucp_put_nbx, which UCX 1.13 emulates over active messages into registered memory).\n"
-              "perftest: ucx_perftest -t ucp_put_bw, same UCX_TLS, message = one layer's run (its one buffer stays in"
-              " the last-level cache); pt@xfer: message = the whole transfer's bytes (through DRAM, as the transfer)."
-              " Target ucx >= 80%% of it.\ntail: last PutLayer -> the receiver's commit, median and"
+              " sm/am and tcp: each run an active message in rendezvous, received straight into the pool).\n"
+              "perftest: ucx_perftest -t ucp_put_bw (ucp_am_bw over tcp, where UCX 1.13's put_bw stalls), same"
+              " UCX_TLS, message = one layer's run (its one buffer stays in the last-level cache); pt@xfer: message ="
+              " the whole transfer's bytes (through DRAM, as the transfer). Target ucx >= 80%% of it.\ntail: last PutLayer -> the receiver's commit, median and"
               " p90 over %d transfers with %lld us of compute before each layer; target <= 1 ms on shm.\n"
               "desc: puts posted per transfer (bound: layers x runs); runs: merged runs per layer.\n",
               iters, iters, static_cast<long long>(layer_gap_us));

@@ -275,10 +275,13 @@ def _generate_in_background(decode, prefill_address, prompt):
     return t, result
 
 
-@pytest.mark.parametrize("transport", ["ucx", "grpc"])
+# "ucx" writes by cross-memory attach on one host; "ucx-tcp" sends each run as a
+# rendezvous active message over tcp, as between hosts.
+@pytest.mark.parametrize("transport", ["ucx", "ucx-tcp", "grpc"])
 @pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL])
 def test_prefill_worker_stopped_or_killed_mid_transfer_falls_back_to_a_local_prefill(sig, transport):
-    prefill, decode = _pair(f"--kv-transport={transport}", "--kv-lease-timeout-ms=30000")
+    args = ["--kv-transport=ucx", "--ucx-tls=tcp"] if transport == "ucx-tcp" else [f"--kv-transport={transport}"]
+    prefill, decode = _pair(*args, "--kv-lease-timeout-ms=30000")
     try:
         t, result = _generate_in_background(decode, prefill.address, LONG_PROMPT)
         time.sleep(0.3)  # the Prefill call is in, its Hello answered, layers being computed and put
@@ -305,8 +308,10 @@ def test_prefill_worker_stopped_or_killed_mid_transfer_falls_back_to_a_local_pre
         prefill.stop()
 
 
-def test_decode_worker_killed_mid_transfer_frees_the_prefill_workers_blocks():
-    prefill, decode = _pair("--kv-transport=ucx", "--kv-lease-timeout-ms=30000")
+@pytest.mark.parametrize("tls", ["", "tcp"])
+def test_decode_worker_killed_mid_transfer_frees_the_prefill_workers_blocks(tls):
+    tls_args = [f"--ucx-tls={tls}"] if tls else []
+    prefill, decode = _pair("--kv-transport=ucx", *tls_args, "--kv-lease-timeout-ms=30000")
     try:
         t, result = _generate_in_background(decode, prefill.address, LONG_PROMPT)
         time.sleep(0.3)
@@ -316,7 +321,7 @@ def test_decode_worker_killed_mid_transfer_frees_the_prefill_workers_blocks():
         assert "error" in result or len(result.get("tokens", [])) == 4
         _blocks_used_eventually_zero(prefill, "prefill worker after the decode worker died")
         # And it still serves: a new decode worker gets its KV.
-        decode2 = Worker(DECODE, "--kv-transport=ucx")
+        decode2 = Worker(DECODE, "--kv-transport=ucx", *tls_args)
         try:
             assert len(_generate(decode2, prefill.address, PROMPT, request_id="after")) == 12
         finally:

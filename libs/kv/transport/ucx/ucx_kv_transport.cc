@@ -38,8 +38,8 @@ using Clock = std::chrono::steady_clock;
 
 // Active-message ids. To the receiver: Hello, Progress, Done, Abort. Back to the
 // sender: HelloAck, DoneAck, Refused, ProgressAck (the receiver's keepalive).
-enum AmId : unsigned { kHello = 1, kProgress, kDone, kAbort, kHelloAck, kDoneAck, kRefused, kProgressAck };
-constexpr unsigned kLastAmId = kProgressAck;
+enum AmId : unsigned { kHello = 1, kProgress, kDone, kAbort, kHelloAck, kDoneAck, kRefused, kProgressAck, kRun };
+constexpr unsigned kLastAmId = kProgressAck;  // the control messages; kRun has its own handler
 
 // Every message starts with the lease token and the sender's push id.
 struct MsgHead {
@@ -50,7 +50,16 @@ struct MsgHead {
 struct DoneBody {
   int64_t blocks;
   int64_t bytes;
+  int64_t cma_blocks;  // of `blocks`, written by cross-memory attach (the receiver saw none of them)
   uint32_t num_checksums;
+};
+// A run's data message (kRun, the data its payload): which (layer, lease indices) it fills.
+struct RunHead {
+  uint64_t lease_token;
+  uint64_t push_id;
+  int32_t layer;
+  int32_t first_index;  // into the lease's block ids
+  int32_t num_blocks;
 };
 struct RunChecksum {
   int32_t layer;
@@ -100,6 +109,16 @@ struct Lease {
   bool has_sender = false;
   uint64_t sender_push_id = 0;
   ucp_ep_h reply_ep = nullptr;
+  // Runs received (kRun): [layer * block_ids.size() + index] taken by a run, how many of
+  // those landed, and how many are still being received into the pool.
+  std::vector<bool> taken;
+  int64_t num_landed = 0;
+  int32_t runs_in_flight = 0;
+  // The lease ended while runs were still landing: it ends with this once they have
+  // (its blocks must not be handed back while UCX writes into them).
+  std::optional<std::pair<absl::Status, KvTransferStats>> ending;
+  // A Done that arrived before every run had landed (its body), answered once they have.
+  std::optional<std::string> pending_done;
 };
 
 // A connection to one remote worker, shared by the pushes to it (worker thread only).
@@ -133,6 +152,7 @@ struct PushState {
   std::optional<absl::Status> hello;  // the HelloAck's answer
   KvTransferStats stats;
   std::vector<RunChecksum> checksums;
+  int64_t cma_blocks = 0;  // (layer, block) pairs written by cross-memory attach
   KvPushDoneFn on_done;
   std::optional<absl::Status> done_answer;  // the DoneAck's answer
   bool done = false;
@@ -207,6 +227,13 @@ class UcxKvTransport::Impl {
       s = ucp_worker_set_am_recv_handler(worker_, &h);
       if (s != UCS_OK) return UcsError("ucp_worker_set_am_recv_handler", s);
     }
+    ucp_am_handler_param_t run{};
+    run.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    run.id = kRun;
+    run.cb = &Impl::OnRunAm;
+    run.arg = this;
+    s = ucp_worker_set_am_recv_handler(worker_, &run);
+    if (s != UCS_OK) return UcsError("ucp_worker_set_am_recv_handler", s);
     thread_ = std::thread([this] { Loop(); });
     return absl::OkStatus();
   }
@@ -282,9 +309,11 @@ class UcxKvTransport::Impl {
       d.cma_identity = cma_identity_;
     }
     KvLeaseGrant grant{.lease_token = d.lease_token, .descriptor = EncodeKvLeaseDescriptor(d)};
-    Post([this, pool, token = d.lease_token, ids = std::move(options.block_ids), on_done = std::move(on_done)]() mutable {
+    Post([this, pool, token = d.lease_token, ids = std::move(options.block_ids), on_done = std::move(on_done),
+          num_layers = d.spec.num_layers]() mutable {
+      const size_t pairs = static_cast<size_t>(num_layers) * ids.size();
       leases_[token] = Lease{.pool = pool, .block_ids = std::move(ids), .on_done = std::move(on_done),
-                             .last_heard = Clock::now()};
+                             .last_heard = Clock::now(), .taken = std::vector<bool>(pairs, false)};
       num_leases_.store(static_cast<int64_t>(leases_.size()));
     });
     return grant;
@@ -398,8 +427,8 @@ class UcxKvTransport::Impl {
       st->stats.runs = std::max<int64_t>(st->stats.runs, st->puts_per_layer[layer]);
       st->checksums.insert(st->checksums.end(), sums.begin(), sums.end());
     }
-    const uint64_t remote_layer_bytes = static_cast<uint64_t>(st->dest.pool_num_blocks) * block_bytes;
     if (st->cma_pid.load() > 0) {
+      const uint64_t remote_layer_bytes = static_cast<uint64_t>(st->dest.pool_num_blocks) * block_bytes;
       // On the caller's thread, as the gRPC stream copies its chunks: a copy the
       // transport thread made would wait for a core while the model computes the next
       // layer (on a CPU worker every core is), and the last layers' backlog would land
@@ -412,7 +441,11 @@ class UcxKvTransport::Impl {
                      static_cast<size_t>(r.num_blocks * block_bytes),
                      st->dest.remote_base + static_cast<uint64_t>(layer) * remote_layer_bytes +
                          static_cast<uint64_t>(r.dst_first.value) * block_bytes);
-        if (written.ok()) continue;
+        if (written.ok()) {
+          std::lock_guard<std::mutex> lock(st->mu);
+          st->cma_blocks += r.num_blocks;
+          continue;
+        }
         if (!absl::IsPermissionDenied(written)) {
           Post([this, st, written] { Fail(st, written); });
           return written;
@@ -425,14 +458,13 @@ class UcxKvTransport::Impl {
       if (i == runs.size()) return absl::OkStatus();
       runs.erase(runs.begin(), runs.begin() + static_cast<std::ptrdiff_t>(i));
     }
-    Post([this, st, layer, runs = std::move(runs), block_bytes, remote_layer_bytes] {
+    Post([this, st, layer, first_index, runs = std::move(runs), block_bytes] {
       const KvLayout& local = *st->local_layout;
       for (const KvRun& r : runs) {
         if (st->ep == nullptr || st->cancelled_on_worker) return;
-        const uint64_t remote = st->dest.remote_base + static_cast<uint64_t>(layer) * remote_layer_bytes +
-                                static_cast<uint64_t>(r.dst_first.value) * block_bytes;
-        PostPut(st, st->local_base + local.BlockOffset(layer, r.src_first), static_cast<size_t>(r.num_blocks * block_bytes),
-                remote);
+        PostRun(st, RunHead{.lease_token = st->dest.lease_token, .push_id = st->id, .layer = layer,
+                            .first_index = first_index + r.first_index, .num_blocks = r.num_blocks},
+                st->local_base + local.BlockOffset(layer, r.src_first), static_cast<size_t>(r.num_blocks * block_bytes));
       }
     });
     return absl::OkStatus();
@@ -658,16 +690,23 @@ class UcxKvTransport::Impl {
   struct OpContext {
     Impl* impl;
     std::shared_ptr<PushState> st;
+    RunHead head{};  // a run's header, alive until its send completes
   };
 
-  void PostPut(const std::shared_ptr<PushState>& st, const std::byte* local, size_t bytes, uint64_t remote) {
+  // One merged run as an active message in rendezvous: the receiver checks it against
+  // its lease and has UCX move the bytes straight into its pool (cma get on one host,
+  // tcp zero-copy sends across hosts). NOTE: not ucp_put_nbx: UCX 1.13 emulates a put
+  // into registered memory over tcp and shm with eager fragments (cma_put.h), at a
+  // fraction of what the link carries.
+  void PostRun(const std::shared_ptr<PushState>& st, const RunHead& head, const std::byte* local, size_t bytes) {
     ucp_request_param_t p{};
-    auto* ctx = new OpContext{this, st};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    auto* ctx = new OpContext{this, st, head};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_RNDV;
     p.cb.send = &Impl::OnOpDone;
     p.user_data = ctx;
-    ucs_status_ptr_t r = ucp_put_nbx(st->ep, local, bytes, remote, st->rkey, &p);
-    TrackOp(ctx, r, "ucp_put_nbx");
+    ucs_status_ptr_t r = ucp_am_send_nbx(st->ep, kRun, &ctx->head, sizeof(ctx->head), local, bytes, &p);
+    TrackOp(ctx, r, "ucp_am_send_nbx");
   }
 
   // A put's or flush's request: completed now, failed now, or in flight.
@@ -733,6 +772,7 @@ class UcxKvTransport::Impl {
       if (st->done) return;
       Append(body, DoneBody{.blocks = st->stats.blocks,
                             .bytes = st->stats.bytes,
+                            .cma_blocks = st->cma_blocks,
                             .num_checksums = static_cast<uint32_t>(st->checksums.size())});
       for (const RunChecksum& c : st->checksums) Append(body, c);
     }
@@ -965,10 +1005,166 @@ class UcxKvTransport::Impl {
       EndLease(head.lease_token, absl::AbortedError("the KV sender abandoned the transfer"), {});
       return;
     }
+    // NOTE: over tcp UCX spreads a run's bytes over several connections, so the Done
+    // may overtake the last runs: it is answered once they have landed (or the lease
+    // times out waiting for them).
+    lease.pending_done = std::string(body);
+    MaybeAnswerDone(head.lease_token, lease);
+  }
+
+  // Answers a pending Done once every run it counts has landed.
+  void MaybeAnswerDone(uint64_t token, Lease& lease) {
+    if (!lease.pending_done.has_value() || lease.runs_in_flight > 0) return;
+    std::string_view in = *lease.pending_done;
+    DoneBody d{};
+    if (Take(in, d) && d.blocks >= 0 && d.cma_blocks >= 0 && lease.num_landed + d.cma_blocks < d.blocks) return;
+    const std::string body = *std::move(lease.pending_done);
+    lease.pending_done.reset();
+    AnswerDone(token, lease, body);
+  }
+
+  void AnswerDone(uint64_t token, Lease& lease, std::string_view body) {
     KvTransferStats stats;
     const absl::Status verdict = CheckDone(lease, body, stats);
-    EndLease(head.lease_token, verdict, stats);
-    SendAnswer(reply, kDoneAck, head.lease_token, head.push_id, verdict);
+    const ucp_ep_h reply = lease.reply_ep;
+    const uint64_t push_id = lease.sender_push_id;
+    EndLease(token, verdict, stats);
+    SendAnswer(reply, kDoneAck, token, push_id, verdict);
+  }
+
+  // ---- Receiver: a run's data (worker thread, inside ucp_worker_progress) ----
+
+  struct RunRecv {
+    Impl* impl;
+    uint64_t lease_token;
+    int32_t num_blocks;
+  };
+
+  static ucs_status_t OnRunAm(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                              const ucp_am_recv_param_t* param) {
+    return static_cast<Impl*>(arg)->OnRun(header, header_length, data, length, param);
+  }
+
+  // NOTE: a refused run is dropped (UCX releases its data) and fails the lease: a sender
+  // that writes outside its lease is not to be trusted with the rest of it.
+  ucs_status_t OnRun(const void* header, size_t header_length, void* data, size_t length,
+                     const ucp_am_recv_param_t* param) {
+    RunHead h{};
+    if (header_length != sizeof(h)) return UCS_OK;
+    std::memcpy(&h, header, sizeof(h));
+    auto it = leases_.find(h.lease_token);
+    if (it == leases_.end()) return UCS_OK;  // ended: the sender learns it from its next message
+    Lease& lease = it->second;
+    const absl::Status checked = CheckRun(lease, h, length);
+    if (!checked.ok()) {
+      const ucp_ep_h reply = lease.has_sender ? lease.reply_ep : nullptr;
+      const uint64_t push_id = lease.sender_push_id;
+      const uint64_t token = h.lease_token;
+      // NOTE: answered from the loop, not from inside UCX's callback.
+      Post([this, token, push_id, reply, checked] {
+        if (reply != nullptr) SendAnswer(reply, kRefused, token, push_id, checked);
+        EndLease(token, checked, {});
+      });
+      return UCS_OK;
+    }
+    lease.last_heard = Clock::now();
+    std::byte* dst = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(pools_mu_);  // pools are never removed, but the table may grow
+      const Pool& pool = pools_[lease.pool.value];
+      dst = pool.base + pool.layout.BlockOffset(h.layer, lease.block_ids[h.first_index]);
+    }
+    const size_t n = static_cast<size_t>(lease.block_ids.size());
+    for (int32_t k = 0; k < h.num_blocks; ++k) lease.taken[static_cast<size_t>(h.layer) * n + h.first_index + k] = true;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
+      std::memcpy(dst, data, length);  // small enough to come eagerly
+      lease.num_landed += h.num_blocks;
+      // NOTE: from the loop: a Done it completes is answered outside UCX's callback.
+      Post([this, token = h.lease_token] { AfterLastRun(token); });
+      return UCS_OK;
+    }
+    ucp_request_param_t p{};
+    auto* ctx = new RunRecv{this, h.lease_token, h.num_blocks};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_am = &Impl::OnRunLanded;
+    p.user_data = ctx;
+    ++lease.runs_in_flight;
+    ++inflight_;  // the loop keeps progressing (no sleep) while UCX receives
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, dst, length, &p);
+    if (r == nullptr) {
+      Landed(ctx, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(r)) {
+      Landed(ctx, UCS_PTR_STATUS(r));
+    }
+    return UCS_OK;
+  }
+
+  absl::Status CheckRun(const Lease& lease, const RunHead& h, size_t length) {
+    if (lease.ending.has_value()) return absl::FailedPreconditionError("KV lease is ending");
+    if (!lease.has_sender || lease.sender_push_id != h.push_id) {
+      return absl::FailedPreconditionError("KV run from a sender the lease did not accept");
+    }
+    std::lock_guard<std::mutex> lock(pools_mu_);
+    const KvLayout& layout = pools_[lease.pool.value].layout;
+    const int64_t n = static_cast<int64_t>(lease.block_ids.size());
+    if (h.layer < 0 || h.layer >= layout.num_layers() || h.first_index < 0 || h.num_blocks <= 0 ||
+        static_cast<int64_t>(h.first_index) + h.num_blocks > n) {
+      return absl::InvalidArgumentError(absl::StrCat("KV run layer ", h.layer, " blocks [", h.first_index, ", +",
+                                                     h.num_blocks, ") is outside the lease"));
+    }
+    if (static_cast<int64_t>(length) != h.num_blocks * layout.BlockBytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("KV run of ", length, " bytes for ", h.num_blocks, " blocks"));
+    }
+    for (int32_t k = 0; k < h.num_blocks; ++k) {
+      if (k > 0 && lease.block_ids[h.first_index + k].value != lease.block_ids[h.first_index].value + k) {
+        return absl::InvalidArgumentError("KV run is not contiguous in the receiver's pool");
+      }
+      if (lease.taken[static_cast<size_t>(h.layer) * static_cast<size_t>(n) + h.first_index + k]) {
+        return absl::InvalidArgumentError(absl::StrCat("KV run repeats layer ", h.layer, " block ", h.first_index + k));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  static void OnRunLanded(void* request, ucs_status_t status, size_t length, void* user_data) {
+    auto* ctx = static_cast<RunRecv*>(user_data);
+    Impl* self = ctx->impl;
+    ucp_request_free(request);
+    self->Landed(ctx, status);
+  }
+
+  // A run's bytes are in the pool (or failed to come): count them, then finish what
+  // waited for them (a Done, or the lease's end).
+  void Landed(RunRecv* ctx, ucs_status_t status) {
+    const uint64_t token = ctx->lease_token;
+    const int32_t blocks = ctx->num_blocks;
+    delete ctx;
+    --inflight_;
+    auto it = leases_.find(token);
+    if (it == leases_.end()) return;
+    Lease& lease = it->second;
+    --lease.runs_in_flight;
+    if (status == UCS_OK) {
+      lease.num_landed += blocks;
+    } else if (!lease.ending.has_value()) {
+      lease.ending.emplace(absl::UnavailableError(absl::StrCat("receiving a KV run failed: ", ucs_status_string(status))),
+                           KvTransferStats{});
+    }
+    // NOTE: from the loop: what it ends or answers runs outside UCX's callback.
+    if (lease.runs_in_flight == 0) Post([this, token] { AfterLastRun(token); });
+  }
+
+  // No run of the lease is landing any more: the end it deferred, or a Done it held.
+  void AfterLastRun(uint64_t token) {
+    auto it = leases_.find(token);
+    if (it == leases_.end() || it->second.runs_in_flight > 0) return;
+    Lease& lease = it->second;
+    if (lease.ending.has_value()) {
+      auto [why, stats] = *lease.ending;
+      lease.ending.reset();
+      return EndLease(token, why, stats);
+    }
+    MaybeAnswerDone(token, lease);
   }
 
   // The completion's claims against the lease: every (layer, block) put once (the
@@ -988,6 +1184,11 @@ class UcxKvTransport::Impl {
     if (d.blocks != expected || d.bytes != expected * layout.BlockBytes()) {
       return absl::DataLossError(absl::StrCat("the KV sender put ", d.blocks, " of the lease's ", expected,
                                               " (layer, block) pairs"));
+    }
+    // What came as runs, this side counted itself; the rest the sender wrote directly.
+    if (lease.num_landed + d.cma_blocks != expected) {
+      return absl::DataLossError(absl::StrCat(lease.num_landed, " (layer, block) pairs landed here and the sender "
+                                              "wrote ", d.cma_blocks, " directly, of the lease's ", expected));
     }
     for (uint32_t i = 0; i < d.num_checksums; ++i) {
       RunChecksum c{};
@@ -1014,6 +1215,12 @@ class UcxKvTransport::Impl {
   void EndLease(uint64_t token, const absl::Status& status, const KvTransferStats& stats) {
     auto it = leases_.find(token);
     if (it == leases_.end()) return;
+    if (it->second.runs_in_flight > 0) {
+      // UCX is still writing runs into the lease's blocks: its end (and the caller's
+      // freeing of them) waits for them (Landed).
+      if (!it->second.ending.has_value()) it->second.ending.emplace(status, stats);
+      return;
+    }
     Lease lease = std::move(it->second);
     leases_.erase(it);
     num_leases_.store(static_cast<int64_t>(leases_.size()));
