@@ -7,8 +7,8 @@
 // UCP_FEATURE_RMA came in UCX 1.14, openucx/ucx#8537).
 //
 // A sender uses it only when the receiver's descriptor says it runs on this host in
-// this PID namespace (SameHostIdentity) and UCX_TLS allows cma; a kernel that refuses
-// (ptrace policy, seccomp) makes the push fall back to ucp_put_nbx.
+// this PID namespace (LocalCmaIdentity) and UCX_TLS allows cma; a kernel that refuses
+// (ptrace policy, seccomp) makes the push fall back to the transport's rendezvous runs.
 //
 // Thread-safety: pure functions.
 #pragma once

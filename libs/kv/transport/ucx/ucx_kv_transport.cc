@@ -139,7 +139,7 @@ struct PushState {
   std::optional<KvLayout> local_layout;
   Clock::time_point start;
   // > 0: runs are written by cross-memory attach into this process (ucx/cma_put.h), on
-  // PutLayer's thread; 0 once the kernel refused it (ucp_put_nbx from then on).
+  // PutLayer's thread; 0 once the kernel refused it (rendezvous runs from then on).
   std::atomic<pid_t> cma_pid{0};
 
   std::mutex mu;
@@ -450,7 +450,7 @@ class UcxKvTransport::Impl {
           Post([this, st, written] { Fail(st, written); });
           return written;
         }
-        KVMESH_LOG(kWarning) << "cross-memory attach refused; KV puts go through UCX"
+        KVMESH_LOG(kWarning) << "cross-memory attach refused; KV runs go through UCX"
                              << LogKv("status", written.ToString());
         st->cma_pid.store(0);
         break;
