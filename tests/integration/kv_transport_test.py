@@ -113,14 +113,18 @@ def _generate(decode, prefill_address, prompt, max_tokens=12, request_id="r", ti
 
 
 def _blocks_used_eventually_zero(worker, what):
+    """Every block of `worker` back (none used) and none stranded (pinned or leased past
+    its deadline, or held by no live request)."""
+    assert re.search(r"^kvmesh_kv_blocks_stranded ", worker.metrics_text(), re.M), "no stranded-blocks gauge"
     deadline = time.time() + 15
-    used = None
+    used = stranded = None
     while time.time() < deadline:
         used = worker.metric("kvmesh_kv_blocks", '{state="used"}')
-        if used == 0:
+        stranded = worker.metric("kvmesh_kv_blocks_stranded")
+        if used == 0 and stranded == 0:
             return
         time.sleep(0.2)
-    raise AssertionError(f"{what}: {used} KV blocks still used\n{''.join(worker.log[-30:])}")
+    raise AssertionError(f"{what}: {used} KV blocks still used, {stranded} stranded\n{''.join(worker.log[-30:])}")
 
 
 @pytest.fixture(scope="module")

@@ -9,45 +9,65 @@
 
 namespace kvmesh::kv {
 
+namespace {
+
 // The ranks' verdicts on one transfer, reported once, after the last rank's: a push's
 // source blocks stay read until every rank is done, and a lease's blocks are written
 // until then. The first failure wins; `on_first_failure` runs once, when it arrives,
 // so the other ranks stop early.
-struct KvRankGroupPush::Join {
-  Join(int32_t ranks, std::function<void(const absl::Status&, const KvTransferStats&)> done,
-       std::function<void(const absl::Status&)> on_first_failure)
-      : remaining(ranks), on_done(std::move(done)), first_failure_hook(std::move(on_first_failure)) {}
+//
+// Thread-safety: thread-safe (each rank reports from its transport's thread).
+class RankJoin {
+ public:
+  RankJoin(int32_t ranks, std::function<void(const absl::Status&, const KvTransferStats&)> on_done,
+           std::function<void(const absl::Status&)> on_first_failure)
+      : remaining_(ranks), on_done_(std::move(on_done)), on_first_failure_(std::move(on_first_failure)) {}
 
   void Report(int32_t rank, const absl::Status& status, const KvTransferStats& stats) {
     std::function<void(const absl::Status&)> hook;
-    bool last;
+    std::function<void(const absl::Status&, const KvTransferStats&)> done;
+    absl::Status error;
+    KvTransferStats sum;
     {
-      std::lock_guard<std::mutex> lock(mu);
-      sum.bytes += stats.bytes;
-      sum.descriptors += stats.descriptors;
-      sum.runs += stats.runs;
-      sum.blocks += stats.blocks;
-      sum.seconds = std::max(sum.seconds, stats.seconds);
-      if (!status.ok() && error.ok()) {
-        error = absl::Status(status.code(), absl::StrCat("rank ", rank, ": ", status.message()));
-        hook = std::move(first_failure_hook);
+      std::lock_guard<std::mutex> lock(mu_);
+      sum_.bytes += stats.bytes;
+      sum_.descriptors += stats.descriptors;
+      sum_.runs += stats.runs;
+      sum_.blocks += stats.blocks;
+      sum_.seconds = std::max(sum_.seconds, stats.seconds);
+      if (!status.ok() && error_.ok()) {
+        error_ = absl::Status(status.code(), absl::StrCat("rank ", rank, ": ", status.message()));
+        hook = std::move(on_first_failure_);
       }
-      last = --remaining == 0;
+      if (--remaining_ == 0) {
+        done = std::move(on_done_);
+        error = error_;
+        sum = sum_;
+      }
     }
     if (hook) hook(status);
-    if (!last) return;
-    // Moved out: its captures (the caller's) go with this call.
-    auto done = std::move(on_done);
-    done(error, sum);
+    if (done) done(error, sum);
   }
 
-  std::mutex mu;
-  int32_t remaining;                                                       // guarded by mu
-  KvTransferStats sum;                                                     // guarded by mu
-  absl::Status error;                                                      // guarded by mu
-  std::function<void(const absl::Status&, const KvTransferStats&)> on_done;  // run once, by the last
-  std::function<void(const absl::Status&)> first_failure_hook;             // guarded by mu
+  // The group never formed (a rank could not be opened): nothing is reported, and the
+  // `never_opened` ranks that will not report are not waited for.
+  void Abandon(int32_t never_opened) {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_done_ = nullptr;
+    on_first_failure_ = nullptr;
+    remaining_ -= never_opened;
+  }
+
+ private:
+  std::mutex mu_;
+  int32_t remaining_;                                                         // guarded by mu_
+  KvTransferStats sum_;                                                       // guarded by mu_
+  absl::Status error_;                                                        // guarded by mu_
+  std::function<void(const absl::Status&, const KvTransferStats&)> on_done_;  // guarded by mu_
+  std::function<void(const absl::Status&)> on_first_failure_;                 // guarded by mu_
 };
+
+}  // namespace
 
 absl::StatusOr<KvRankGroupGrant> OpenRankGroupLease(std::span<const KvRankPool> ranks,
                                                     const std::vector<BlockId>& block_ids, KvLeaseDoneFn on_done) {
@@ -56,7 +76,7 @@ absl::StatusOr<KvRankGroupGrant> OpenRankGroupLease(std::span<const KvRankPool> 
   // The tokens are known only as the leases open; the hook reads them under its own lock.
   auto tokens = std::make_shared<std::pair<std::mutex, std::vector<uint64_t>>>();
   std::vector<KvRankPool> pools(ranks.begin(), ranks.end());
-  auto join = std::make_shared<KvRankGroupPush::Join>(
+  auto join = std::make_shared<RankJoin>(
       static_cast<int32_t>(ranks.size()), std::move(on_done), [pools, tokens](const absl::Status& status) {
         std::vector<uint64_t> open;
         {
@@ -73,14 +93,9 @@ absl::StatusOr<KvRankGroupGrant> OpenRankGroupLease(std::span<const KvRankPool> 
           join->Report(static_cast<int32_t>(r), status, stats);
         });
     if (!lease.ok()) {
-      // The leases already open report Cancelled into the join, whose on_done then runs
-      // with it: the caller sees the error both ways, so drop its callback first.
-      {
-        std::lock_guard<std::mutex> lock(join->mu);
-        join->on_done = [](const absl::Status&, const KvTransferStats&) {};
-        join->first_failure_hook = nullptr;
-        join->remaining -= static_cast<int32_t>(ranks.size() - r);  // the ranks never opened
-      }
+      // The leases already open report Cancelled into the join; the caller hears of the
+      // failure from the return value only.
+      join->Abandon(static_cast<int32_t>(ranks.size() - r));
       CloseRankGroupLease(ranks, grant.lease_tokens, absl::CancelledError("another rank's lease was refused"));
       return absl::Status(lease.status().code(), absl::StrCat("rank ", r, ": ", lease.status().message()));
     }
@@ -137,7 +152,7 @@ void KvRankGroupPush::Finish(KvPushDoneFn on_done) {
   // and the caller keeps it until on_done (which runs after every rank reported).
   std::vector<KvPush*> raw;
   for (auto& p : pushes_) raw.push_back(p.get());
-  auto join = std::make_shared<Join>(tp_size(), std::move(on_done), [raw](const absl::Status&) {
+  auto join = std::make_shared<RankJoin>(tp_size(), std::move(on_done), [raw](const absl::Status&) {
     for (KvPush* p : raw) p->Cancel();  // a push already done ignores it
   });
   for (size_t r = 0; r < pushes_.size(); ++r) {

@@ -65,8 +65,6 @@ class KvRankGroupPush {
   // Cancels every rank's push.
   void Cancel();
 
-  struct Join;  // the ranks' verdicts, reported once
-
  private:
   explicit KvRankGroupPush(std::vector<std::unique_ptr<KvPush>> pushes);
   std::vector<std::unique_ptr<KvPush>> pushes_;

@@ -161,7 +161,7 @@ struct PushState {
   std::string peer_key;     // the receiver's worker address
   ucp_ep_h ep = nullptr;
   ucp_rkey_h rkey = nullptr;
-  int64_t inflight = 0;     // puts and flushes not yet completed
+  int64_t inflight = 0;     // runs and flushes not yet completed
   bool flush_posted = false;
   bool done_sent = false;
   bool cancelled_on_worker = false;
@@ -434,6 +434,7 @@ class UcxKvTransport::Impl {
       // layer (on a CPU worker every core is), and the last layers' backlog would land
       // after the prefill, as transfer tail.
       size_t i = 0;
+      int64_t written_blocks = 0;
       for (; i < runs.size(); ++i) {
         const KvRun& r = runs[i];
         const absl::Status written =
@@ -442,8 +443,7 @@ class UcxKvTransport::Impl {
                      st->dest.remote_base + static_cast<uint64_t>(layer) * remote_layer_bytes +
                          static_cast<uint64_t>(r.dst_first.value) * block_bytes);
         if (written.ok()) {
-          std::lock_guard<std::mutex> lock(st->mu);
-          st->cma_blocks += r.num_blocks;
+          written_blocks += r.num_blocks;
           continue;
         }
         if (!absl::IsPermissionDenied(written)) {
@@ -454,6 +454,10 @@ class UcxKvTransport::Impl {
                              << LogKv("status", written.ToString());
         st->cma_pid.store(0);
         break;
+      }
+      {
+        std::lock_guard<std::mutex> lock(st->mu);
+        st->cma_blocks += written_blocks;
       }
       if (i == runs.size()) return absl::OkStatus();
       runs.erase(runs.begin(), runs.begin() + static_cast<std::ptrdiff_t>(i));
@@ -709,7 +713,7 @@ class UcxKvTransport::Impl {
     TrackOp(ctx, r, "ucp_am_send_nbx");
   }
 
-  // A put's or flush's request: completed now, failed now, or in flight.
+  // A run's or flush's request: completed now, failed now, or in flight.
   void TrackOp(OpContext* ctx, ucs_status_ptr_t r, const char* what) {
     if (r == nullptr) {
       delete ctx;
@@ -732,7 +736,7 @@ class UcxKvTransport::Impl {
       --self->inflight_;
     }
     if (status != UCS_OK) {
-      self->Fail(ctx->st, absl::UnavailableError(absl::StrCat("KV put to the receiver failed: ", ucs_status_string(status))));
+      self->Fail(ctx->st, absl::UnavailableError(absl::StrCat("sending KV to the receiver failed: ", ucs_status_string(status))));
     }
     const std::shared_ptr<PushState> st = std::move(ctx->st);
     delete ctx;
@@ -740,7 +744,7 @@ class UcxKvTransport::Impl {
     self->MaybeFlush(st);
   }
 
-  // Once Finish was called and every put completed: flush the endpoint, then (in the
+  // Once Finish was called and every run completed: flush the endpoint, then (in the
   // flush's callback) send Done.
   void MaybeFlush(const std::shared_ptr<PushState>& st) {
     bool finishing;
