@@ -20,7 +20,7 @@ std::shared_ptr<grpc::Channel> CreateChannel(std::string_view target, const Chan
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, options.keepalive_permit_without_calls ? 1 : 0);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, options.initial_reconnect_backoff_ms);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, options.min_reconnect_backoff_ms);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, options.connect_timeout_ms);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, options.max_reconnect_backoff_ms);
   args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   args.SetMaxSendMessageSize(options.max_send_message_bytes);

@@ -29,7 +29,12 @@ struct ChannelOptions {
   int32_t keepalive_timeout_ms = 10'000;
   bool keepalive_permit_without_calls = true;
   int32_t initial_reconnect_backoff_ms = 100;
-  int32_t min_reconnect_backoff_ms = 100;
+  // How long one connection attempt may take to finish the HTTP/2 handshake (gRPC reads
+  // it from GRPC_ARG_MIN_RECONNECT_BACKOFF_MS). NOTE: 100 ms cut off handshakes with a
+  // busy peer on a loaded 2-core machine ("connection attempt timed out before
+  // receiving SETTINGS frame") and made a live worker look lost; a refused connection
+  // (dead peer) fails at once regardless, and a stopped one is given up on after this.
+  int32_t connect_timeout_ms = 1'000;
   int32_t max_reconnect_backoff_ms = 5'000;
   int32_t max_receive_message_bytes = 256 << 20;
   int32_t max_send_message_bytes = 256 << 20;
