@@ -50,7 +50,7 @@
 
 #include "absl/strings/str_split.h"
 #include "kv/kv_layout.h"
-#include "kv/transport/ucx/cma_put.h"
+#include "kv/transport/ucx/same_host.h"
 #include "kv/transport/ucx/ucx_kv_transport.h"
 #include "kvmesh/v1/worker.grpc.pb.h"
 #include "worker/kv_push_stream.h"

@@ -13,7 +13,7 @@ namespace kvmesh::kv {
 namespace {
 
 constexpr char kMagic[4] = {'K', 'V', 'L', 'D'};
-constexpr uint16_t kVersion = 2;  // 2: receiver_pid, cma_identity
+constexpr uint16_t kVersion = 2;  // 2: receiver_pid, host_identity
 
 template <typename T>
 void Put(std::string& out, T value) {
@@ -76,7 +76,7 @@ std::string EncodeKvLeaseDescriptor(const KvLeaseDescriptor& d) {
   PutBytes(out, d.remote_key);
   PutBytes(out, d.worker_address);
   Put<int32_t>(out, d.receiver_pid);
-  PutBytes(out, d.cma_identity);
+  PutBytes(out, d.host_identity);
   Put<uint64_t>(out, XXH64(out.data(), out.size(), 0));
   return out;
 }
@@ -122,7 +122,7 @@ absl::StatusOr<KvLeaseDescriptor> DecodeKvLeaseDescriptor(std::string_view bytes
   KVMESH_RETURN_IF_ERROR(r.GetBytes("remote_key", kMaxLeaseKeyBytes, d.remote_key));
   KVMESH_RETURN_IF_ERROR(r.GetBytes("worker_address", kMaxLeaseKeyBytes, d.worker_address));
   KVMESH_RETURN_IF_ERROR(r.Get("receiver_pid", d.receiver_pid));
-  KVMESH_RETURN_IF_ERROR(r.GetBytes("cma_identity", kMaxLeaseKeyBytes, d.cma_identity));
+  KVMESH_RETURN_IF_ERROR(r.GetBytes("host_identity", kMaxLeaseKeyBytes, d.host_identity));
   if (r.left() != 0) return absl::InvalidArgumentError(absl::StrCat("lease descriptor: ", r.left(), " trailing bytes"));
 
   // The receiver's layout must describe a real pool before anything is computed from it.

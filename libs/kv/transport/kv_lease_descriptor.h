@@ -31,10 +31,10 @@ struct KvLeaseDescriptor {
   std::vector<BlockId> block_ids;  // destination blocks, in the sender's index order
   std::string remote_key;          // transport access key of the pool (UCX: packed rkey)
   std::string worker_address;      // where to reach the receiver (UCX: worker address)
-  // Same-host puts (ucx/cma_put.h): the receiver's pid and LocalCmaIdentity(); 0 and
-  // empty when it offers none.
+  // The receiver's host and PID namespace (ucx/same_host.h: LocalHostIdentity), and its
+  // pid when it offers same-host writes by cross-memory attach (ucx/cma_put.h), else 0.
   int32_t receiver_pid = 0;
-  std::string cma_identity;
+  std::string host_identity;
 };
 
 // Upper bounds Decode enforces (a descriptor is a few KB).

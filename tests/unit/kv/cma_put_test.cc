@@ -1,12 +1,11 @@
 // Same-host puts by cross-memory attach (kv/transport/ucx/cma_put.h) against real
-// processes: this one, a child that exits, and the UCX_TLS values that allow it.
+// processes: this one and a child that exits.
 #include "kv/transport/ucx/cma_put.h"
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -27,31 +26,6 @@ TEST(CmaPutTest, WritesIntoAProcessAndSaysWhyItCannot) {
   ASSERT_EQ(::waitpid(child, nullptr, 0), child);
   EXPECT_EQ(CmaWrite(child, src.data(), 64, reinterpret_cast<uint64_t>(dst.data())).code(),
             absl::StatusCode::kUnavailable);
-}
-
-TEST(CmaPutTest, IdentityNamesThisHostAndPidNamespace) {
-  const std::string id = LocalCmaIdentity();
-  ASSERT_FALSE(id.empty());
-  EXPECT_NE(id.find('/'), std::string::npos) << id;
-  EXPECT_EQ(id, LocalCmaIdentity());
-}
-
-TEST(CmaPutTest, TlsValuesThatAllowCma) {
-  EXPECT_TRUE(UcxTlsAllowsCma("sm"));
-  EXPECT_TRUE(UcxTlsAllowsCma("tcp,cma"));
-  EXPECT_TRUE(UcxTlsAllowsCma("all"));
-  EXPECT_TRUE(UcxTlsAllowsCma("^tcp"));
-  EXPECT_FALSE(UcxTlsAllowsCma("tcp"));
-  EXPECT_FALSE(UcxTlsAllowsCma("^sm"));
-  EXPECT_FALSE(UcxTlsAllowsCma("posix,sysv"));
-  // Empty: the environment's UCX_TLS, else UCX's own choice (which includes cma).
-  const char* saved = std::getenv("UCX_TLS");
-  const std::string restore = saved == nullptr ? "" : saved;
-  ::setenv("UCX_TLS", "tcp", 1);
-  EXPECT_FALSE(UcxTlsAllowsCma(""));
-  ::unsetenv("UCX_TLS");
-  EXPECT_TRUE(UcxTlsAllowsCma(""));
-  if (saved != nullptr) ::setenv("UCX_TLS", restore.c_str(), 1);
 }
 
 }  // namespace

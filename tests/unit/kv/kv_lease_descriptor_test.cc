@@ -18,7 +18,7 @@ KvLeaseDescriptor Sample() {
   d.remote_key = std::string("\x01\x02\x00rkey", 7);
   d.worker_address = "address-bytes";
   d.receiver_pid = 4242;
-  d.cma_identity = "boot-id/4026531836";
+  d.host_identity = "boot-id/4026531836";
   return d;
 }
 
@@ -34,7 +34,7 @@ TEST(KvLeaseDescriptorTest, RoundTripsEveryField) {
   EXPECT_EQ(back->remote_key, d.remote_key);
   EXPECT_EQ(back->worker_address, d.worker_address);
   EXPECT_EQ(back->receiver_pid, d.receiver_pid);
-  EXPECT_EQ(back->cma_identity, d.cma_identity);
+  EXPECT_EQ(back->host_identity, d.host_identity);
 }
 
 TEST(KvLeaseDescriptorTest, RefusesEveryTruncation) {

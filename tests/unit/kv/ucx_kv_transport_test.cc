@@ -1,6 +1,6 @@
 // UcxKvTransport between two real UCX contexts (each with its own worker and progress
 // thread) in one process, on the transports Debian's UCX has here: shared memory + cma,
-// and tcp.
+// and tcp, and all of them (UCX's choice).
 #include "kv/transport/ucx/ucx_kv_transport.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +17,7 @@
 #include "kv/kv_layout.h"
 #include "kv/transport/kv_lease_descriptor.h"
 #include "kv/transport/kv_runs.h"
+#include "kv/transport/ucx/same_host.h"
 
 namespace kvmesh::kv {
 namespace {
@@ -133,6 +134,29 @@ TEST_P(UcxKvTransportTest, MergedRunsLandByteForByte) {
   EXPECT_LE(stats.descriptors, 4 * stats.runs);
   EXPECT_EQ(receiver_->num_open_leases(), 0);
   EXPECT_EQ(sender_->num_open_pushes(), 0);
+}
+
+// Both transports run in this process: the receiver is on this host, and its
+// endpoint must go over shared memory wherever UCX_TLS allows it, even with tcp allowed
+// (asking UCX for peer-failure handling would put it on tcp, over any device with an
+// address), and over tcp only when that is all there is.
+TEST_P(UcxKvTransportTest, SameHostReceiverIsReachedOverSharedMemoryWhenAllowed) {
+  const auto ids = Ids({1, 2, 3});
+  Outcome lease, push_done;
+  auto grant = receiver_->OpenLease(dst_pool_, {.block_ids = ids}, lease.Fn());
+  ASSERT_TRUE(grant.ok()) << grant.status();
+  auto push = sender_->OpenPush(src_pool_, grant->descriptor);
+  ASSERT_TRUE(push.ok()) << push.status();
+  for (int32_t layer = 0; layer < 4; ++layer) ASSERT_TRUE((*push)->PutLayer(layer, 0, ids).ok());
+  const std::vector<std::string> lanes = sender_->peer_transports();
+  (*push)->Finish(push_done.Fn());
+  ASSERT_TRUE(push_done.Get().first.ok());
+  ASSERT_TRUE(lease.Get().first.ok());
+  ASSERT_FALSE(lanes.empty());
+  const bool shm = UcxTlsAllowsSharedMemory(GetParam().tls);
+  for (const std::string& lane : lanes) {
+    EXPECT_EQ(lane.rfind("tcp/", 0) == 0, !shm) << lane << " (UCX_TLS " << GetParam().tls << ")";
+  }
 }
 
 TEST_P(UcxKvTransportTest, ContiguousPromptIsOnePutPerLayer) {
@@ -300,7 +324,7 @@ TEST_P(UcxKvTransportTest, ReceiverGoneFailsTheSender) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxKvTransportTest,
-                         ::testing::Values(Path{"sm", true}, Path{"sm", false}, Path{"tcp", true}),
+                         ::testing::Values(Path{"all", true}, Path{"sm", true}, Path{"sm", false}, Path{"tcp", true}),
                          [](const auto& info) {
                            return std::string(info.param.tls) + (info.param.cma ? "" : "_ucx_put");
                          });

@@ -1,44 +1,14 @@
 #include "kv/transport/ucx/cma_put.h"
 
-#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <string>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 
 namespace kvmesh::kv {
-
-std::string LocalCmaIdentity() {
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string boot_id;
-  if (!std::getline(boot, boot_id) || boot_id.empty()) return "";
-  struct stat ns {};
-  if (::stat("/proc/self/ns/pid", &ns) != 0) return "";
-  return absl::StrCat(absl::StripAsciiWhitespace(boot_id), "/", ns.st_ino);
-}
-
-bool UcxTlsAllowsCma(std::string_view tls) {
-  std::string value(tls);
-  if (value.empty()) {
-    const char* env = std::getenv("UCX_TLS");
-    value = env == nullptr ? "" : env;
-  }
-  if (value.empty()) return true;
-  const bool exclude = value[0] == '^';
-  if (exclude) value.erase(0, 1);
-  bool named = false;
-  for (absl::string_view t : absl::StrSplit(value, ',')) {
-    t = absl::StripAsciiWhitespace(t);
-    if (t == "sm" || t == "shm" || t == "cma" || (!exclude && t == "all")) named = true;
-  }
-  return exclude ? !named : named;
-}
 
 absl::Status CmaWrite(pid_t pid, const std::byte* local, size_t bytes, uint64_t remote) {
   size_t done = 0;

@@ -7,7 +7,7 @@
 // UCP_FEATURE_RMA came in UCX 1.14, openucx/ucx#8537).
 //
 // A sender uses it only when the receiver's descriptor says it runs on this host in
-// this PID namespace (LocalCmaIdentity) and UCX_TLS allows cma; a kernel that refuses
+// this PID namespace (same_host.h) and UCX_TLS allows cma; a kernel that refuses
 // (ptrace policy, seccomp) makes the push fall back to the transport's rendezvous runs.
 //
 // Thread-safety: pure functions.
@@ -17,22 +17,10 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
-#include <string_view>
 
 #include "absl/status/status.h"
 
 namespace kvmesh::kv {
-
-// This process's host and PID namespace ("<boot id>/<pid namespace inode>"); two
-// processes can attach each other's memory only when theirs are equal. Empty when
-// either cannot be read.
-std::string LocalCmaIdentity();
-
-// Whether a UCX_TLS value (`tls`, else the environment's UCX_TLS; empty: UCX's choice)
-// lets UCX use cma: "all", "sm", "shm" or "cma" listed, or a "^" exclusion list that
-// names none of them.
-bool UcxTlsAllowsCma(std::string_view tls);
 
 // Writes [local, local + bytes) to `remote` in process `pid`. Unavailable when the
 // process is gone (ESRCH); PermissionDenied when the kernel refuses cross-memory attach

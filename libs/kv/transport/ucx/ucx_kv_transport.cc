@@ -10,6 +10,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -23,12 +25,15 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
 #include "kv/checksum.h"
 #include "kv/kv_block_spec.h"
 #include "kv/transport/kv_lease_descriptor.h"
 #include "kv/transport/ucx/cma_put.h"
+#include "kv/transport/ucx/same_host.h"
 #include "kv/transport/kv_runs.h"
 
 namespace kvmesh::kv {
@@ -178,7 +183,8 @@ class UcxKvTransport::Impl {
   explicit Impl(const UcxKvTransportOptions& options)
       : options_(options),
         cma_allowed_(options.cross_memory_attach && UcxTlsAllowsCma(options.tls)),
-        cma_identity_(cma_allowed_ ? LocalCmaIdentity() : std::string()) {
+        shm_allowed_(UcxTlsAllowsSharedMemory(options.tls)),
+        host_identity_(LocalHostIdentity()) {
     std::random_device rd;
     token_salt_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   }
@@ -304,10 +310,8 @@ class UcxKvTransport::Impl {
     d.lease_token = token_salt_ ^ (next_token_.fetch_add(1) * 0x9E3779B97F4A7C15ULL);
     d.block_ids = options.block_ids;
     d.worker_address = worker_address_;
-    if (cma_allowed_) {
-      d.receiver_pid = static_cast<int32_t>(::getpid());
-      d.cma_identity = cma_identity_;
-    }
+    d.host_identity = host_identity_;
+    if (cma_allowed_) d.receiver_pid = static_cast<int32_t>(::getpid());
     KvLeaseGrant grant{.lease_token = d.lease_token, .descriptor = EncodeKvLeaseDescriptor(d)};
     Post([this, pool, token = d.lease_token, ids = std::move(options.block_ids), on_done = std::move(on_done),
           num_layers = d.spec.num_layers]() mutable {
@@ -348,8 +352,7 @@ class UcxKvTransport::Impl {
     }
     KVMESH_RETURN_IF_ERROR(CheckKvBlockSpecsMatch(KvBlockSpecOf(*st->local_layout), st->dest.spec));
     // A receiver on this host, in this PID namespace, is written by cross-memory attach.
-    if (cma_allowed_ && st->dest.receiver_pid > 0 && !cma_identity_.empty() &&
-        st->dest.cma_identity == cma_identity_) {
+    if (cma_allowed_ && st->dest.receiver_pid > 0 && SameHost(st->dest)) {
       st->cma_pid.store(st->dest.receiver_pid);
     }
     st->id = next_push_id_.fetch_add(1) + 1;
@@ -507,6 +510,17 @@ class UcxKvTransport::Impl {
   int64_t num_open_leases() const { return num_leases_.load(); }
   int64_t num_open_pushes() const { return num_pushes_.load(); }
 
+  std::vector<std::string> peer_transports() {
+    return RunSync([this] {
+      std::vector<std::string> out;
+      for (const auto& [key, peer] : peers_) {
+        if (peer.ep == nullptr) continue;
+        for (std::string& t : EndpointTransports(peer.ep)) out.push_back(std::move(t));
+      }
+      return out;
+    });
+  }
+
  private:
   // ---- The worker thread ----
 
@@ -631,6 +645,36 @@ class UcxKvTransport::Impl {
     }
   }
 
+  // The "tl/device" of each of `ep`'s lanes. NOTE: UCX 1.13 has no query for an
+  // endpoint's transports (ucp_ep_query's came in 1.14): its printed description is read.
+  static std::vector<std::string> EndpointTransports(ucp_ep_h ep) {
+    char* text = nullptr;
+    size_t size = 0;
+    FILE* stream = open_memstream(&text, &size);
+    if (stream == nullptr) return {};
+    ucp_ep_print_info(ep, stream);
+    std::fclose(stream);
+    std::vector<std::string> out;
+    // A lane reads "lane[0]:  1:tcp/eth0.0 md[1] -> ...": its transport follows "N:".
+    for (absl::string_view line : absl::StrSplit(absl::string_view(text, size), '\n')) {
+      const size_t lane = line.find("lane[");
+      if (lane == absl::string_view::npos) continue;
+      const size_t colon = line.find(':', line.find(':', lane) + 1);
+      if (colon == absl::string_view::npos) continue;
+      absl::string_view tl = line.substr(colon + 1);
+      tl = tl.substr(0, tl.find(' '));
+      if (const size_t dot = tl.rfind('.'); dot != absl::string_view::npos) tl = tl.substr(0, dot);
+      out.emplace_back(tl);
+    }
+    std::free(text);
+    return out;
+  }
+
+  // Whether the receiver of `dest` runs on this host, in this PID namespace.
+  bool SameHost(const KvLeaseDescriptor& dest) const {
+    return !host_identity_.empty() && dest.host_identity == host_identity_;
+  }
+
   absl::Status Connect(const std::shared_ptr<PushState>& st) {
     st->peer_key = st->dest.worker_address;
     Peer& peer = peers_[st->peer_key];
@@ -647,17 +691,25 @@ class UcxKvTransport::Impl {
       ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
       ep_params.err_handler.cb = &Impl::OnEpError;
       ep_params.err_handler.arg = this;
+      // NOTE: UCX 1.13's shared-memory active-message transports (posix, sysv) have no
+      // peer failure handling: an endpoint that asks for it gets tcp, over any device
+      // with an address (same_host.h). So a receiver on this host is reached without
+      // it, over shared memory, as is any receiver when UCX refuses it (UCX_TLS=sm;
+      // tried once: UCX logs the refusal). A dead or stopped receiver then shows as its
+      // missing ProgressAcks (receiver_timeout_ms) or DoneAck (ack_timeout_ms), and
+      // LosePeer force-closes the endpoint.
+      const bool over_shm = shm_allowed_ && SameHost(st->dest);
       ucs_status_t s = UCS_ERR_UNREACHABLE;
-      if (peer_mode_usable_) s = ucp_ep_create(worker_, &ep_params, &peer.ep);
+      if (peer_mode_usable_ && !over_shm) s = ucp_ep_create(worker_, &ep_params, &peer.ep);
       if (s == UCS_ERR_UNREACHABLE) {
-        // NOTE: UCX 1.13's shared-memory active-message transports (posix, sysv) have no
-        // peer failure handling, so with UCX_TLS=sm the endpoint goes without it (tried
-        // once per transport: UCX logs the refusal). A dead or stopped receiver then
-        // shows as its missing ProgressAcks (receiver_timeout_ms) or DoneAck
-        // (ack_timeout_ms), and LosePeer force-closes the endpoint.
-        peer_mode_usable_ = false;
+        if (!over_shm) peer_mode_usable_ = false;
         ep_params.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
         s = ucp_ep_create(worker_, &ep_params, &peer.ep);
+      }
+      if (s == UCS_OK) {
+        KVMESH_LOG(kInfo) << "connected to a KV receiver"
+                          << LogKv("transports", absl::StrJoin(EndpointTransports(peer.ep), ","))
+                          << LogKv("same_host", SameHost(st->dest));
       }
       if (s != UCS_OK) {
         peers_.erase(st->peer_key);
@@ -1265,8 +1317,9 @@ class UcxKvTransport::Impl {
   }
 
   const UcxKvTransportOptions options_;
-  const bool cma_allowed_;          // same-host puts by cross-memory attach (ucx/cma_put.h)
-  const std::string cma_identity_;  // LocalCmaIdentity() when cma_allowed_
+  const bool cma_allowed_;           // same-host puts by cross-memory attach (ucx/cma_put.h)
+  const bool shm_allowed_;           // UCX_TLS lets active messages go over shared memory
+  const std::string host_identity_;  // LocalHostIdentity()
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::string worker_address_;
@@ -1347,5 +1400,6 @@ absl::StatusOr<std::unique_ptr<KvPush>> UcxKvTransport::OpenPush(KvPoolHandle po
 }
 int64_t UcxKvTransport::num_open_leases() const { return impl_->num_open_leases(); }
 int64_t UcxKvTransport::num_open_pushes() const { return impl_->num_open_pushes(); }
+std::vector<std::string> UcxKvTransport::peer_transports() const { return impl_->peer_transports(); }
 
 }  // namespace kvmesh::kv

@@ -54,6 +54,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kv/transport/kv_transport.h"
@@ -107,6 +108,9 @@ class UcxKvTransport : public KvTransport {
   // -blocks gauge reads.
   int64_t num_open_leases() const;
   int64_t num_open_pushes() const;
+  // The UCX transports ("tl/device", e.g. "posix/memory", "tcp/eth0") of the lanes of
+  // this sender's endpoints to its receivers, one entry per lane: where the KV goes.
+  std::vector<std::string> peer_transports() const;
 
   class Impl;
 
