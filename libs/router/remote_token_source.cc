@@ -128,7 +128,10 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
     const bool unavailable = status.code() == absl::StatusCode::kUnavailable;
     const bool unreachable = unavailable && channel.GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
     // A draining worker hands back what it had not started (ABORTED): place it again.
-    const bool handed_back = status.code() == absl::StatusCode::kAborted;
+    // So is a call its server cancelled while stopping (CANCELLED, which this router,
+    // not aborted, never asked for).
+    const bool handed_back =
+        status.code() == absl::StatusCode::kAborted || status.code() == absl::StatusCode::kCancelled;
     if (unreachable) source_.ReportUnreachable(decode_id_, std::string(status.message()));
     const bool unreachable_or_gone = unavailable;
     if (streamed_) {
