@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 namespace kvmesh::kv {
 namespace {
@@ -36,6 +37,17 @@ class ScopedUcxTls {
   std::string saved_;
 };
 
+// An empty value reads the environment's UCX_TLS (tcp: neither cma nor shared memory),
+// else leaves the choice to UCX (which includes both).
+void ExpectEmptyFollowsTheEnvironment(bool (*allows)(std::string_view)) {
+  {
+    ScopedUcxTls tls("tcp");
+    EXPECT_FALSE(allows(""));
+  }
+  ScopedUcxTls none(nullptr);
+  EXPECT_TRUE(allows(""));
+}
+
 TEST(SameHostTest, IdentityNamesThisHostAndPidNamespace) {
   const std::string id = LocalHostIdentity();
   ASSERT_FALSE(id.empty());
@@ -51,13 +63,7 @@ TEST(SameHostTest, TlsValuesThatAllowCma) {
   EXPECT_FALSE(UcxTlsAllowsCma("tcp"));
   EXPECT_FALSE(UcxTlsAllowsCma("^sm"));
   EXPECT_FALSE(UcxTlsAllowsCma("posix,sysv"));
-  // Empty: the environment's UCX_TLS, else UCX's own choice (which includes cma).
-  {
-    ScopedUcxTls tls("tcp");
-    EXPECT_FALSE(UcxTlsAllowsCma(""));
-  }
-  ScopedUcxTls none(nullptr);
-  EXPECT_TRUE(UcxTlsAllowsCma(""));
+  ExpectEmptyFollowsTheEnvironment(&UcxTlsAllowsCma);
 }
 
 TEST(SameHostTest, TlsValuesThatAllowSharedMemoryMessages) {
@@ -72,12 +78,7 @@ TEST(SameHostTest, TlsValuesThatAllowSharedMemoryMessages) {
   EXPECT_FALSE(UcxTlsAllowsSharedMemory("^sm"));
   EXPECT_FALSE(UcxTlsAllowsSharedMemory("tcp"));
   EXPECT_FALSE(UcxTlsAllowsSharedMemory("tcp,cma"));  // cma carries no messages
-  {
-    ScopedUcxTls tls("tcp");
-    EXPECT_FALSE(UcxTlsAllowsSharedMemory(""));
-  }
-  ScopedUcxTls none(nullptr);
-  EXPECT_TRUE(UcxTlsAllowsSharedMemory(""));
+  ExpectEmptyFollowsTheEnvironment(&UcxTlsAllowsSharedMemory);
 }
 
 }  // namespace

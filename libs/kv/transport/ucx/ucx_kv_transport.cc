@@ -700,22 +700,22 @@ class UcxKvTransport::Impl {
       // LosePeer force-closes the endpoint.
       const bool over_shm = shm_allowed_ && SameHost(st->dest);
       ucs_status_t s = UCS_ERR_UNREACHABLE;
-      if (peer_mode_usable_ && !over_shm) s = ucp_ep_create(worker_, &ep_params, &peer.ep);
+      if (peer_mode_usable_ && !over_shm) {
+        s = ucp_ep_create(worker_, &ep_params, &peer.ep);
+        if (s == UCS_ERR_UNREACHABLE) peer_mode_usable_ = false;
+      }
       if (s == UCS_ERR_UNREACHABLE) {
-        if (!over_shm) peer_mode_usable_ = false;
         ep_params.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
         s = ucp_ep_create(worker_, &ep_params, &peer.ep);
-      }
-      if (s == UCS_OK) {
-        KVMESH_LOG(kInfo) << "connected to a KV receiver"
-                          << LogKv("transports", absl::StrJoin(EndpointTransports(peer.ep), ","))
-                          << LogKv("same_host", SameHost(st->dest));
       }
       if (s != UCS_OK) {
         peers_.erase(st->peer_key);
         return absl::InvalidArgumentError(absl::StrCat("lease descriptor: worker address refused by UCX: ",
                                                        ucs_status_string(s)));
       }
+      KVMESH_LOG(kInfo) << "connected to a KV receiver"
+                        << LogKv("transports", absl::StrJoin(EndpointTransports(peer.ep), ","))
+                        << LogKv("same_host", SameHost(st->dest));
     }
     // NOTE: UCX 1.13's ucp_ep_rkey_unpack crashes on some garbage (its error path
     // releases keys it never unpacked), so the shape of a packed key is checked first:
