@@ -89,7 +89,7 @@ uint64_t ModelIdentity(const engine::LlamaModel& model) {
 
 }  // namespace
 
-absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model) {
+absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model, const EngineFromFlagsOptions& build) {
   int64_t kv_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   if (const double fraction = absl::GetFlag(FLAGS_kv_cache_memory_fraction); fraction != 0) {
     if (!(fraction > 0 && fraction < 1)) return absl::InvalidArgumentError("--kv-cache-memory-fraction must be in (0, 1)");
@@ -115,6 +115,7 @@ absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model) 
         .max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs),
         .max_model_len = max_model_len,
         .enable_cuda_graphs = !absl::GetFlag(FLAGS_enforce_eager),
+        .host_kv_mirror = build.moves_kv,
     };
     // A memory fraction is of the GPU's free memory (vLLM's gpu_memory_utilization, of
     // what the weights left), not of the host's.

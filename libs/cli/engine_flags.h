@@ -28,7 +28,14 @@ struct EngineFromFlags {
 // Under tensor parallelism a failed rank stops the process: the error is logged and
 // SIGTERM raised, so the command's usual shutdown runs (requests in flight end with
 // the error) instead of the worker hanging or serving from a broken group.
-absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model);
+struct EngineFromFlagsOptions {
+  // The engine moves KV to or from other workers (a worker with --role prefill or
+  // decode): a runner whose pool is in device memory keeps a host mirror of it
+  // (CudaModelRunnerOptions::host_kv_mirror).
+  bool moves_kv = false;
+};
+absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model,
+                                                     const EngineFromFlagsOptions& build = {});
 
 // --kv-host-cache-bytes, --kv-host-memory, --kv-disk-cache-dir, --kv-disk-cache-bytes.
 // InvalidArgument naming the flag for a negative size or uvm without --device cuda. On

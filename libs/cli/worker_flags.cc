@@ -97,15 +97,8 @@ absl::StatusOr<worker::WorkerOptions> WorkerOptionsFromFlags(const WorkerCommand
   }
   o.role = *role;
   // NOTE: a tensor-parallel group takes either role: its ranks move their own KV heads
-  // rank to rank (kv/transport/kv_rank_group.h). The CUDA runner's pool is in device
-  // memory, which the transfer paths (host blocks over UCX or gRPC) do not read yet.
-  absl::StatusOr<int> cuda_device = CudaDeviceFromFlags();
-  if (!cuda_device.ok()) return cuda_device.status();
-  if (*cuda_device >= 0 && o.role != v1::WORKER_ROLE_BOTH) {
-    return absl::InvalidArgumentError(
-        "--device cuda needs --role both: prefill -> decode KV transfer reads a host KV pool, and the CUDA "
-        "runner's is in device memory");
-  }
+  // rank to rank (kv/transport/kv_rank_group.h). A CUDA worker with a role moves its KV
+  // through a pinned host mirror of its device pool (WorkerModelFromFlags).
   absl::StatusOr<worker::KvTransportChoice> transport = ParseKvTransport(absl::GetFlag(FLAGS_kv_transport));
   if (!transport.ok()) return transport.status();
   o.kv_transport = *transport;
@@ -128,10 +121,11 @@ absl::StatusOr<worker::WorkerOptions> WorkerOptionsFromFlags(const WorkerCommand
   return o;
 }
 
-absl::StatusOr<worker::WorkerModel> WorkerModelFromFlags() {
+absl::StatusOr<worker::WorkerModel> WorkerModelFromFlags(v1::WorkerRole role) {
   absl::StatusOr<LoadedModel> loaded = LoadModelOffThread(/*quiet=*/true);
   if (!loaded.ok()) return loaded.status();
-  absl::StatusOr<EngineFromFlags> built = BuildEngineFromFlags(*loaded->model);
+  absl::StatusOr<EngineFromFlags> built =
+      BuildEngineFromFlags(*loaded->model, {.moves_kv = role != v1::WORKER_ROLE_BOTH});
   if (!built.ok()) return built.status();
   const auto& config = loaded->model->config();
   worker::WorkerModel m;
@@ -165,7 +159,7 @@ absl::StatusOr<WorkerFromFlags> ParseWorkerCommandLine(int argc, char** argv, co
   absl::StatusOr<worker::WorkerOptions> options = WorkerOptionsFromFlags(command);
   if (!options.ok()) return options.status();
   worker.options = *std::move(options);
-  absl::StatusOr<worker::WorkerModel> model = WorkerModelFromFlags();
+  absl::StatusOr<worker::WorkerModel> model = WorkerModelFromFlags(worker.options.role);
   if (!model.ok()) return model.status();
   worker.model = *std::move(model);
   return worker;

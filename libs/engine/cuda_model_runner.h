@@ -38,13 +38,23 @@ struct CudaModelRunnerOptions {
   int32_t max_model_len = 0;
   // Capture decode steps (every chunk one token) as CUDA graphs, per batch-size bucket.
   bool enable_cuda_graphs = true;
+  // Keep a host mirror of the pool for prefill -> decode KV transfer (a worker with
+  // --role prefill or decode): kv_rank_storages() is then host memory of the pool's
+  // layout and block ids, registered with CUDA (cudaHostRegister: DMA in both directions)
+  // and with the transport, and blocks are copied between it and the device pool as the
+  // transfer paths ask (ModelRunner::CopyKvToHostMirror; layer by layer during a streamed
+  // prefill's step). Why a whole mirror and not a bounded staging ring: the transports
+  // address the receiver's blocks by pool block id (lease descriptors), so a mirror with
+  // the same ids needs no second mapping; vLLM's host-buffer NIXL path does the same. It
+  // costs host memory equal to the device pool.
+  bool host_kv_mirror = false;
 };
 
 // `model` must have been loaded on the CUDA backend (cli: --device cuda) and outlive the
 // runner. FailedPrecondition in a build without CUDA, or for a model on another backend
 // or sharded for tensor parallelism; InvalidArgument for bad sizes or a head_dim the
 // attention kernels are not built for (64 and 128 are); ResourceExhausted
-// when the device cannot hold the pool.
+// when the device cannot hold the pool, or the host its mirror (host_kv_mirror).
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& model,
                                                                    const CudaModelRunnerOptions& options);
 

@@ -119,6 +119,7 @@ Engine::Engine(const EngineOptions& options, ModelRunner& runner, std::unique_pt
                std::unique_ptr<Scheduler> scheduler, const RequestLimits& limits)
     : runner_(runner),
       kv_ranks_(runner.kv_rank_storages()),
+      kv_layout_(runner.kv_pool_layout()),
       kv_(std::move(kv)),
       scheduler_(std::move(scheduler)),
       limits_(limits),
@@ -153,11 +154,15 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   if (!streamed_prefills_.empty()) layer_exports = PlanLayerExports(scheduled);
   if (!layer_exports.empty()) {
     scheduled.batch.on_layer_kv_written = [this, &layer_exports](int32_t layer) { ExportLayer(layer_exports, layer); };
+    for (const LayerExport& e : layer_exports) {
+      for (const kv::BlockId id : e.block_ids) scheduled.batch.layer_kv_read_blocks.push_back(id.value);
+    }
   }
   const auto started = std::chrono::steady_clock::now();
   absl::StatusOr<ModelOutput> result = runner_.Execute(scheduled.batch);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   scheduled.batch.on_layer_kv_written = nullptr;
+  scheduled.batch.layer_kv_read_blocks.clear();
   // NOTE: a failed step may have run none of its copies: offloads are dropped (the
   // blocks were evicted anyway) and onboarded blocks end with their failed requests.
   FinishSwaps(scheduled.swaps, result);
@@ -187,11 +192,20 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
 }
 
 void Engine::Deliver(const std::vector<RequestOutput>& outputs) {
-  for (const RequestOutput& output : outputs) {
-    if (output.prefill_result.has_value()) {
-      if (streamed_prefills_.contains(output.request_id)) FinishStreamedPrefill(output.request_id, *output.prefill_result);
-      handoffs_.Pin(output.request_id, output.prefill_result->block_ids, DeadlineAfter(prefill_release_timeout_ms_));
+  for (const RequestOutput& delivered : outputs) {
+    const RequestOutput* out = &delivered;
+    std::optional<RequestOutput> failed;  // replaces a prefill whose KV cannot be exported
+    if (out->prefill_result.has_value()) {
+      if (absl::Status exportable = MakePrefillExportable(out->request_id, *out->prefill_result); exportable.ok()) {
+        handoffs_.Pin(out->request_id, out->prefill_result->block_ids, DeadlineAfter(prefill_release_timeout_ms_));
+      } else if (absl::StatusOr<RequestOutput> ended = scheduler_->FailRequest(out->request_id, exportable);
+                 ended.ok()) {
+        // Never handed out: a decode worker would read KV that is not there.
+        failed = *std::move(ended);
+        out = &*failed;
+      }
     }
+    const RequestOutput& output = *out;
     if (output.finished) {
       handoffs_.Unpin(output.request_id);
       streamed_prefills_.erase(output.request_id);

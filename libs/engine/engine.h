@@ -274,11 +274,15 @@ class Engine {
   absl::StatusOr<RequestOutput> ReleasePrefill(const std::string& request_id);
 
   // This engine's KV block layout (one rank's pool under TP), what a peer's blocks must
-  // match. FailedPrecondition when the runner exposes no KvStorage.
+  // match. FailedPrecondition when the runner has no KV pool layout (a fake).
   absl::StatusOr<kv::KvBlockSpec> kv_block_spec() const;
   // Tensor-parallel ranks whose pools a transfer moves (ModelRunner::kv_rank_storages):
-  // 1 without TP, 0 when the runner exposes no KV storage.
-  int32_t kv_tp_size() const { return static_cast<int32_t>(kv_ranks_.size()); }
+  // 1 without TP (also for a device pool with no host mirror), 0 when the runner has no
+  // KV pool layout.
+  int32_t kv_tp_size() const {
+    if (!kv_ranks_.empty()) return static_cast<int32_t>(kv_ranks_.size());
+    return kv_layout_.has_value() ? 1 : 0;
+  }
 
   bool HasUnfinishedRequests() const { return scheduler_->HasUnfinishedRequests(); }
   EngineStats stats() const;
@@ -330,12 +334,15 @@ class Engine {
   std::vector<LayerExport> PlanLayerExports(const SchedulerOutput& scheduled);
   // Hands `layer`'s planned blocks to their sinks (the runner's per-layer hook).
   void ExportLayer(const std::vector<LayerExport>& plan, int32_t layer);
-  // Before a streamed prefill's PrefillResult is delivered: sends whatever the steps did
-  // not (defensive: the last chunk normally completes every block), then forgets it.
-  void FinishStreamedPrefill(const std::string& request_id, const PrefillResult& result);
+  // Before a computed prefill's PrefillResult is delivered: a streamed one sends whatever
+  // the steps did not (defensive: the last chunk normally completes every block) and is
+  // forgotten; any other has its blocks copied into the runner's host view for
+  // ExportKvBlock (ModelRunner::CopyKvToHostMirror). An error means its KV cannot leave.
+  absl::Status MakePrefillExportable(const std::string& request_id, const PrefillResult& result);
 
   ModelRunner& runner_;
   const std::vector<kv::KvStorage*> kv_ranks_;  // runner_.kv_rank_storages(), fixed for its life
+  const std::optional<kv::KvLayout> kv_layout_;  // runner_.kv_pool_layout()
   std::unique_ptr<kv::KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;  // borrows *kv_: declared after it
   const RequestLimits limits_;

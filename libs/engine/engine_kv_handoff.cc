@@ -28,15 +28,25 @@ int64_t Engine::DeadlineAfter(int64_t timeout_ms) const {
                                                                  : now + timeout_ms;
 }
 
+namespace {
+
+// Why a runner with no host view of its KV (kv_rank_storages() empty) cannot transfer it.
+absl::Status NoHostKv() {
+  return absl::FailedPreconditionError(
+      "the model runner exposes no host view of its KV, so its blocks cannot be transferred (a CUDA worker keeps "
+      "a host mirror for transfers only with --role prefill or decode)");
+}
+
+}  // namespace
+
 absl::StatusOr<kv::KvBlockSpec> Engine::kv_block_spec() const {
-  if (kv_ranks_.empty()) {
-    return absl::FailedPreconditionError("the model runner exposes no KV storage: blocks cannot be transferred");
-  }
-  return kv::KvBlockSpecOf(kv_ranks_[0]->layout());
+  if (!kv_layout_.has_value()) return absl::FailedPreconditionError("the model runner has no KV pool layout");
+  return kv::KvBlockSpecOf(*kv_layout_);
 }
 
 absl::StatusOr<RemotePrefillLease> Engine::ReserveForRemotePrefill(EngineRequest request) {
   KVMESH_ASSIGN_OR_RETURN(const kv::KvBlockSpec spec, kv_block_spec());
+  if (kv_ranks_.empty()) return NoHostKv();
   KVMESH_RETURN_IF_ERROR(ValidateEngineRequest(request, limits_));
   KVMESH_ASSIGN_OR_RETURN(RemotePrefillReservation reservation, scheduler_->ReserveRemotePrefill(request));
   // The transfer writes these blocks directly, between steps: offload what the
@@ -65,7 +75,7 @@ absl::StatusOr<RemotePrefillLease> Engine::ReserveForRemotePrefill(EngineRequest
 absl::Status Engine::ImportKvBlock(KvTransferId transfer_id, int32_t rank, int32_t layer, int32_t block_index,
                                    std::span<const std::byte> data) {
   KVMESH_ASSIGN_OR_RETURN(kv::KvLease * lease, handoffs_.Find(transfer_id, NowMs(), "ImportKvBlock"));
-  if (kv_ranks_.empty()) return absl::FailedPreconditionError("the model runner exposes no KV storage");
+  if (kv_ranks_.empty()) return NoHostKv();
   if (rank < 0 || rank >= kv_tp_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("ImportKvBlock: rank ", rank, " is outside this engine's ", kv_tp_size(), " ranks"));
@@ -98,6 +108,15 @@ absl::StatusOr<RequestOutput> Engine::CommitRemotePrefill(KvTransferId transfer_
   if (lease->num_imported > 0 && lease->num_imported < expected) {
     return absl::FailedPreconditionError(absl::StrCat("CommitRemotePrefill: lease ", transfer_id.value, " imported ",
                                                       lease->num_imported, " of ", expected, " blocks"));
+  }
+  // The blocks landed in the runner's host view; a device pool takes them from there.
+  std::vector<int32_t> landed;
+  for (size_t b = static_cast<size_t>(lease->num_cached_blocks); b < lease->block_ids.size(); ++b) {
+    landed.push_back(lease->block_ids[b].value);
+  }
+  if (absl::Status copied = runner_.CopyKvFromHostMirror(landed); !copied.ok()) {
+    return absl::InternalError(absl::StrCat("CommitRemotePrefill: the landed KV could not be copied into the "
+                                            "runner's pool: ", copied.message()));
   }
   const std::string request_id = lease->request_id;
   KVMESH_ASSIGN_OR_RETURN(RequestOutput output,
@@ -147,9 +166,7 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::HandBackUnstarted(const absl:
 
 absl::Status Engine::AddPrefillOnlyRequest(EngineRequest request, int32_t skip_leading_tokens,
                                            KvLayerSink on_layer_blocks) {
-  if (on_layer_blocks && kv_ranks_.empty()) {
-    return absl::FailedPreconditionError("the model runner exposes no KV storage: its KV cannot be streamed");
-  }
+  if (on_layer_blocks && kv_ranks_.empty()) return NoHostKv();
   KVMESH_RETURN_IF_ERROR(ValidateEngineRequest(request, limits_));
   const int32_t block_size = limits_.block_size_tokens;
   const int32_t prompt_len = static_cast<int32_t>(request.prompt_token_ids.size());
@@ -213,15 +230,25 @@ void Engine::ExportLayer(const std::vector<LayerExport>& plan, int32_t layer) {
   }
 }
 
-void Engine::FinishStreamedPrefill(const std::string& request_id, const PrefillResult& result) {
+absl::Status Engine::MakePrefillExportable(const std::string& request_id, const PrefillResult& result) {
   const auto it = streamed_prefills_.find(request_id);
-  const int32_t num_blocks = static_cast<int32_t>(result.block_ids.size());
-  if (it->second.next_block < num_blocks) {
-    LayerExport rest{.sink = &it->second.sink, .first_block_index = it->second.next_block, .block_ids = {}};
-    rest.block_ids.assign(result.block_ids.begin() + it->second.next_block, result.block_ids.end());
-    for (int32_t layer = 0; layer < kv_ranks_[0]->layout().num_layers(); ++layer) ExportLayer({rest}, layer);
+  if (it == streamed_prefills_.end()) {
+    // Exported after the fact (ExportKvBlock) from the runner's host view: all of it.
+    std::vector<int32_t> blocks;
+    for (const kv::BlockId id : result.block_ids) blocks.push_back(id.value);
+    return runner_.CopyKvToHostMirror(blocks);
   }
+  const StreamedPrefill stream = std::move(it->second);
   streamed_prefills_.erase(it);
+  const int32_t num_blocks = static_cast<int32_t>(result.block_ids.size());
+  if (stream.next_block >= num_blocks) return absl::OkStatus();
+  LayerExport rest{.sink = &stream.sink, .first_block_index = stream.next_block, .block_ids = {}};
+  rest.block_ids.assign(result.block_ids.begin() + stream.next_block, result.block_ids.end());
+  std::vector<int32_t> blocks;
+  for (const kv::BlockId id : rest.block_ids) blocks.push_back(id.value);
+  KVMESH_RETURN_IF_ERROR(runner_.CopyKvToHostMirror(blocks));
+  for (int32_t layer = 0; layer < kv_layout_->num_layers(); ++layer) ExportLayer({rest}, layer);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::span<const std::byte>> Engine::ExportKvBlock(const std::string& request_id, int32_t rank,
@@ -232,7 +259,7 @@ absl::StatusOr<std::span<const std::byte>> Engine::ExportKvBlock(const std::stri
         "ExportKvBlock: request '", request_id, "' is not a computed prefill-only request (unknown, not yet "
         "computed, or ended)"));
   }
-  if (kv_ranks_.empty()) return absl::FailedPreconditionError("the model runner exposes no KV storage");
+  if (kv_ranks_.empty()) return NoHostKv();
   if (rank < 0 || rank >= kv_tp_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("ExportKvBlock: rank ", rank, " is outside this engine's ", kv_tp_size(), " ranks"));

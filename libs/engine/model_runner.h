@@ -8,13 +8,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <span>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-
-namespace kvmesh::kv {
-class KvStorage;
-}  // namespace kvmesh::kv
+#include "kv/kv_layout.h"
 
 namespace kvmesh::engine {
 
@@ -93,8 +93,13 @@ struct ModelBatch {
   // under TP) and before the next layer starts. It may read that layer's blocks (and must not
   // write any, nor call back into the runner). The engine streams a prefill's KV out
   // layer by layer through it while the later layers compute. NOTE: empty for ordinary
-  // steps; a runner only tests it, so it costs nothing then.
+  // steps; a runner only tests it, so it costs nothing then. A runner whose
+  // kv_rank_storages() mirror a device pool (CopyKvToHostMirror) calls it once the layer's
+  // layer_kv_read_blocks are in the mirror, which may be while later layers run.
   std::function<void(int32_t layer)> on_layer_kv_written;
+  // With on_layer_kv_written: the blocks it reads. A runner whose pool is not host memory
+  // copies each layer of these into its host mirror before calling it for that layer.
+  std::vector<int32_t> layer_kv_read_blocks;
 };
 
 struct ModelOutput {
@@ -138,6 +143,29 @@ class ModelRunner {
   virtual std::vector<kv::KvStorage*> kv_rank_storages() {
     kv::KvStorage* storage = kv_storage();
     return storage == nullptr ? std::vector<kv::KvStorage*>{} : std::vector<kv::KvStorage*>{storage};
+  }
+  // A runner whose pool is in device memory and that moves KV between workers exposes a
+  // host mirror of it as kv_rank_storages(): the same layout and block ids, in pinned
+  // memory that a transport reads and writes. These copy every layer of `blocks` between
+  // the pool and the mirror, between steps: to the mirror before the transfer paths read
+  // a prefill's blocks, from it once a remote prefill's blocks have landed and before any
+  // step reads them. Complete when they return. InvalidArgument for a block outside the
+  // pool, before anything is copied. No-ops (the default) where kv_rank_storages() are the
+  // pools themselves.
+  virtual absl::Status CopyKvToHostMirror(std::span<const int32_t> blocks) {
+    (void)blocks;
+    return absl::OkStatus();
+  }
+  virtual absl::Status CopyKvFromHostMirror(std::span<const int32_t> blocks) {
+    (void)blocks;
+    return absl::OkStatus();
+  }
+  // The layout of the pool the runner computes over (of each rank's, under TP), or
+  // nullopt when it has none (a fake). What the workers agree on before moving KV.
+  virtual std::optional<kv::KvLayout> kv_pool_layout() {
+    const std::vector<kv::KvStorage*> ranks = kv_rank_storages();
+    if (ranks.empty()) return std::nullopt;
+    return ranks[0]->layout();
   }
   // Whether Execute honours SequenceChunk::argmax_only (a device runner then copies one
   // token id to the host instead of a vocabulary of logits, and skips the host's argmax).

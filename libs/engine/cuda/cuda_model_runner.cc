@@ -17,6 +17,13 @@
 // write nothing), and its attention grid covers the context bucket (split-K partitions
 // past a sequence's length exit at once). A bucket is captured after its first eager run,
 // which also sizes every scratch buffer, so nothing allocates during capture.
+//
+// A prefill or decode worker's runner keeps a host mirror of the pool (host_kv_mirror):
+// the KV transports read and write that, and blocks cross PCIe as whole runs of
+// consecutive ids, every layer of a run in one 2D copy (the pool and the mirror share
+// their layout, so a run is one row per layer at the same offsets in both). During a
+// streamed prefill's step each layer's finished blocks are copied right after the layer
+// writes its KV, and the engine's hook for that layer runs once the copy has landed.
 #include "engine/cuda_model_runner.h"
 
 #include <algorithm>
@@ -43,6 +50,7 @@
 #include "block_tables/block_tables.h"
 #include "gather_rows/gather_rows.h"
 #include "kv/kv_layout.h"
+#include "kv/transport/kv_runs.h"
 #include "swap_blocks/swap_blocks.h"
 
 namespace kvmesh::engine {
@@ -78,6 +86,8 @@ class CudaModelRunner : public ModelRunner {
     for (auto& [key, g] : graphs_) {
       if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
     }
+    for (cudaEvent_t event : layer_mirrored_) cudaEventDestroy(event);
+    if (mirror_registered_) cudaHostUnregister(mirror_->data());
   }
 
   absl::Status Init();
@@ -96,6 +106,12 @@ class CudaModelRunner : public ModelRunner {
             .block_bytes = layout_.BlockBytes(),
             .dtype = static_cast<int32_t>(layout_.dtype())};
   }
+  std::optional<kv::KvLayout> kv_pool_layout() override { return layout_; }
+  std::vector<kv::KvStorage*> kv_rank_storages() override {
+    return mirror_ == nullptr ? std::vector<kv::KvStorage*>{} : std::vector<kv::KvStorage*>{mirror_.get()};
+  }
+  absl::Status CopyKvToHostMirror(std::span<const int32_t> blocks) override { return CopyMirror(blocks, true); }
+  absl::Status CopyKvFromHostMirror(std::span<const int32_t> blocks) override { return CopyMirror(blocks, false); }
 
  private:
   struct Graph {
@@ -104,6 +120,14 @@ class CudaModelRunner : public ModelRunner {
   };
 
   absl::Status UploadWeights();
+  absl::Status CreateMirror();
+  // `blocks` as runs of consecutive ids (sorted, each block once); InvalidArgument for a
+  // block outside the pool, or FailedPrecondition without a mirror.
+  absl::StatusOr<std::vector<kv::KvRun>> MirrorRuns(std::span<const int32_t> blocks) const;
+  // Queues one layer's (or, with layer < 0, every layer's) copy of `runs` between the pool
+  // and the mirror on the backend's stream.
+  cudaError_t QueueMirrorCopy(const std::vector<kv::KvRun>& runs, int32_t layer, bool to_host);
+  absl::Status CopyMirror(std::span<const int32_t> blocks, bool to_host);
   absl::Status RunBlockCopies(const std::vector<KvBlockCopy>& copies);
   // Scatters all but the last meta_layout_.max_table_updates of `*updates` into
   // table_rows_ now, in rounds through the staging buffer, and leaves the rest in
@@ -114,7 +138,9 @@ class CudaModelRunner : public ModelRunner {
   // returns. Returns the seconds the copies took.
   absl::StatusOr<double> RunSwaps(const std::vector<KvBlockSwap>& swaps, bool to_host);
   // Queues the forward pass over the metadata at meta_device_ on the backend's stream.
-  void Forward(const ForwardShape& f);
+  // With `mirrored`, each layer's copy of those runs into the mirror follows its KV write,
+  // and layer_mirrored_[layer] is recorded after it.
+  void Forward(const ForwardShape& f, const std::vector<kv::KvRun>* mirrored = nullptr);
   // Captures Forward(shape) into graph->exec. On failure the stream is out of capture mode
   // and no error is left pending.
   absl::Status Capture(const ForwardShape& shape, Graph* graph);
@@ -142,6 +168,11 @@ class CudaModelRunner : public ModelRunner {
   DeviceMemory table_rows_;  // [2 * max_num_seqs, max_blocks_per_seq_] int32: the kept tables
 
   DeviceMemory pool_;  // the KV pool, kv_layout.h's layout, all layers
+  // host_kv_mirror: the pool's host mirror, registered with CUDA, and one event per layer
+  // recorded once a streamed step's copy of that layer into it is queued.
+  std::unique_ptr<kv::KvStorage> mirror_;
+  bool mirror_registered_ = false;
+  std::vector<cudaEvent_t> layer_mirrored_;
   DeviceMemory embed_, final_norm_, inv_freq_;
   std::vector<DeviceMemory> input_norms_, post_norms_;  // f32 [hidden] per layer
   StagingLayout meta_layout_;
@@ -202,6 +233,7 @@ absl::Status CudaModelRunner::Init() {
   KVMESH_ASSIGN_OR_RETURN(pool_, AllocateDevice(static_cast<size_t>(layout_.TotalBytes()), "the KV pool"));
   // Zeroed so that padded graph rows, which read block 0, read finite numbers.
   KVMESH_RETURN_IF_CUDA_ERROR(cudaMemset(pool_.get(), 0, pool_.bytes()), "clearing the KV pool");
+  if (options_.host_kv_mirror) KVMESH_RETURN_IF_ERROR(CreateMirror());
   const int64_t max_blocks = max_blocks_per_seq_;
   const int64_t table_entries = int64_t{tables_.options().max_rows} * max_blocks;
   if (table_entries > INT32_MAX)
@@ -234,6 +266,78 @@ absl::Status CudaModelRunner::Init() {
   KVMESH_RETURN_IF_ERROR(be_.Reserve(t, widest, s, static_cast<int32_t>(h), static_cast<int32_t>(hkv),
                                      static_cast<int32_t>(d), std::max(options_.max_model_len, 1)));
   KVMESH_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize(), "initializing the CUDA runner");
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::CreateMirror() {
+  absl::StatusOr<std::unique_ptr<kv::KvStorage>> mirror =
+      kv::KvStorage::Create({.num_layers = layout_.num_layers(),
+                             .num_kv_heads = layout_.num_kv_heads(),
+                             .kv_head_replication = layout_.kv_head_replication(),
+                             .head_dim = layout_.head_dim(),
+                             .block_size_tokens = layout_.block_size_tokens(),
+                             .dtype = layout_.dtype(),
+                             .num_blocks = layout_.num_blocks()});
+  if (!mirror.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat("the host mirror of the KV pool (", layout_.TotalBytes(),
+                                                     " bytes, the device pool's size) cannot be allocated: ",
+                                                     mirror.status().message(), "; lower --kv-cache-bytes"));
+  }
+  mirror_ = *std::move(mirror);
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaHostRegister(mirror_->data(), static_cast<size_t>(mirror_->size_bytes()),
+                                               cudaHostRegisterPortable),
+                              "pinning the KV pool's host mirror");
+  mirror_registered_ = true;
+  layer_mirrored_.resize(static_cast<size_t>(layout_.num_layers()), nullptr);
+  for (cudaEvent_t& event : layer_mirrored_) {
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                                "creating the KV mirror's layer events");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<kv::KvRun>> CudaModelRunner::MirrorRuns(std::span<const int32_t> blocks) const {
+  if (mirror_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this CUDA runner keeps no host mirror of its KV pool (a worker has one with --role prefill or decode)");
+  }
+  std::vector<kv::BlockId> ids;
+  ids.reserve(blocks.size());
+  for (const int32_t b : blocks) {
+    if (b < 0 || b >= num_blocks())
+      return absl::InvalidArgumentError(absl::StrCat("KV block ", b, " is outside the pool of ", num_blocks()));
+    ids.push_back(kv::BlockId{b});
+  }
+  std::sort(ids.begin(), ids.end(), [](kv::BlockId a, kv::BlockId b) { return a.value < b.value; });
+  ids.erase(std::unique(ids.begin(), ids.end(), [](kv::BlockId a, kv::BlockId b) { return a.value == b.value; }),
+            ids.end());
+  return kv::MergeKvRuns(ids, ids);
+}
+
+cudaError_t CudaModelRunner::QueueMirrorCopy(const std::vector<kv::KvRun>& runs, int32_t layer, bool to_host) {
+  const int32_t first_layer = layer < 0 ? 0 : layer;
+  const size_t height = layer < 0 ? static_cast<size_t>(layout_.num_layers()) : 1;
+  const size_t pitch = static_cast<size_t>(layout_.LayerBytes());
+  for (const kv::KvRun& run : runs) {
+    const int64_t offset = layout_.BlockOffset(first_layer, run.src_first);
+    std::byte* device = pool_.as<std::byte>() + offset;
+    std::byte* host = mirror_->data() + offset;
+    const size_t width = static_cast<size_t>(run.num_blocks) * static_cast<size_t>(layout_.BlockBytes());
+    const cudaError_t queued =
+        to_host ? cudaMemcpy2DAsync(host, pitch, device, pitch, width, height, cudaMemcpyDeviceToHost, be_.stream())
+                : cudaMemcpy2DAsync(device, pitch, host, pitch, width, height, cudaMemcpyHostToDevice, be_.stream());
+    if (queued != cudaSuccess) return queued;
+  }
+  return cudaSuccess;
+}
+
+absl::Status CudaModelRunner::CopyMirror(std::span<const int32_t> blocks, bool to_host) {
+  KVMESH_ASSIGN_OR_RETURN(const std::vector<kv::KvRun> runs, MirrorRuns(blocks));
+  if (runs.empty()) return absl::OkStatus();
+  const char* what = to_host ? "copying KV blocks into the host mirror" : "copying KV blocks from the host mirror";
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(be_.device()), "selecting the runner's GPU");
+  KVMESH_RETURN_IF_CUDA_ERROR(QueueMirrorCopy(runs, /*layer=*/-1, to_host), what);
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(be_.stream()), what);
   return absl::OkStatus();
 }
 
@@ -329,7 +433,7 @@ absl::StatusOr<double> CudaModelRunner::RunSwaps(const std::vector<KvBlockSwap>&
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void CudaModelRunner::Forward(const ForwardShape& f) {
+void CudaModelRunner::Forward(const ForwardShape& f, const std::vector<kv::KvRun>* mirrored) {
   const model::ModelConfig& c = model_.config();
   const int64_t t = f.rows, r = f.logit_rows;
   const int64_t e = c.hidden_size, d = c.head_dim, h = c.num_attention_heads, hkv = c.num_key_value_heads;
@@ -394,6 +498,13 @@ void CudaModelRunner::Forward(const ForwardShape& f) {
         pool_.as<std::byte>() + static_cast<int64_t>(l) * layout_.LayerBytes(), layout_.dtype(),
         {layout_.num_blocks(), 2, layout_.num_kv_heads(), layout_.block_size_tokens(), layout_.head_dim()});
     be_.WriteKvCache(k, v, slots, kv_cache);
+    if (mirrored != nullptr) {
+      // NOTE: on the compute stream: the copy is one layer's new blocks (a few MB against
+      // the layer's GEMMs), and the stream orders it after the write without an event.
+      be_.RecordError(QueueMirrorCopy(*mirrored, static_cast<int32_t>(l), /*to_host=*/true),
+                      "copying a layer's KV into the host mirror");
+      be_.RecordError(cudaEventRecord(layer_mirrored_[l], stream), "marking a layer's KV mirrored");
+    }
     be_.PagedAttention(q, kv_cache, attention_batch, scale, attn);
     be_.Linear(view2(attn_, t, h * d), *packed.o, proj);
     be_.AddRmsNorm(residual, proj, post_norm, eps, hidden);
@@ -458,9 +569,11 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
     KVMESH_ASSIGN_OR_RETURN(output.swap_in_seconds, RunSwaps(batch.swap_in, /*to_host=*/false));
   }
   if (batch.chunks.empty()) return output;
-  if (batch.on_layer_kv_written)
-    return absl::FailedPreconditionError(
-        "streaming KV out layer by layer needs a host KV pool; the CUDA runner's pool is in device memory");
+  // A streamed prefill's step: which blocks each layer copies into the mirror.
+  std::vector<kv::KvRun> mirrored;
+  if (batch.on_layer_kv_written) {
+    KVMESH_ASSIGN_OR_RETURN(mirrored, MirrorRuns(batch.layer_kv_read_blocks));
+  }
   KVMESH_RETURN_IF_ERROR(
       BuildStepMetadata(batch, tables_, block_size_tokens(), vocab_size(), /*with_block_tables=*/false, &meta_));
   // The current device is per thread, and the engine's thread need not be the loader's.
@@ -506,11 +619,13 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
                            .max_blocks_per_seq = staged.max_blocks_per_seq,
                            .max_query_len = staged.max_query_len,
                            .max_context_len = staged.max_context_len};
-  Graph* graph = decode && options_.enable_cuda_graphs ? &graphs_[{seqs, max_context}] : nullptr;
+  // A streamed step runs eagerly: its layers' mirror copies are not in the graphs.
+  const bool streamed = static_cast<bool>(batch.on_layer_kv_written);
+  Graph* graph = decode && !streamed && options_.enable_cuda_graphs ? &graphs_[{seqs, max_context}] : nullptr;
   if (graph != nullptr && graph->exec != nullptr) {
     KVMESH_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(graph->exec, stream), "replaying a decode graph");
   } else {
-    Forward(shape);
+    Forward(shape, streamed ? &mirrored : nullptr);
     if (graph != nullptr && !graph->capture_failed) {
       // This eager run sized every scratch buffer; capture the bucket for later steps.
       // The capture records the same work without running it (this step's result is the
@@ -524,6 +639,14 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
                              << LogKv("batch", seqs) << LogKv("context", max_context)
                              << LogKv("error", captured.message());
       }
+    }
+  }
+  if (streamed) {
+    // Each layer's hook once its blocks are in the mirror, while later layers compute.
+    KVMESH_RETURN_IF_ERROR(be_.TakeError());
+    for (size_t l = 0; l < layer_mirrored_.size(); ++l) {
+      KVMESH_RETURN_IF_CUDA_ERROR(cudaEventSynchronize(layer_mirrored_[l]), "copying a layer's KV into the host mirror");
+      batch.on_layer_kv_written(static_cast<int32_t>(l));
     }
   }
   // wanted[k] is the LM head row of the k-th chunk with compute_logits; argmax_only ones

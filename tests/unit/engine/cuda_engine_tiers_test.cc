@@ -20,6 +20,7 @@
 #include "engine/engine.h"
 #include "engine/llama_model.h"
 #include "generation_checks.h"
+#include "gpu_test_model.h"
 
 namespace kvmesh::engine {
 namespace {
@@ -29,40 +30,17 @@ using testing_util::Generation;
 
 constexpr int32_t kBlock = 16;
 
-std::string ModelDir(const std::string& name) {
-  const char* dir = std::getenv("KVMESH_TEST_MODELS_DIR");
-  return (dir != nullptr && *dir != 0 ? std::string(dir) : std::string(KVMESH_BINARY_DIR) + "/models") + "/" + name;
-}
-
-
 class CudaEngineTiersTest : public testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    auto gpu = backend::CreateCudaBackend(0);
-    if (!gpu.ok()) GTEST_SKIP() << "no GPU here (" << gpu.status().message() << "); this test runs where one is";
-    backend_ = std::move(gpu).value();
-    auto model = LlamaModel::Load(ModelDir("tiny-llama"), *backend_);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = std::move(model).value();
+    testing_util::LoadTinyModelOnGpuOrSkip(&gpu_);
+    model_ = gpu_.model.get();
   }
 
-  struct Worker {
-    std::unique_ptr<ModelRunner> runner;
-    std::unique_ptr<Engine> engine;
-  };
-
+  using Worker = testing_util::GpuEngine;
   Worker MakeWorker(int32_t num_blocks, EngineKvTierOptions tiers) {
-    Worker w;
-    auto runner = CreateCudaModelRunner(*model_, {.block_size_tokens = kBlock,
-                                                  .num_blocks = num_blocks,
-                                                  .max_num_tokens = 256,
-                                                  .max_num_seqs = 4,
-                                                  .max_model_len = 512});
-    EXPECT_TRUE(runner.ok()) << runner.status();
-    if (!runner.ok()) return w;
-    w.runner = std::move(runner).value();
-    w.engine = testing_util::MakeSmallStepEngine(*w.runner, std::move(tiers), kBlock);
-    return w;
+    return testing_util::MakeGpuEngine(*model_, {.block_size_tokens = kBlock, .num_blocks = num_blocks},
+                                       std::move(tiers));
   }
 
   // The host tier's memory this test instance asks for.
@@ -77,8 +55,8 @@ class CudaEngineTiersTest : public testing::TestWithParam<const char*> {
     return testing_util::GenerateChecked(engine, id, prompt, /*max_tokens=*/12);
   }
 
-  std::unique_ptr<backend::Backend> backend_;
-  std::unique_ptr<LlamaModel> model_;
+  testing_util::GpuTestModel gpu_;
+  LlamaModel* model_ = nullptr;
 };
 
 TEST_P(CudaEngineTiersTest, PrefixFromEveryTierGivesBitIdenticalOutput) {

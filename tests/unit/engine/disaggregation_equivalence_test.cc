@@ -5,11 +5,14 @@
 // first token and decodes. For prompts that share prefixes (so both sides get prefix
 // hits), the greedy tokens must be exactly those of one aggregated engine running the
 // same requests, the logprobs within 1e-3, and every block must be back on both sides.
+// Each case runs twice: over the runners' own pools, and with both runners behind a host
+// mirror (host_mirrored_runner.h), as a CUDA prefill or decode worker's runner is.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <set>
 #include <string>
@@ -20,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
 #include "engine/paged_model_runner.h"
+#include "host_mirrored_runner.h"
 
 namespace kvmesh::engine {
 namespace {
@@ -36,7 +40,8 @@ struct Collected {
 };
 
 struct Stack {
-  std::unique_ptr<PagedModelRunner> runner;
+  std::unique_ptr<ModelRunner> runner;
+  testing::HostMirroredRunner* mirrored = nullptr;  // runner, when behind a host mirror
   std::unique_ptr<Engine> engine;
   std::map<std::string, Collected> got;
 
@@ -68,22 +73,36 @@ struct Stack {
   }
 };
 
-class DisaggregationEquivalenceTest : public testing::TestWithParam<std::string> {
+struct Case {
+  std::string model;
+  bool host_mirror = false;  // the P and D runners move KV through a host mirror
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model << (c.host_mirror ? " behind host mirrors" : ""); }
+
+class DisaggregationEquivalenceTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     auto backend = backend::CreateCpuBackend({});
     ASSERT_TRUE(backend.ok()) << backend.status();
     backend_ = std::move(backend).value();
-    auto model = LlamaModel::Load(std::string(KVMESH_BINARY_DIR) + "/models/" + GetParam(), *backend_);
+    auto model = LlamaModel::Load(std::string(KVMESH_BINARY_DIR) + "/models/" + GetParam().model, *backend_);
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(model).value();
   }
 
-  // A fresh engine over its own runner and KV pool.
-  void MakeStack(Stack* s, int32_t max_num_batched_tokens, int32_t num_blocks = 256) {
-    auto runner = PagedModelRunner::Create(*model_, {.block_size_tokens = kBlockSize, .num_blocks = num_blocks});
+  // A fresh engine over its own runner and KV pool; a transferring side (`moves_kv`)
+  // behind a host mirror in the host_mirror cases.
+  void MakeStack(Stack* s, int32_t max_num_batched_tokens, bool moves_kv = true) {
+    auto runner = PagedModelRunner::Create(*model_, {.block_size_tokens = kBlockSize, .num_blocks = 256});
     ASSERT_TRUE(runner.ok()) << runner.status();
-    s->runner = std::move(runner).value();
+    if (moves_kv && GetParam().host_mirror) {
+      auto mirrored = std::make_unique<testing::HostMirroredRunner>(std::move(runner).value());
+      s->mirrored = mirrored.get();
+      s->runner = std::move(mirrored);
+    } else {
+      s->runner = std::move(runner).value();
+    }
     EngineOptions options;
     options.scheduler.max_num_batched_tokens = max_num_batched_tokens;
     options.scheduler.max_num_seqs = 16;
@@ -134,7 +153,7 @@ TEST_P(DisaggregationEquivalenceTest, DisaggregatedTokensMatchTheAggregatedEngin
 
   // 1. Aggregated: one engine runs everything.
   Stack agg;
-  MakeStack(&agg, 2048);
+  MakeStack(&agg, 2048, /*moves_kv=*/false);
   for (const auto& wave : waves) {
     for (const EngineRequest& r : wave) ASSERT_TRUE(agg.engine->AddRequest(agg.Track(r)).ok());
   }
@@ -223,8 +242,14 @@ TEST_P(DisaggregationEquivalenceTest, DisaggregatedTokensMatchTheAggregatedEngin
   EXPECT_GT(p.engine->stats().prefix_cache_hit_tokens, 0) << "the prefill side should reuse its prefix cache";
   EXPECT_EQ(d.engine->stats().num_leases_committed, 10);
   EXPECT_EQ(d.engine->stats().num_prefill_tokens, 0) << "D computes no prompt tokens for n == 1 requests";
+  if (GetParam().host_mirror) {
+    // Every sent block went through both mirrors, as whole blocks.
+    EXPECT_GE(p.mirrored->blocks_to_mirror(), blocks_sent / model_->config().num_hidden_layers);
+    EXPECT_GE(d.mirrored->blocks_from_mirror(), blocks_sent / model_->config().num_hidden_layers);
+    EXPECT_EQ(p.mirrored->layer_blocks_mirrored(), 0) << "nothing streams in this case";
+  }
   std::printf("%s: %lld blocks sent, %lld skipped (cached on D), P prefix-hit tokens %lld, max |dlogprob| %.3g\n",
-              GetParam().c_str(), static_cast<long long>(blocks_sent), static_cast<long long>(blocks_skipped),
+              GetParam().model.c_str(), static_cast<long long>(blocks_sent), static_cast<long long>(blocks_skipped),
               static_cast<long long>(p.engine->stats().prefix_cache_hit_tokens), worst);
 }
 
@@ -245,7 +270,7 @@ TEST_P(DisaggregationEquivalenceTest, LayeredStreamingSendsTheSameBytesAsExportA
     requests.push_back(Greedy(absl::StrCat("L", i), std::move(prompt), 6));
   }
   Stack agg;
-  MakeStack(&agg, 2048);
+  MakeStack(&agg, 2048, /*moves_kv=*/false);
   for (const EngineRequest& r : requests) ASSERT_TRUE(agg.engine->AddRequest(agg.Track(r)).ok());
   agg.RunToCompletion();
 
@@ -308,6 +333,15 @@ TEST_P(DisaggregationEquivalenceTest, LayeredStreamingSendsTheSameBytesAsExportA
     ASSERT_TRUE(d.engine->CommitRemotePrefill(lease.transfer_id, result.first_token_id, result.first_token_logprobs).ok());
   }
   EXPECT_TRUE(some_streamed_over_several_steps) << "a chunked prompt should stream as its chunks complete";
+  if (GetParam().host_mirror) {
+    int64_t sent = 0;
+    for (const auto& [id, got] : streamed) sent += static_cast<int64_t>(got.blocks.size());
+    // Streamed (layer, block) pairs reached the mirror during the steps; P's whole
+    // blocks were copied again for ExportKvBlock only if no step streamed them.
+    EXPECT_EQ(p.mirrored->layer_blocks_mirrored(), sent);
+    EXPECT_EQ(p.mirrored->blocks_to_mirror(), 0);
+    EXPECT_GT(d.mirrored->blocks_from_mirror(), 0);
+  }
   d.RunToCompletion();
   for (const EngineRequest& r : requests) {
     ASSERT_EQ(d.got[r.request_id].num_final, 1);
@@ -321,9 +355,11 @@ TEST_P(DisaggregationEquivalenceTest, LayeredStreamingSendsTheSameBytesAsExportA
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, DisaggregationEquivalenceTest, testing::Values("llama-f32", "tiny-llama"),
-                         [](const testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
+INSTANTIATE_TEST_SUITE_P(Models, DisaggregationEquivalenceTest,
+                         ::testing::Values(Case{"llama-f32"}, Case{"tiny-llama"}, Case{"llama-f32", true},
+                                           Case{"tiny-llama", true}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string name = info.param.model + (info.param.host_mirror ? "_host_mirror" : "");
                            for (char& c : name) c = (c == '-') ? '_' : c;
                            return name;
                          });
