@@ -138,6 +138,7 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
   void SendLayer(const engine::KvLayerBlocks& blocks) {
     const v1::KvDestination& dest = request_.destination();
     if (ucx_) {
+      if (ucx_refused_) return;  // cancelled at the first refusal: later layers go nowhere
       std::vector<kv::BlockId> ids;
       ids.reserve(blocks.blocks.size());
       absl::Status s;
@@ -154,6 +155,7 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
         // The transfer is over; Finish reports it (and the decode side fails its lease).
         KVMESH_LOG(kWarning) << "UCX put refused" << LogKv("request", request_.request_id())
                              << LogKv("status", s.ToString());
+        ucx_refused_ = true;
         ucx_->Cancel();
       }
       return;
@@ -323,6 +325,7 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
   std::chrono::steady_clock::time_point start_;
   std::shared_ptr<KvPushStream> push_;  // gRPC: set in Start, before the engine sees the request
   std::unique_ptr<kv::KvRankGroupPush> ucx_;  // UCX: set in Start, before the engine sees the request
+  bool ucx_refused_ = false;                   // engine thread: a layer's put was refused, ucx_ cancelled
   std::atomic<bool> responded_{false};
   std::mutex mu_;
   std::optional<engine::PrefillResult> result_;  // guarded by mu_

@@ -324,6 +324,9 @@ def test_decode_worker_killed_mid_transfer_frees_the_prefill_workers_blocks(tls)
         assert not t.is_alive()
         assert "error" in result or len(result.get("tokens", [])) == 4
         _blocks_used_eventually_zero(prefill, "prefill worker after the decode worker died")
+        # A refused put cancels the push: the layers after it are not tried (nor logged) again.
+        refusals = sum("UCX put refused" in l for l in prefill.log)
+        assert refusals <= 1, "".join(prefill.log[-30:])
         # And it still serves: a new decode worker gets its KV.
         decode2 = Worker(DECODE, "--kv-transport=ucx", *tls_args)
         try:
