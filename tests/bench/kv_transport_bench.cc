@@ -49,6 +49,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_split.h"
+#include "kv/host_copy_bound.h"
 #include "kv/kv_layout.h"
 #include "kv/transport/ucx/same_host.h"
 #include "kv/transport/ucx/ucx_kv_transport.h"
@@ -516,9 +517,17 @@ int Main(int argc, char** argv) {
     }
   }
   std::printf("KV of a 4096-token prompt (256 blocks x 16 tokens, every layer), sender -> receiver process\n");
-  std::printf("%-48s %-9s %7s %9s %9s %7s %9s %7s %6s %6s %9s %9s %5s\n", "shape", "transport", "MB", "ucx GB/s",
-              "perftest", "ratio", "pt@xfer", "ratio", "desc", "runs", "tail ms", "tail p90", "fail");
+  std::printf("%-48s %-9s %7s %9s %9s %7s %9s %7s %8s %7s %6s %6s %9s %9s %5s\n", "shape", "transport", "MB",
+              "ucx GB/s", "perftest", "ratio", "pt@xfer", "ratio", "memcpy", "ratio", "desc", "runs", "tail ms",
+              "tail p90", "fail");
   const std::vector<Shape> shapes = Shapes();
+  // The same messages copied by memcpy through DRAM in this process: what a copy of
+  // that size can do on this machine when neither side is in the cache.
+  std::vector<double> memcpy_gbps;
+  for (const Shape& shape : shapes) {
+    const auto layout = kv::KvLayout::Create(WithBlocks(shape.layout, kPromptBlocks)).value();
+    memcpy_gbps.push_back(kv::MeasureHostCopyBound(layout.LayerBytes()).bytes_per_second / 1e9);
+  }
   int port = 14000 + static_cast<int>(getpid() % 1000);
   std::vector<std::pair<int, double>> ucx_shm;
   for (const Site& site : sites) {
@@ -530,10 +539,12 @@ int Main(int argc, char** argv) {
       // The same bytes per message as a whole transfer moves: perftest then streams
       // through DRAM as the transfer does (its run-sized buffer stays in the cache).
       const double xfer_bound = BenchPerftest(perftest, site, layout.TotalBytes(), std::max(10, iters), port++);
-      std::printf("%-48s %-9s %7.1f %9.2f %9.2f %6.0f%% %9.2f %6.0f%% %6lld %6lld %9.3f %9.3f %5d\n", shapes[s].name,
-                  site.label.c_str(), static_cast<double>(layout.TotalBytes()) / 1e6, r.median_gbps, bound,
-                  bound > 0 ? 100.0 * r.median_gbps / bound : 0.0, xfer_bound,
-                  xfer_bound > 0 ? 100.0 * r.median_gbps / xfer_bound : 0.0, static_cast<long long>(r.descriptors),
+      const double copy = memcpy_gbps[static_cast<size_t>(s)];
+      std::printf("%-48s %-9s %7.1f %9.2f %9.2f %6.0f%% %9.2f %6.0f%% %8.2f %6.0f%% %6lld %6lld %9.3f %9.3f %5d\n",
+                  shapes[s].name, site.label.c_str(), static_cast<double>(layout.TotalBytes()) / 1e6, r.median_gbps,
+                  bound, bound > 0 ? 100.0 * r.median_gbps / bound : 0.0, xfer_bound,
+                  xfer_bound > 0 ? 100.0 * r.median_gbps / xfer_bound : 0.0, copy,
+                  copy > 0 ? 100.0 * r.median_gbps / copy : 0.0, static_cast<long long>(r.descriptors),
                   static_cast<long long>(r.runs), r.median_tail_ms, r.p90_tail_ms, r.failures);
       std::fflush(stdout);
       if (!site.netns && ucx_shm.size() < shapes.size()) ucx_shm.push_back({s, r.median_gbps});
@@ -555,7 +566,9 @@ int Main(int argc, char** argv) {
               " sm/am and tcp: each run an active message in rendezvous, received straight into the pool).\n"
               "perftest: ucx_perftest -t ucp_put_bw (ucp_am_bw over tcp, where UCX 1.13's put_bw stalls), same"
               " UCX_TLS, message = one layer's run (its one buffer stays in the last-level cache); pt@xfer: message ="
-              " the whole transfer's bytes (through DRAM, as the transfer). Target ucx >= 80%% of it.\ntail: last PutLayer -> the receiver's commit, median and"
+              " the whole transfer's bytes (through DRAM, as the transfer). Target ucx >= 80%% of it.\n"
+              "memcpy: kv::MeasureHostCopyBound, one layer's run per memcpy between buffers larger than the cache"
+              " (what a copy of that message size does through DRAM; a perftest above it is reading its cache).\ntail: last PutLayer -> the receiver's commit, median and"
               " p90 over %d transfers with %lld us of compute before each layer; target <= 1 ms on shm.\n"
               "desc: puts posted per transfer (bound: layers x runs); runs: merged runs per layer.\n",
               iters, iters, static_cast<long long>(layer_gap_us));
