@@ -37,6 +37,8 @@ KVMESH_VEC_INLINE constexpr T Max(T a, T b) {
 }
 
 KVMESH_VEC_INLINE void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+// Into L2 only: for many scattered lines in flight at once (L1's miss buffers are few).
+KVMESH_VEC_INLINE void PrefetchL2(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1); }
 
 #if defined(KVMESH_CPU_AVX512)
 
