@@ -2,6 +2,8 @@
 // macro call open a scope; if and set do not), its operators on Python values,
 // and loop controls.
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,11 @@ namespace kvmesh::model::jinja {
 namespace {
 
 constexpr int kMaxCallDepth = 256;
+// A repetition ('x' * n, list * n) may make at most this many bytes or items: as range()
+// (globals.cc, jinja2's sandbox MAX_RANGE) no chat template needs more, and a template
+// that asks for more is refused instead of allocating without bound.
+constexpr int64_t kMaxRepeatedBytes = int64_t{16} << 20;
+constexpr int64_t kMaxRepeatedItems = 100000;
 
 struct Scope {
   Scope* parent = nullptr;
@@ -46,6 +53,24 @@ absl::Status At(int line, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat("chat template line ", line, ": ", s.message()));
 }
 
+// Integers are 64-bit here (Python's are unbounded): a result that does not fit is an
+// error, never undefined behaviour or a wrapped value.
+absl::Status IntegerOverflow(const std::string& op) {
+  return absl::InvalidArgumentError(absl::StrCat("integer overflow in '", op, "' (chat templates compute with 64-bit integers)"));
+}
+
+// x ** e for e >= 0, by squaring (a linear loop took as many steps as the exponent).
+absl::StatusOr<int64_t> IntPower(int64_t x, int64_t e) {
+  int64_t result = 1;
+  while (e > 0) {
+    if ((e & 1) != 0 && __builtin_mul_overflow(result, x, &result)) return IntegerOverflow("**");
+    e >>= 1;
+    // A square that overflows is used later, as the exponent has a higher bit left.
+    if (e > 0 && __builtin_mul_overflow(x, x, &x)) return IntegerOverflow("**");
+  }
+  return result;
+}
+
 absl::StatusOr<Value> Arith(const std::string& op, const Value& a, const Value& b) {
   if (a.is_undefined()) return UndefinedError(a);
   if (b.is_undefined()) return UndefinedError(b);
@@ -72,7 +97,15 @@ absl::StatusOr<Value> Arith(const std::string& op, const Value& a, const Value& 
     const Value* seq = a.is_string() || a.is_list() ? &a : (b.is_string() || b.is_list() ? &b : nullptr);
     const Value* n = seq == &a ? &b : &a;
     if (seq != nullptr && !seq->is_generator() && (n->is_int() || n->is_bool())) {
-      const int64_t times = std::max<int64_t>(0, n->as_int());
+      int64_t times = std::max<int64_t>(0, n->as_int());
+      const int64_t unit = seq->is_string() ? static_cast<int64_t>(seq->as_string().size())
+                                            : static_cast<int64_t>(seq->list().items.size());
+      const int64_t limit = seq->is_string() ? kMaxRepeatedBytes : kMaxRepeatedItems;
+      if (unit > 0 && times > limit / unit) {
+        return absl::InvalidArgumentError(absl::StrCat("repetition too big (", unit, " x ", times, "; at most ", limit,
+                                                       seq->is_string() ? " bytes)" : " items)"));
+      }
+      if (unit == 0) times = 0;  // empty whatever the count
       if (seq->is_string()) {
         std::string out;
         for (int64_t i = 0; i < times; ++i) out += seq->as_string();
@@ -85,9 +118,17 @@ absl::StatusOr<Value> Arith(const std::string& op, const Value& a, const Value& 
   }
   if (!a.is_number() || !b.is_number()) return type_error();
   const bool ints = !a.is_float() && !b.is_float();
-  if (op == "+") return ints ? Value::Int(a.as_int() + b.as_int()) : Value::Float(a.as_float() + b.as_float());
-  if (op == "-") return ints ? Value::Int(a.as_int() - b.as_int()) : Value::Float(a.as_float() - b.as_float());
-  if (op == "*") return ints ? Value::Int(a.as_int() * b.as_int()) : Value::Float(a.as_float() * b.as_float());
+  if (ints && (op == "+" || op == "-" || op == "*")) {
+    int64_t r = 0;
+    const bool overflow = op == "+"   ? __builtin_add_overflow(a.as_int(), b.as_int(), &r)
+                          : op == "-" ? __builtin_sub_overflow(a.as_int(), b.as_int(), &r)
+                                      : __builtin_mul_overflow(a.as_int(), b.as_int(), &r);
+    if (overflow) return IntegerOverflow(op);
+    return Value::Int(r);
+  }
+  if (op == "+") return Value::Float(a.as_float() + b.as_float());
+  if (op == "-") return Value::Float(a.as_float() - b.as_float());
+  if (op == "*") return Value::Float(a.as_float() * b.as_float());
   if (op == "/") {
     if (b.as_float() == 0) return absl::InvalidArgumentError("division by zero");
     return Value::Float(a.as_float() / b.as_float());
@@ -96,6 +137,7 @@ absl::StatusOr<Value> Arith(const std::string& op, const Value& a, const Value& 
     if (b.as_float() == 0) return absl::InvalidArgumentError("integer division or modulo by zero");
     if (ints) {
       const int64_t x = a.as_int(), y = b.as_int();
+      if (x == std::numeric_limits<int64_t>::min() && y == -1) return IntegerOverflow(op);
       int64_t q = x / y, r = x % y;
       if (r != 0 && ((r < 0) != (y < 0))) {
         --q;
@@ -109,8 +151,7 @@ absl::StatusOr<Value> Arith(const std::string& op, const Value& a, const Value& 
   }
   if (op == "**") {
     if (ints && b.as_int() >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < b.as_int(); ++i) r *= a.as_int();
+      KVMESH_ASSIGN_OR_RETURN(const int64_t r, IntPower(a.as_int(), b.as_int()));
       return Value::Int(r);
     }
     return Value::Float(std::pow(a.as_float(), b.as_float()));

@@ -69,6 +69,38 @@ TEST(ChatTemplateTest, UnsupportedConstructsFailAtLoadNamingTheLine) {
   EXPECT_EQ(ChatTemplate::FromJinja("{{ 'unterminated }}").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Integer arithmetic is 64-bit (Python's is unbounded): what does not fit is a clear
+// error, and neither a huge exponent nor a huge repetition runs or allocates without
+// bound (the chat_template fuzzer timed out on `{% if 0**5000000000000000000 %}`).
+TEST(ChatTemplateTest, ArithmeticThatWouldRunAwayIsBoundedOrRefused) {
+  const std::vector<ChatMessage> none;
+  auto render = [&](const std::string& source) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::FromJinja(source);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? t->Apply(none, false) : absl::StatusOr<std::string>(t.status());
+  };
+  EXPECT_EQ(render("{{ 0 ** 5000000000000000000 }}").value(), "0");
+  EXPECT_EQ(render("{{ 1 ** 5000000000000000000 }}").value(), "1");
+  EXPECT_EQ(render("{{ (-1) ** 5000000000000000001 }}").value(), "-1");
+  EXPECT_EQ(render("{{ 3 ** 39 }}").value(), "4052555153018976267");
+  EXPECT_EQ(render("{{ 2 ** 62 }}").value(), "4611686018427387904");
+  for (const char* overflowing : {"{{ 2 ** 63 }}", "{{ 3 ** 5000000000000000000 }}", "{{ 9223372036854775807 + 1 }}",
+                                  "{{ -9223372036854775807 - 2 }}", "{{ 4294967296 * 4294967296 }}",
+                                  "{{ (-9223372036854775807 - 1) // -1 }}"}) {
+    absl::StatusOr<std::string> got = render(overflowing);
+    ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << overflowing;
+    EXPECT_NE(got.status().message().find("integer overflow"), std::string::npos) << got.status();
+  }
+  EXPECT_EQ(render("{{ 'ab' * 3 }}").value(), "ababab");
+  EXPECT_EQ(render("{{ '' * 5000000000000000000 }}").value(), "");
+  EXPECT_EQ(render("{{ ([] * 5000000000000000000) | length }}").value(), "0");
+  for (const char* huge : {"{{ 'ab' * 5000000000000000000 }}", "{{ ([1, 2] * 1000000) | length }}"}) {
+    absl::StatusOr<std::string> got = render(huge);
+    ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << huge;
+    EXPECT_NE(got.status().message().find("repetition too big"), std::string::npos) << got.status();
+  }
+}
+
 TEST(ChatTemplateTest, FromNameRejectsUnknown) {
   EXPECT_TRUE(ChatTemplate::FromName("chatml").ok());
   EXPECT_EQ(ChatTemplate::FromName("vicuna").status().code(), absl::StatusCode::kInvalidArgument);
