@@ -4,6 +4,7 @@
 // is Undefined, an operation on Undefined is an error).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,11 @@
 #include "model/jinja/value.h"
 
 namespace kvmesh::model::jinja {
+
+// The most bytes one width, padding or repetition may produce ('x' * n, indent(n),
+// center(n), tojson(indent=n)): no chat template needs more, and a larger one is a
+// clear error instead of an allocation without bound.
+inline constexpr int64_t kMaxGeneratedBytes = int64_t{16} << 20;
 
 // Reads a call's arguments by position or keyword, as a Python signature would.
 class ArgReader {

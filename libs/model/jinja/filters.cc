@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/status_macros.h"
 #include "model/internal/utf8.h"
 #include "model/jinja/builtins.h"
 #include "model/jinja/python_format.h"
@@ -50,6 +51,13 @@ absl::StatusOr<Value> LookupPath(const Value& v, const Value& attribute) {
 Value SortKey(const Value& v, bool case_sensitive) {
   if (!case_sensitive && v.is_string()) return Value::String(LowerAscii(v.as_string()));
   return v;
+}
+
+// A width argument that would make more than kMaxGeneratedBytes of padding.
+absl::Status CheckWidth(const char* filter, int64_t width) {
+  if (width <= kMaxGeneratedBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(filter, "(): width ", width, " is too big (at most ", kMaxGeneratedBytes, ")"));
 }
 
 std::string Indent(const std::string& s0, const Value& width, bool first, bool blank) {
@@ -104,6 +112,7 @@ absl::StatusOr<Value> ToJsonFilter(const Value& v, ArgReader& args) {
   if (indent.is_string()) {
     o.indent = indent.as_string();
   } else if (indent.is_int()) {
+    KVMESH_RETURN_IF_ERROR(CheckWidth("tojson", indent.as_int()));
     o.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, indent.as_int())), ' ');
   }
   if (o.indent) o.item_separator = ",";
@@ -349,6 +358,9 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& v, CallA
     const Value width = args.Get(0, "width", Value::Int(4));
     const bool first = args.Get(1, "first", Value::Bool(false)).Truthy();
     const bool blank = args.Get(2, "blank", Value::Bool(false)).Truthy();
+    if (!width.is_string()) {
+      KVMESH_RETURN_IF_ERROR(CheckWidth("indent", width.as_int()));
+    }
     result = Value::String(Indent(ToStr(v), width, first, blank));
   } else if (name == "string") {
     result = v.is_string() ? v : Value::String(ToStr(v));
@@ -512,6 +524,7 @@ absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& v, CallA
     result = *r;
   } else if (name == "center") {
     const int64_t width = args.Get(0, "width", Value::Int(80)).as_int();
+    KVMESH_RETURN_IF_ERROR(CheckWidth("center", width));
     const std::string s = ToStr(v);
     const int64_t len = static_cast<int64_t>(CodePointLength(s));
     if (len >= width) {

@@ -17,10 +17,12 @@ namespace kvmesh::model::jinja {
 namespace {
 
 constexpr int kMaxCallDepth = 256;
-// A repetition ('x' * n, list * n) may make at most this many bytes or items: as range()
-// (globals.cc, jinja2's sandbox MAX_RANGE) no chat template needs more, and a template
-// that asks for more is refused instead of allocating without bound.
-constexpr int64_t kMaxRepeatedBytes = int64_t{16} << 20;
+// Loop iterations and macro calls one render may run: real chat templates run a few per
+// message and tool; without a bound, nested loops or a macro calling itself twice per
+// level (2^256 calls within the depth limit) would hold a request thread indefinitely.
+constexpr int64_t kMaxRenderSteps = 1000000;
+// A list repetition may make at most this many items (as range(), globals.cc: jinja2's
+// sandbox MAX_RANGE); a string one at most kMaxGeneratedBytes.
 constexpr int64_t kMaxRepeatedItems = 100000;
 
 struct Scope {
@@ -100,7 +102,7 @@ absl::StatusOr<Value> Arith(const std::string& op, const Value& a, const Value& 
       int64_t times = std::max<int64_t>(0, n->as_int());
       const int64_t unit = seq->is_string() ? static_cast<int64_t>(seq->as_string().size())
                                             : static_cast<int64_t>(seq->list().items.size());
-      const int64_t limit = seq->is_string() ? kMaxRepeatedBytes : kMaxRepeatedItems;
+      const int64_t limit = seq->is_string() ? kMaxGeneratedBytes : kMaxRepeatedItems;
       if (unit > 0 && times > limit / unit) {
         return absl::InvalidArgumentError(absl::StrCat("repetition too big (", unit, " x ", times, "; at most ", limit,
                                                        seq->is_string() ? " bytes)" : " items)"));
@@ -301,7 +303,8 @@ class Interpreter {
     const auto n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
       Scope local{&scope, {}};
-      absl::Status st = Assign(s.targets, items[static_cast<size_t>(i)], local);
+      absl::Status st = TakeStep();
+      if (st.ok()) st = Assign(s.targets, items[static_cast<size_t>(i)], local);
       if (!st.ok()) {
         --loop_depth_;
         return st;
@@ -382,6 +385,7 @@ class Interpreter {
   Value MakeMacro(const Stmt& s) {
     const Stmt* stmt = &s;
     return Value::Func(s.name, [this, stmt](CallArgs& args) -> absl::StatusOr<Value> {
+      KVMESH_RETURN_IF_ERROR(TakeStep());
       if (++call_depth_ > kMaxCallDepth) {
         --call_depth_;
         return absl::InvalidArgumentError(absl::StrCat("macro '", stmt->name, "' recursed too deeply"));
@@ -588,8 +592,16 @@ class Interpreter {
   }
 
   Scope* root_;
+  // One loop iteration or macro call of the render's budget (kMaxRenderSteps).
+  absl::Status TakeStep() {
+    if (++steps_ <= kMaxRenderSteps) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("the template ran more than ", kMaxRenderSteps, " loop iterations and macro calls"));
+  }
+
   int loop_depth_ = 0;
   int call_depth_ = 0;
+  int64_t steps_ = 0;
 };
 
 }  // namespace

@@ -71,34 +71,47 @@ TEST(ChatTemplateTest, UnsupportedConstructsFailAtLoadNamingTheLine) {
 
 // Integer arithmetic is 64-bit (Python's is unbounded): what does not fit is a clear
 // error, and neither a huge exponent nor a huge repetition runs or allocates without
-// bound (the chat_template fuzzer timed out on `{% if 0**5000000000000000000 %}`).
-TEST(ChatTemplateTest, ArithmeticThatWouldRunAwayIsBoundedOrRefused) {
+// bound (the chat_template fuzzer timed out on `{% if 0**5000000000000000000 %}`), nor
+// does a width.
+TEST(ChatTemplateTest, ArithmeticAndWidthsThatWouldRunAwayAreBoundedOrRefused) {
   const std::vector<ChatMessage> none;
   auto render = [&](const std::string& source) {
     absl::StatusOr<ChatTemplate> t = ChatTemplate::FromJinja(source);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? t->Apply(none, false) : absl::StatusOr<std::string>(t.status());
   };
+  // Each source renders to InvalidArgument with `why` in the message.
+  auto expect_refused = [&](std::initializer_list<const char*> sources, const std::string& why) {
+    for (const char* source : sources) {
+      absl::StatusOr<std::string> got = render(source);
+      ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << source;
+      EXPECT_NE(got.status().message().find(why), std::string::npos) << got.status();
+    }
+  };
   EXPECT_EQ(render("{{ 0 ** 5000000000000000000 }}").value(), "0");
   EXPECT_EQ(render("{{ 1 ** 5000000000000000000 }}").value(), "1");
   EXPECT_EQ(render("{{ (-1) ** 5000000000000000001 }}").value(), "-1");
   EXPECT_EQ(render("{{ 3 ** 39 }}").value(), "4052555153018976267");
   EXPECT_EQ(render("{{ 2 ** 62 }}").value(), "4611686018427387904");
-  for (const char* overflowing : {"{{ 2 ** 63 }}", "{{ 3 ** 5000000000000000000 }}", "{{ 9223372036854775807 + 1 }}",
-                                  "{{ -9223372036854775807 - 2 }}", "{{ 4294967296 * 4294967296 }}",
-                                  "{{ (-9223372036854775807 - 1) // -1 }}"}) {
-    absl::StatusOr<std::string> got = render(overflowing);
-    ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << overflowing;
-    EXPECT_NE(got.status().message().find("integer overflow"), std::string::npos) << got.status();
-  }
+  expect_refused({"{{ 2 ** 63 }}", "{{ 3 ** 5000000000000000000 }}", "{{ 9223372036854775807 + 1 }}",
+                  "{{ -9223372036854775807 - 2 }}", "{{ 4294967296 * 4294967296 }}",
+                  "{{ (-9223372036854775807 - 1) // -1 }}"},
+                 "integer overflow");
   EXPECT_EQ(render("{{ 'ab' * 3 }}").value(), "ababab");
   EXPECT_EQ(render("{{ '' * 5000000000000000000 }}").value(), "");
   EXPECT_EQ(render("{{ ([] * 5000000000000000000) | length }}").value(), "0");
-  for (const char* huge : {"{{ 'ab' * 5000000000000000000 }}", "{{ ([1, 2] * 1000000) | length }}"}) {
-    absl::StatusOr<std::string> got = render(huge);
-    ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << huge;
-    EXPECT_NE(got.status().message().find("repetition too big"), std::string::npos) << got.status();
-  }
+  expect_refused({"{{ 'ab' * 5000000000000000000 }}", "{{ ([1, 2] * 1000000) | length }}"}, "repetition too big");
+  // Work without bound: nested loops, and a macro that calls itself twice per level.
+  expect_refused({"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+                  "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(200) }}"},
+                 "loop iterations and macro calls");
+  EXPECT_EQ(render("{% for i in range(1000) %}{% for j in range(100) %}{% endfor %}{% endfor %}ok").value(), "ok");
+  // Widths that would pad without bound.
+  EXPECT_EQ(render("{{ 'a' | center(5) }}").value(), "  a  ");
+  EXPECT_EQ(render("{{ 'a\nb' | indent(2) }}").value(), "a\n  b");
+  expect_refused({"{{ 'a' | center(5000000000000000000) }}", "{{ 'a\nb' | indent(5000000000000000000) }}",
+                  "{{ [1] | tojson(indent=5000000000000000000) }}"},
+                 "too big");
 }
 
 TEST(ChatTemplateTest, FromNameRejectsUnknown) {
