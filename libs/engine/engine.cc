@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <iterator>
 #include <utility>
@@ -72,6 +73,7 @@ absl::Status AttachKvTiers(const EngineOptions& options, ModelRunner& runner, kv
   auto tiers = std::make_unique<kv::KvTiers>(std::move(host), std::move(disk), kv.block_size_tokens(),
                                              options.kv.record_events);
   tiers->set_write_through(options.tiers.write_through);
+  tiers->set_swap_ins_verified_by_copy(runner.verifies_swap_ins());
   return kv.AttachTiers(std::move(tiers));
 }
 
@@ -166,6 +168,19 @@ absl::StatusOr<std::vector<RequestOutput>> Engine::Step() {
   // NOTE: a failed step may have run none of its copies: offloads are dropped (the
   // blocks were evicted anyway) and onboarded blocks end with their failed requests.
   FinishSwaps(scheduled.swaps, result);
+  if (result.ok() && result->swap_in_mismatch) {
+    // A corrupt host block reached tier 0 and the runner stopped before using it: run
+    // the step's sequences again (the host tier dropped the block: it is recomputed).
+    // The layers planned for export this step never went out.
+    for (const LayerExport& e : layer_exports) {
+      for (auto& [request_id, stream] : streamed_prefills_) {
+        if (&stream.sink == e.sink) stream.next_block = std::min(stream.next_block, e.first_block_index);
+      }
+    }
+    ++num_swap_in_retries_;
+    if (absl::Status retried = scheduler_->RetryScheduled(scheduled); !retried.ok()) return retried;
+    return reclaimed;
+  }
   if (result.ok()) RecordStepSpeed(scheduled, *result, seconds);
   if (result.ok()) {
     const size_t expected = static_cast<size_t>(scheduled.num_logits_rows) * static_cast<size_t>(limits_.vocab_size);
@@ -229,6 +244,10 @@ absl::Status Engine::RunPendingTierCopies() {
   AppendSwaps(swaps, &batch);
   absl::StatusOr<ModelOutput> result = runner_.Execute(batch);
   FinishSwaps(swaps, result);
+  if (result.ok() && result->swap_in_mismatch) {
+    return absl::DataLossError("a host-tier KV block failed its checksum as it was onboarded (dropped: a retry "
+                               "recomputes it)");
+  }
   return result.status();
 }
 
@@ -238,7 +257,7 @@ void Engine::FinishSwaps(const kv::KvSwaps& swaps, const absl::StatusOr<ModelOut
     return;
   }
   kv_->FinishSwaps(swaps, /*copied=*/true, result->swap_out_seconds, result->swap_in_seconds,
-                   result->swap_out_checksums);
+                   result->swap_out_checksums, result->swap_in_checksums);
 }
 
 void Engine::RecordStepSpeed(const SchedulerOutput& scheduled, const ModelOutput& output, double seconds) {
@@ -290,6 +309,7 @@ EngineStats Engine::stats() const {
   e.num_deferred_for_prefix = s.num_deferred_for_prefix;
   e.num_steps = num_steps_;
   e.num_runner_failures = num_runner_failures_;
+  e.num_swap_in_retries = num_swap_in_retries_;
   e.num_finished_requests = s.num_finished_requests;
   e.num_aborted_requests = s.num_aborted_requests;
   e.num_failed_requests = s.num_failed_requests;

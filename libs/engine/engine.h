@@ -114,6 +114,9 @@ struct EngineStats {
   int64_t num_deferred_for_prefix = 0;  // admissions put off a step to share an in-flight prefix
   int64_t num_steps = 0;            // steps that ran a batch
   int64_t num_runner_failures = 0;  // steps whose Execute failed
+  // Steps run again because a block onboarded from the host tier failed its checksum
+  // (ModelOutput::swap_in_mismatch): their sequences were preempted and recomputed.
+  int64_t num_swap_in_retries = 0;
   int64_t num_finished_requests = 0;
   int64_t num_aborted_requests = 0;
   int64_t num_failed_requests = 0;
@@ -349,6 +352,7 @@ class Engine {
   absl::flat_hash_map<std::string, std::function<void(const RequestOutput&)>> callbacks_;
   int64_t num_steps_ = 0;
   int64_t num_runner_failures_ = 0;
+  int64_t num_swap_in_retries_ = 0;
 
   // Disaggregation state: the Scheduler holds the sequences, the ledger every lease
   // and export pin (their one owner), streamed_prefills_ the layer sinks.

@@ -83,6 +83,11 @@ struct ModelBatch {
   // may carry swaps and no chunks.
   std::vector<KvBlockSwap> swap_out;
   std::vector<KvBlockSwap> swap_in;
+  // One per swap_in (or empty): kv::Checksum its host range must have, the host tier's
+  // record. A runner whose verifies_swap_ins() is true hashes each range as it copies it
+  // and, when any differs, runs nothing after the swaps (ModelOutput::swap_in_mismatch);
+  // other runners ignore them (the host tier then verifies each hit before the copy).
+  std::vector<uint64_t> swap_in_checksums;
   std::vector<KvBlockCopy> block_copies;
   // Sequences whose kept tables the runner drops before this batch's chunks are applied
   // (they ended, were preempted or otherwise lost their KV). A sequence may be released
@@ -117,6 +122,13 @@ struct ModelOutput {
   // it (kv::Checksum, from the cache); empty when it did not (a TP rank writes only its
   // share; a device copy lands by DMA), and the host tier hashes the slot itself.
   std::vector<uint64_t> swap_out_checksums;
+  // One per ModelBatch::swap_in when the runner hashed each host range as it copied it
+  // (verifies_swap_ins()), else empty.
+  std::vector<uint64_t> swap_in_checksums;
+  // A swap-in's bytes differed from ModelBatch::swap_in_checksums: the step stopped after
+  // its swaps (no block copy and no chunk ran; logits and argmax rows are empty), and
+  // its sequences must be run again without the corrupt blocks.
+  bool swap_in_mismatch = false;
 };
 
 class ModelRunner {
@@ -176,6 +188,10 @@ class ModelRunner {
   // so that chunks may carry only the entries that changed and ModelBatch::released_seq_ids
   // says when to forget one. A runner that says so must see every batch of its engine.
   virtual bool keeps_block_tables() const { return false; }
+  // Whether Execute verifies ModelBatch::swap_in_checksums as it copies (see there).
+  // Why only some: a whole slot's checksum needs one reader of all of it in order, which
+  // a TP rank (its share) or a device copy (DMA) is not.
+  virtual bool verifies_swap_ins() const { return false; }
   // Bytes of one block over every layer (and every TP rank): the size of a KvBlockSwap's
   // host range. 0 when the runner cannot swap blocks (then the engine runs no lower tier).
   virtual int64_t kv_swap_bytes_per_block() const { return 0; }

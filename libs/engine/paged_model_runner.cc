@@ -102,7 +102,12 @@ absl::Status PagedModelRunner::RunSwaps(const ModelBatch& batch, ModelOutput& ou
     KVMESH_RETURN_IF_ERROR(storage_->SwapOut(copies(batch.swap_out), output.swap_out_checksums, threads));
   }
   auto mid = std::chrono::steady_clock::now();
-  if (!batch.swap_in.empty()) KVMESH_RETURN_IF_ERROR(storage_->SwapIn(copies(batch.swap_in), threads));
+  if (!batch.swap_in.empty()) {
+    const bool verify = verifies_swap_ins() && batch.swap_in_checksums.size() == batch.swap_in.size();
+    if (verify) output.swap_in_checksums.resize(batch.swap_in.size());
+    KVMESH_RETURN_IF_ERROR(storage_->SwapIn(copies(batch.swap_in), output.swap_in_checksums, threads));
+    output.swap_in_mismatch = verify && output.swap_in_checksums != batch.swap_in_checksums;
+  }
   auto end = std::chrono::steady_clock::now();
   output.swap_out_seconds = std::chrono::duration<double>(mid - start).count();
   output.swap_in_seconds = std::chrono::duration<double>(end - mid).count();
@@ -114,7 +119,7 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
   // First: the scheduler counts on every batch's table deltas and releases being applied.
   KVMESH_RETURN_IF_ERROR(tables_.Apply(batch, /*updates=*/nullptr));
   if (!batch.swap_out.empty() || !batch.swap_in.empty()) KVMESH_RETURN_IF_ERROR(RunSwaps(batch, output));
-  if (batch.chunks.empty()) return output;
+  if (batch.chunks.empty() || output.swap_in_mismatch) return output;
   KVMESH_RETURN_IF_ERROR(Prepare(batch));
   const auto& c = model_.config();
   // This rank's heads and MLP slice (all of them without tensor parallelism).

@@ -58,6 +58,7 @@ class PagedModelRunner : public ModelRunner {
   absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override;
   bool all_position_logits() const override { return true; }
   bool keeps_block_tables() const override { return true; }
+  bool verifies_swap_ins() const override { return comm_ == nullptr; }
   kv::KvStorage* kv_storage() override { return storage_.get(); }
   // This rank's block bytes times the group's size (every rank's heads in one slot).
   int64_t kv_swap_bytes_per_block() const override;

@@ -596,7 +596,10 @@ absl::Status Scheduler::FreeKv(Sequence* seq) {
 
 void AppendSwaps(const kv::KvSwaps& swaps, ModelBatch* batch) {
   for (const kv::KvSwap& s : swaps.out) batch->swap_out.push_back(KvBlockSwap{.block = s.block.value, .host = s.host});
-  for (const kv::KvSwap& s : swaps.in) batch->swap_in.push_back(KvBlockSwap{.block = s.block.value, .host = s.host});
+  for (const kv::KvSwap& s : swaps.in) {
+    batch->swap_in.push_back(KvBlockSwap{.block = s.block.value, .host = s.host});
+    batch->swap_in_checksums.push_back(s.checksum);
+  }
 }
 
 void Scheduler::AddSwaps(kv::KvSwaps swaps, SchedulerOutput* out) {
@@ -844,6 +847,17 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::UpdateFromOutput(const Sch
     outputs.push_back(TakeOutput(request, f == failed.end() ? absl::OkStatus() : f->second));
   }
   return outputs;
+}
+
+absl::Status Scheduler::RetryScheduled(const SchedulerOutput& scheduled) {
+  SchedulerOutput none;  // Preempt's bookkeeping for a step being built; this one is over
+  int32_t budget = 0;
+  for (const ScheduledChunk& chunk : scheduled.chunks) {
+    const auto it = seqs_.find(chunk.kv_id);
+    if (it == seqs_.end() || it->second->status != SequenceStatus::kRunning) continue;
+    KVMESH_RETURN_IF_ERROR(Preempt(it->second, &none, &budget));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<RequestOutput> Scheduler::FailScheduled(const SchedulerOutput& scheduled, const absl::Status& error) {

@@ -178,6 +178,13 @@ class Scheduler {
                                                              std::span<const float> logits,
                                                              std::span<const int32_t> argmax_token_ids = {});
 
+  // The runner ran only the swaps of `scheduled` (a block it onboarded failed its
+  // checksum: ModelOutput::swap_in_mismatch): every sequence with a chunk in it is
+  // preempted, to be computed again from the blocks that are intact (the corrupt ones
+  // were never registered as cached, and the host tier has dropped them). Internal if
+  // the KV manager breaks its contract.
+  absl::Status RetryScheduled(const SchedulerOutput& scheduled);
+
   // The runner failed on `scheduled`: every request with a sequence in it ends with
   // finish_reason kError and `error` as its status, and all its blocks are freed.
   std::vector<RequestOutput> FailScheduled(const SchedulerOutput& scheduled, const absl::Status& error);

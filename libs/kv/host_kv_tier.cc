@@ -180,10 +180,10 @@ void HostKvTier::Unpin(HostSlot slot) {
   if (slots_[slot.value].pins > 0) --slots_[slot.value].pins;
 }
 
-absl::Status HostKvTier::Verify(HostSlot slot) {
+absl::Status HostKvTier::Verify(HostSlot slot, std::optional<uint64_t> checksum) {
   Slot& m = slots_[slot.value];
   if (m.state != State::kResident) return absl::FailedPreconditionError("host KV tier: slot is not resident");
-  if (Checksum(data(slot)) == m.checksum) return absl::OkStatus();
+  if ((checksum.has_value() ? *checksum : Checksum(data(slot))) == m.checksum) return absl::OkStatus();
   ++stats_.checksum_failures;
   const std::string hex = m.hash.ToHex();
   if (m.pins == 0) Drop(slot.value);

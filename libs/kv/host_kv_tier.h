@@ -88,9 +88,13 @@ class HostKvTier {
   void Pin(HostSlot slot);
   void Unpin(HostSlot slot);
 
-  // Recomputes a resident slot's checksum. DataLoss on a mismatch: the slot is dropped
-  // (kRemoved) and counted in stats().checksum_failures; it must be unpinned.
-  absl::Status Verify(HostSlot slot);
+  // Checks a resident slot's bytes against the checksum recorded at CommitStore.
+  // `checksum`, when given, is kv::Checksum of the bytes as a reader just saw them (a
+  // swap-in that hashed what it copied); otherwise the slot is read to compute it.
+  // DataLoss on a mismatch, counted in stats().checksum_failures; the slot is dropped
+  // (kRemoved) unless it is pinned, in which case the last pin's holder sees the
+  // mismatch too when it reads the slot.
+  absl::Status Verify(HostSlot slot, std::optional<uint64_t> checksum = std::nullopt);
 
   std::span<std::byte> data(HostSlot slot) {
     return {memory_ + static_cast<size_t>(slot.value) * static_cast<size_t>(slot_bytes_),

@@ -168,11 +168,12 @@ class KvCacheManager {
     const TierCallTimer timer(&tier_call_seconds_);
     return tiers_->TakeSwaps();
   }
-  void FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds,
-                   std::span<const uint64_t> out_checksums = {}) {
-    if (tiers_ == nullptr) return;
+  // KvTiers::FinishSwaps: how many swap-ins failed their checksum (0 without tiers).
+  int32_t FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds,
+                      std::span<const uint64_t> out_checksums = {}, std::span<const uint64_t> in_checksums = {}) {
+    if (tiers_ == nullptr) return 0;
     const TierCallTimer timer(&tier_call_seconds_);
-    tiers_->FinishSwaps(swaps, copied, out_seconds, in_seconds, out_checksums);
+    return tiers_->FinishSwaps(swaps, copied, out_seconds, in_seconds, out_checksums, in_checksums);
   }
   // Starts reading, for `owner`, the disk blocks a lookup reported (prefix.num_disk_blocks)
   // into the host tier; returns how many of them the load covers from the first on, or

@@ -147,7 +147,12 @@ TensorView KvStorage::LayerView(int32_t layer) {
                                  layout_.head_dim()});
 }
 
-absl::Status KvStorage::CheckSwapBlocks(std::span<const KvHostCopy> copies, const char* what) const {
+absl::Status KvStorage::CheckSwapBlocks(std::span<const KvHostCopy> copies, std::span<const uint64_t> checksums,
+                                        const char* what) const {
+  if (!checksums.empty() && checksums.size() != copies.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", checksums.size(), " checksums asked for ", copies.size(), " copies"));
+  }
   for (const KvHostCopy& c : copies) {
     if (c.block.value < 0 || c.block.value >= layout_.num_blocks()) {
       return absl::InvalidArgumentError(
@@ -187,11 +192,7 @@ void ForEachShare(size_t count, int num_threads, const Share& share) {
 
 absl::Status KvStorage::SwapOut(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums,
                                 int num_threads) const {
-  KVMESH_RETURN_IF_ERROR(CheckSwapBlocks(copies, "SwapOut"));
-  if (!checksums.empty() && checksums.size() != copies.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SwapOut: ", checksums.size(), " checksums asked for ", copies.size(), " copies"));
-  }
+  KVMESH_RETURN_IF_ERROR(CheckSwapBlocks(copies, checksums, "SwapOut"));
   ForEachShare(copies.size(), num_threads, [&](size_t begin, size_t end) {
     SwapOutShare(copies.subspan(begin, end - begin),
                  checksums.empty() ? checksums : checksums.subspan(begin, end - begin));
@@ -219,24 +220,31 @@ void KvStorage::SwapOutShare(std::span<const KvHostCopy> copies, std::span<uint6
   StreamingCopyFence();  // this thread's stores; the team's closing barrier orders them for the caller
 }
 
-absl::Status KvStorage::SwapIn(std::span<const KvHostCopy> copies, int num_threads) {
-  KVMESH_RETURN_IF_ERROR(CheckSwapBlocks(copies, "SwapIn"));
-  ForEachShare(copies.size(), num_threads,
-               [&](size_t begin, size_t end) { SwapInShare(copies.subspan(begin, end - begin)); });
+absl::Status KvStorage::SwapIn(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums,
+                               int num_threads) {
+  KVMESH_RETURN_IF_ERROR(CheckSwapBlocks(copies, checksums, "SwapIn"));
+  ForEachShare(copies.size(), num_threads, [&](size_t begin, size_t end) {
+    SwapInShare(copies.subspan(begin, end - begin),
+                checksums.empty() ? checksums : checksums.subspan(begin, end - begin));
+  });
   return absl::OkStatus();
 }
 
-void KvStorage::SwapInShare(std::span<const KvHostCopy> copies) {
+void KvStorage::SwapInShare(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums) {
   const size_t bytes = static_cast<size_t>(layout_.BlockBytes());
   const int32_t layers = layout_.num_layers();
   for (size_t c = 0; c < copies.size(); ++c) {
+    std::optional<ChecksumStream> checksum;
+    if (!checksums.empty()) checksum.emplace();
     for (int32_t layer = 0; layer < layers; ++layer) {
       const std::byte* next = layer + 1 < layers      ? copies[c].host + static_cast<size_t>(layer + 1) * bytes
                               : c + 1 < copies.size() ? copies[c + 1].host
                                                       : nullptr;
-      StreamingCopy(data_.get() + layout_.BlockOffset(layer, copies[c].block),
-                    copies[c].host + static_cast<size_t>(layer) * bytes, bytes, next);
+      const std::byte* src = copies[c].host + static_cast<size_t>(layer) * bytes;
+      StreamingCopy(data_.get() + layout_.BlockOffset(layer, copies[c].block), src, bytes, next);
+      if (checksum.has_value()) checksum->Update(src, bytes);  // the slice the copy just read: in L1/L2
     }
+    if (checksum.has_value()) checksums[c] = checksum->Digest();
   }
   StreamingCopyFence();
 }

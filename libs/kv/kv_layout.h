@@ -154,14 +154,17 @@ class KvStorage {
   // ordered when the call returns. InvalidArgument for a block out of range, before
   // anything is copied. SwapOut fills `checksums`, when not empty (one per copy), with
   // kv::Checksum of each host range: each layer slice is hashed right after its copy,
-  // from the cache, so the host tier need not reread the block from DRAM.
+  // from the cache, so the host tier need not reread the block from DRAM. SwapIn does
+  // the same with the host range it reads, so that a block coming back is verified by
+  // the copy that brings it (a separate verify pass would read it from DRAM twice).
   // `num_threads` > 1 splits the copies into that many contiguous shares, each its own
   // pipeline on an OpenMP thread (the caller's team: the CPU backend's between ops).
   // Why: a step's copies run between the backend's parallel ops, where its other
   // threads would otherwise spin beside the one copying (figures: kv/host_copy_bound.h).
   absl::Status SwapOut(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums = {},
                        int num_threads = 1) const;
-  absl::Status SwapIn(std::span<const KvHostCopy> copies, int num_threads = 1);
+  absl::Status SwapIn(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums = {},
+                      int num_threads = 1);
   absl::Status SwapOut(BlockId block, std::byte* host) const { return SwapOut({{KvHostCopy{block, host}}}); }
   absl::Status SwapIn(BlockId block, std::byte* host) { return SwapIn({{KvHostCopy{block, host}}}); }
 
@@ -176,10 +179,12 @@ class KvStorage {
   using Memory = std::unique_ptr<std::byte, FreeDeleter>;
 
   KvStorage(const KvLayout& layout, Memory data) : layout_(layout), data_(std::move(data)) {}
-  absl::Status CheckSwapBlocks(std::span<const KvHostCopy> copies, const char* what) const;
+  // InvalidArgument for a block outside the pool, or checksums neither empty nor one per copy.
+  absl::Status CheckSwapBlocks(std::span<const KvHostCopy> copies, std::span<const uint64_t> checksums,
+                               const char* what) const;
   // One thread's share of SwapOut / SwapIn: a pipeline of copies, then its fence.
   void SwapOutShare(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums) const;
-  void SwapInShare(std::span<const KvHostCopy> copies);
+  void SwapInShare(std::span<const KvHostCopy> copies, std::span<uint64_t> checksums);
 
   const KvLayout layout_;
   Memory data_;  // from std::aligned_alloc

@@ -45,7 +45,7 @@ int32_t KvTiers::ExtendPrefix(std::span<const BlockHash> hashes, size_t first, s
   for (; i < limit; ++i) {
     const std::optional<HostSlot> slot = host_->Find(hashes[i]);
     if (!slot.has_value()) break;
-    if (absl::Status s = host_->Verify(*slot); !s.ok()) {
+    if (absl::Status s = swap_ins_verified_by_copy_ ? absl::OkStatus() : host_->Verify(*slot); !s.ok()) {
       KVMESH_LOG(kWarning) << s.message() << ": recomputing it";
       break;
     }
@@ -89,13 +89,14 @@ void KvTiers::Release(std::span<const HostSlot> host_slots) {
 
 void KvTiers::QueueSwapIn(BlockId block, HostSlot slot) {
   --lookup_pins_;  // the pin passes to the swap-in
-  pending_.in.push_back(KvSwap{.block = block, .slot = slot, .host = host_->data(slot).data()});
+  pending_.in.push_back(
+      KvSwap{.block = block, .slot = slot, .host = host_->data(slot).data(), .checksum = host_->checksum(slot)});
 }
 
 KvSwaps KvTiers::TakeSwaps() { return std::exchange(pending_, {}); }
 
-void KvTiers::FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds,
-                          std::span<const uint64_t> out_checksums) {
+int32_t KvTiers::FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds,
+                             std::span<const uint64_t> out_checksums, std::span<const uint64_t> in_checksums) {
   const int64_t bytes = host_->slot_bytes();
   const bool hashed = out_checksums.size() == swaps.out.size();
   for (size_t i = 0; i < swaps.out.size(); ++i) {
@@ -111,11 +112,22 @@ void KvTiers::FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds,
     host_->RecordOffload(static_cast<int64_t>(swaps.out.size()), static_cast<int64_t>(swaps.out.size()) * bytes,
                          out_seconds);
   }
-  for (const KvSwap& s : swaps.in) host_->Unpin(s.slot);
+  const bool verify_in = copied && in_checksums.size() == swaps.in.size();
+  int32_t mismatches = 0;
+  for (size_t i = 0; i < swaps.in.size(); ++i) {
+    const KvSwap& s = swaps.in[i];
+    host_->Unpin(s.slot);
+    if (!verify_in) continue;
+    if (absl::Status v = host_->Verify(s.slot, in_checksums[i]); !v.ok()) {
+      KVMESH_LOG(kWarning) << v.message() << " as it was onboarded: recomputing it";
+      ++mismatches;
+    }
+  }
   if (copied && !swaps.in.empty()) {
     host_->RecordOnboard(static_cast<int64_t>(swaps.in.size()), static_cast<int64_t>(swaps.in.size()) * bytes,
                          in_seconds);
   }
+  return mismatches;
 }
 
 void KvTiers::StartWriteThrough(HostSlot slot) {

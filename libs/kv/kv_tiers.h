@@ -8,7 +8,10 @@
 //      writes into it (ModelBatch's order). The host tier writes every block it
 //      receives through to the disk tier (asynchronously), so host evictions are drops.
 //   2. Lookup: ExtendPrefix continues a prefix past tier 0 into the host tier (each hit
-//      verified against its checksum and pinned) and counts the disk blocks after that.
+//      pinned) and counts the disk blocks after that. A hit's bytes are verified against
+//      their checksum by the copy that brings them up, when the runner can hash what it
+//      copies (set_swap_ins_verified_by_copy; FinishSwaps drops a block that failed),
+//      else here, in a pass of its own before the copy.
 //   3. Onboard: a host hit becomes a fresh tier-0 block with a queued swap-in; a disk
 //      hit is first read into a host slot (StartDiskLoads, asynchronous), after which
 //      the request finds it as a host hit. While it loads the request holds no tier-0
@@ -74,6 +77,7 @@ struct KvSwap {
   BlockId block;
   HostSlot slot;
   std::byte* host = nullptr;  // the slot's bytes
+  uint64_t checksum = 0;      // a swap-in's: what the slot's bytes must hash to
 };
 
 // The copies the next model step must run, in ModelBatch's order (out, then in).
@@ -149,8 +153,16 @@ class KvTiers {
   // The step that carried `swaps` ran (`copied`: the runner executed them) in the given
   // seconds each way. `out_checksums`: one per swaps.out when the copy hashed the bytes
   // it wrote (ModelOutput::swap_out_checksums), else empty (the host tier hashes them).
-  void FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds,
-                   std::span<const uint64_t> out_checksums = {});
+  // `in_checksums`: one per swaps.in when the copy hashed the bytes it read
+  // (ModelOutput::swap_in_checksums); each is checked against its slot's record, and a
+  // slot that differs is dropped and counted (HostKvTier::Verify). Returns how many
+  // differed: the tier-0 blocks they filled hold no valid KV.
+  int32_t FinishSwaps(const KvSwaps& swaps, bool copied, double out_seconds, double in_seconds,
+                      std::span<const uint64_t> out_checksums = {}, std::span<const uint64_t> in_checksums = {});
+  // Whether the runner hashes every swap-in as it copies it (ModelRunner::
+  // verifies_swap_ins): lookups then leave the verification to that copy, which reads
+  // the slot once instead of twice.
+  void set_swap_ins_verified_by_copy(bool on) { swap_ins_verified_by_copy_ = on; }
   bool has_pending_swaps() const { return !pending_.empty(); }
 
   // For `owner`: reads hashes[first, first + n) from the disk tier into host slots
@@ -262,6 +274,7 @@ class KvTiers {
   double prefill_tokens_per_second_ = 0;
   int32_t lookup_pins_ = 0;
   bool write_through_ = false;
+  bool swap_ins_verified_by_copy_ = false;
   KvTiersStats stats_;
 };
 

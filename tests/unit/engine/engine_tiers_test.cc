@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -357,6 +358,92 @@ TEST_P(EngineTiersTest, TensorParallelRanksOffloadAndOnboardTheirOwnHeads) {
     EXPECT_GT(engine->stats().num_waiting_for_disk, 0) << "the prefix should have been read from disk";
   }
   std::filesystem::remove_all(dir);
+}
+
+// Host memory the test can reach: the tier's allocator hook (a CUDA worker's pinned
+// allocator in production) records where the slots are, so the test can corrupt them.
+struct ReachableHostMemory {
+  std::byte* memory = nullptr;
+  int64_t bytes = 0;
+  void Corrupt(int64_t slot_bytes) const {
+    for (int64_t off = slot_bytes / 2; off < bytes; off += slot_bytes) memory[off] ^= std::byte{0x5a};
+  }
+};
+
+EngineKvTierOptions ReachableHostTier(int64_t bytes, std::shared_ptr<ReachableHostMemory> where) {
+  return EngineKvTierOptions{.host_cache_bytes = bytes,
+                             .host_allocate =
+                                 [where](int64_t n) {
+                                   where->memory = static_cast<std::byte*>(std::aligned_alloc(64, (n + 63) / 64 * 64));
+                                   where->bytes = n;
+                                   return where->memory;
+                                 },
+                             .host_deallocate = [](std::byte* p) { std::free(p); }};
+}
+
+// A host-tier block whose bytes changed after they were offloaded is never served: on
+// the CPU runner the copy that brings it back hashes it and the step stops before any
+// chunk reads it (its sequences run again and recompute the block); a TP runner's ranks
+// copy only their share, so there the lookup verifies the whole slot first. Either way
+// the output equals a recompute's, the failure is counted, and nothing is stranded.
+TEST_P(EngineTiersTest, ACorruptHostBlockIsRecomputedNeverServed) {
+  std::mt19937 rng(13);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 100);
+  const std::vector<int32_t> other = RandomPrompt(rng, 40);  // runs beside it in the corrupt step
+  std::vector<std::vector<int32_t>> fillers;
+  for (int i = 0; i < 3; ++i) fillers.push_back(RandomPrompt(rng, 180));
+  Worker plain = MakeWorker(64, {});
+  const Generation recomputed = Generate(*plain.engine, "p", prompt, 12);
+  const Generation other_alone = Generate(*plain.engine, "o", other, 12);
+  const int64_t slot_bytes = plain.runner->kv_swap_bytes_per_block();
+
+  auto host = std::make_shared<ReachableHostMemory>();
+  Worker tiered = MakeWorker(16, ReachableHostTier(64 * slot_bytes, host));
+  ASSERT_TRUE(tiered.runner->verifies_swap_ins());
+  Generate(*tiered.engine, "p", prompt, 12);
+  for (size_t i = 0; i < fillers.size(); ++i) Generate(*tiered.engine, absl::StrCat("f", i), fillers[i], 4);
+  ASSERT_GE(tiered.engine->stats().host_tier.blocks_offloaded, 6);
+  ASSERT_NE(host->memory, nullptr);
+  host->Corrupt(slot_bytes);
+  // Both in one step: the corrupt onboard must not cost the other request its output.
+  std::map<std::string, Generation> runs =
+      testing_util::GenerateTogether(*tiered.engine, {{"p2", prompt}, {"o2", other}}, 12);
+  ExpectIdentical(runs["p2"], recomputed, "corrupt host tier vs recompute");
+  ExpectIdentical(runs["o2"], other_alone, "the request beside it");
+  const EngineStats s = tiered.engine->stats();
+  EXPECT_GT(s.host_tier.checksum_failures, 0);
+  EXPECT_GT(s.num_swap_in_retries, 0) << "the copy, not the lookup, caught it";
+  EXPECT_EQ(s.num_kv_blocks_stranded, 0);
+  EXPECT_TRUE(tiered.engine->kv_cache().CheckInvariants().ok()) << tiered.engine->kv_cache().CheckInvariants();
+  // And again: the dropped blocks are not found a second time.
+  const int64_t failures = s.host_tier.checksum_failures;
+  ExpectIdentical(Generate(*tiered.engine, "p3", prompt, 12), recomputed, "after the corrupt blocks were dropped");
+  EXPECT_EQ(tiered.engine->stats().host_tier.checksum_failures, failures);
+
+  // Tensor parallel (its own reference: TP=2 sums in another order): verified at lookup.
+  auto make_tp = [&](int32_t num_blocks) {
+    auto tp = TensorParallelRunner::Create(std::string(KVMESH_BINARY_DIR) + "/models/" + GetParam(),
+                                           {.tensor_parallel_size = 2, .block_size_tokens = kBlock,
+                                            .num_blocks = num_blocks, .total_threads = 2});
+    EXPECT_TRUE(tp.ok()) << tp.status();
+    return tp.ok() ? std::move(tp).value() : nullptr;
+  };
+  std::unique_ptr<TensorParallelRunner> tp_plain_runner = make_tp(64);
+  ASSERT_NE(tp_plain_runner, nullptr);
+  const Generation tp_recomputed = Generate(*MakeEngine(*tp_plain_runner, {}), "p", prompt, 12);
+  std::unique_ptr<TensorParallelRunner> tp = make_tp(16);
+  ASSERT_NE(tp, nullptr);
+  EXPECT_FALSE(tp->verifies_swap_ins());
+  auto tp_host = std::make_shared<ReachableHostMemory>();
+  const int64_t tp_slot_bytes = tp->kv_swap_bytes_per_block();
+  std::unique_ptr<Engine> tp_engine = MakeEngine(*tp, ReachableHostTier(64 * tp_slot_bytes, tp_host));
+  Generate(*tp_engine, "p", prompt, 12);
+  for (size_t i = 0; i < fillers.size(); ++i) Generate(*tp_engine, absl::StrCat("f", i), fillers[i], 4);
+  tp_host->Corrupt(tp_slot_bytes);
+  ExpectIdentical(Generate(*tp_engine, "p2", prompt, 12), tp_recomputed, "TP=2, corrupt host tier vs recompute");
+  EXPECT_GT(tp_engine->stats().host_tier.checksum_failures, 0);
+  EXPECT_EQ(tp_engine->stats().num_swap_in_retries, 0);
+  EXPECT_EQ(tp_engine->stats().num_kv_blocks_stranded, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineTiersTest, ::testing::Values("tiny-llama", "llama-f32"),

@@ -5,8 +5,10 @@
 
 #include <unistd.h>
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -46,21 +48,24 @@ inline SamplingParams GreedyWithLogprobs(int32_t max_tokens) {
   return p;
 }
 
-// Runs one request to its end on `engine`, checking the KV owner's invariants and that
-// nothing is stranded after every step.
-inline Generation GenerateChecked(Engine& engine, const std::string& id, const std::vector<int32_t>& prompt,
-                                  int32_t max_tokens) {
-  Generation run;
-  EngineRequest r;
-  r.request_id = id;
-  r.prompt_token_ids = prompt;
-  r.sampling_params = GreedyWithLogprobs(max_tokens);
-  EXPECT_TRUE(engine.AddRequest(std::move(r)).ok());
+// Runs requests (id, prompt) side by side to their ends on `engine`, checking the KV
+// owner's invariants and that nothing is stranded after every step. By id.
+inline std::map<std::string, Generation> GenerateTogether(
+    Engine& engine, const std::vector<std::pair<std::string, std::vector<int32_t>>>& requests, int32_t max_tokens) {
+  std::map<std::string, Generation> runs;
+  for (const auto& [id, prompt] : requests) {
+    EngineRequest r;
+    r.request_id = id;
+    r.prompt_token_ids = prompt;
+    r.sampling_params = GreedyWithLogprobs(max_tokens);
+    EXPECT_TRUE(engine.AddRequest(std::move(r)).ok());
+  }
   for (int step = 0; step < 2000 && engine.HasUnfinishedRequests(); ++step) {
     auto outputs = engine.Step();
     EXPECT_TRUE(outputs.ok()) << outputs.status();
     if (!outputs.ok()) break;
     for (const RequestOutput& out : *outputs) {
+      Generation& run = runs[out.request_id];
       for (const CompletionOutput& c : out.outputs) {
         run.tokens.insert(run.tokens.end(), c.new_token_ids.begin(), c.new_token_ids.end());
         run.samples.insert(run.samples.end(), c.new_logprobs.begin(), c.new_logprobs.end());
@@ -73,7 +78,13 @@ inline Generation GenerateChecked(Engine& engine, const std::string& id, const s
     if (engine.stats().num_running_seqs == 0) usleep(1000);
   }
   EXPECT_FALSE(engine.HasUnfinishedRequests());
-  return run;
+  return runs;
+}
+
+// One request: GenerateTogether alone.
+inline Generation GenerateChecked(Engine& engine, const std::string& id, const std::vector<int32_t>& prompt,
+                                  int32_t max_tokens) {
+  return GenerateTogether(engine, {{id, prompt}}, max_tokens)[id];
 }
 
 // Bitwise: the same tokens and the same float logprobs, top-k included.

@@ -45,6 +45,7 @@ class HostMirroredRunner : public ModelRunner {
   bool returns_argmax() const override { return inner_->returns_argmax(); }
   bool all_position_logits() const override { return inner_->all_position_logits(); }
   bool keeps_block_tables() const override { return inner_->keeps_block_tables(); }
+  bool verifies_swap_ins() const override { return inner_->verifies_swap_ins(); }
   int64_t kv_swap_bytes_per_block() const override { return inner_->kv_swap_bytes_per_block(); }
   KvSlotShape kv_slot_shape() const override { return inner_->kv_slot_shape(); }
   std::optional<kv::KvLayout> kv_pool_layout() override { return inner_->storage().layout(); }

@@ -192,6 +192,24 @@ TEST(KvStorageTest, SwapOutHashesEachHostRangeAsItCopiesIt) {
   EXPECT_EQ(storage->SwapOut(copies, too_few).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(KvStorageTest, SwapInHashesEachHostRangeAsItCopiesIt) {
+  auto storage = KvStorage::Create(SmallShape()).value();
+  FillBlocks(*storage);
+  alignas(64) std::byte host[2][3 * 512];
+  for (int c = 0; c < 2; ++c) {
+    for (int64_t i = 0; i < 3 * 512; ++i) host[c][i] = static_cast<std::byte>(7 * c + i % 13);
+  }
+  const std::vector<KvHostCopy> copies = {{BlockId{2}, host[0]}, {BlockId{0}, host[1]}};
+  std::vector<uint64_t> checksums(2, 0);
+  ASSERT_TRUE(storage->SwapIn(copies, checksums, 2).ok());
+  EXPECT_EQ(checksums[0], Checksum({host[0], sizeof(host[0])}));
+  EXPECT_EQ(checksums[1], Checksum({host[1], sizeof(host[1])}));
+  EXPECT_NE(checksums[0], checksums[1]);
+  EXPECT_EQ(static_cast<int>(storage->BlockData(1, BlockId{2})[5]), 7 * 0 + (512 + 5) % 13);
+  std::vector<uint64_t> too_many(3, 0);
+  EXPECT_EQ(storage->SwapIn(copies, too_many).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(KvStorageTest, SwapInOfABatchRestoresEachBlockAndTouchesNoOther) {
   auto storage = KvStorage::Create(SmallShape()).value();
   FillBlocks(*storage);
@@ -233,7 +251,7 @@ TEST(KvStorageTest, SwapsSplitOverThreadsMoveTheSameBytesAndChecksumsAsOneThread
       for (int64_t i = 0; i < 3 * 512; ++i) split[c][i] = static_cast<std::byte>(50 + 10 * c + i / 512);
       parallel[c].block = BlockId{4 - c};
     }
-    ASSERT_TRUE(storage->SwapIn(parallel, threads).ok());
+    ASSERT_TRUE(storage->SwapIn(parallel, {}, threads).ok());
     for (int c = 0; c < 5; ++c) {
       for (int32_t l = 0; l < 3; ++l) {
         for (std::byte x : storage->BlockData(l, BlockId{4 - c})) ASSERT_EQ(static_cast<int>(x), 50 + 10 * c + l);

@@ -141,6 +141,35 @@ TEST_F(KvTiersTest, ACorruptedHostBlockIsAMissNotWrongKv) {
   EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
 }
 
+TEST_F(KvTiersTest, ASwapInThatHashedCorruptBytesDropsTheSlotAndSaysSo) {
+  kv_->tiers()->set_swap_ins_verified_by_copy(true);  // as under a runner that verifies
+  Compute(1, Tokens(9, 100));
+  Compute(2, Tokens(16, 500));
+  const std::vector<BlockHash> hashes = HashFullBlocks(Tokens(9, 100), kBlock, /*salt=*/0);
+  const std::optional<HostSlot> slot = kv_->tiers()->host().Peek(hashes[1]);
+  ASSERT_TRUE(slot.has_value());
+  kv_->tiers()->host().data(*slot)[3] ^= std::byte{0x40};
+  ComputedPrefix prefix = kv_->FindCachedPrefix(Tokens(9, 100));
+  ASSERT_EQ(prefix.host_slots.size(), 2u) << "the lookup leaves the verification to the copy";
+  EXPECT_EQ(kv_->tiers()->host().stats().checksum_failures, 0);
+  ASSERT_TRUE(kv_->AllocateSlots(RequestId{3}, Tokens(9, 100), 1, &prefix).ok());
+  const KvSwaps swaps = kv_->TakeSwaps();
+  ASSERT_EQ(swaps.in.size(), 2u);
+  std::vector<uint64_t> read(2);
+  std::vector<KvHostCopy> copies;
+  for (const KvSwap& s : swaps.in) copies.push_back({s.block, s.host});
+  ASSERT_TRUE(storage_->SwapIn(copies, read).ok());
+  EXPECT_EQ(read[0], swaps.in[0].checksum);
+  EXPECT_NE(read[1], swaps.in[1].checksum);
+  EXPECT_EQ(kv_->FinishSwaps(swaps, true, 1e-6, 1e-6, {}, read), 1);
+  EXPECT_EQ(kv_->tiers()->host().stats().checksum_failures, 1);
+  EXPECT_FALSE(kv_->tiers()->host().Contains(hashes[1])) << "dropped: never found again";
+  EXPECT_TRUE(kv_->tiers()->host().Contains(hashes[0]));
+  EXPECT_EQ(kv_->tiers()->host().num_pinned(), 0);
+  ASSERT_TRUE(kv_->Free(RequestId{3}).ok());
+  EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
+}
+
 TEST_F(KvTiersTest, AttachNeedsPrefixCaching) {
   auto kv = KvCacheManager::Create({.num_blocks = 4, .block_size_tokens = kBlock, .enable_prefix_caching = false});
   ASSERT_TRUE(kv.ok());
