@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "kv/kv_layout.h"
+#include "model_param_name.h"
 
 namespace kvmesh::engine {
 namespace {
@@ -185,11 +186,7 @@ TEST_P(ForwardPassTest, AStepLargerThanReservedIsRefusedBeforeAnyOpRuns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ForwardPassTest, testing::Values("llama-f32", "tiny-llama"),
-                         [](const testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         ModelParamName);
 
 }  // namespace
 }  // namespace kvmesh::engine
