@@ -37,7 +37,9 @@ __global__ void __launch_bounds__(kThreads) ArgmaxRowsKernel(const float* __rest
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   float v = -INFINITY;
   int32_t i = INT_MAX;
-  if (vocab % 4 == 0) {  // rows stay 16-byte aligned (cudaMalloc'd base)
+  // 16-byte loads where every row starts 16-byte aligned (a cudaMalloc'd base, or a view
+  // into one at a multiple of 4 floats); the same for every block, so no divergence.
+  if (vocab % 4 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0) {
     const float4* row4 = reinterpret_cast<const float4*>(row);
     for (int64_t j = threadIdx.x; j < vocab / 4; j += kThreads) {
       const float4 x = row4[j];

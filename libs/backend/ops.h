@@ -108,6 +108,13 @@ class Backend {
   // out[t, :] = table[ids[t], :] widened to f32. table: [V, E]; out: [T, E]. ids in [0, V).
   virtual void Embedding(std::span<const int32_t> ids, const TensorView& table, const TensorView& out) = 0;
 
+  // A vocab-parallel shard's lookup: table holds rows for ids first_id .. first_id+V-1;
+  // out[t, :] = table[ids[t] - first_id, :] widened to f32 where ids[t] is in that range,
+  // else zeros (another rank's row: the all-reduce that follows adds exactly one row).
+  // table: [V, E]; out: [T, E]; ids >= 0, first_id >= 0.
+  virtual void EmbeddingShard(std::span<const int32_t> ids, const TensorView& table, int64_t first_id,
+                              const TensorView& out) = 0;
+
   // out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight. x, out: [T, E] f32
   // (may alias); weight: [E] any float dtype.
   virtual void RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) = 0;
@@ -132,6 +139,43 @@ class Backend {
   // query head h reads KV head h / (H / Hkv). out: [T, H, D].
   virtual void DenseAttention(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
                               std::span<const int32_t> positions, float scale, const TensorView& out) = 0;
+
+  // --- Data movement the forward pass needs between ops (each a plain copy or sum: the
+  // bits are the inputs' on every backend).
+
+  // dst[t, dst_col + j] = src[t, src_col + j] for j < width and every row t.
+  // src: [T, Ns], dst: [T, Nd] f32, both 2-D contiguous with the same T;
+  // src_col + width <= Ns, dst_col + width <= Nd; src and dst do not overlap.
+  virtual void CopyColumns(const TensorView& src, int64_t src_col, const TensorView& dst, int64_t dst_col,
+                           int64_t width) = 0;
+
+  // out[i, :] = a[rows[i], :] + b[rows[i], :]. a, b: [T, E] f32; out: [R, E] f32 with
+  // R == rows.size(); rows in [0, T).
+  virtual void GatherAddRows(const TensorView& a, const TensorView& b, std::span<const int32_t> rows,
+                             const TensorView& out) = 0;
+
+  // out[i] = the lowest index of the largest value of row i, reading each value as the
+  // host sampler's greedy path does (engine/sampler.cc): NaN never wins, +inf counts as
+  // the largest finite float; -1 when every value of the row is NaN or -inf (where the
+  // sampler finds no finite logit).
+  // x: [R, V] f32; out: [R] with R == out.size(), V >= 1.
+  virtual void ArgmaxRows(const TensorView& x, std::span<int32_t> out) = 0;
+
+  // --- Memory. A buffer in the memory the ops take (host, or the device for cuda), for
+  // activations, logits and KV pools. Allocate is synchronous and never leaves a sticky
+  // error: ResourceExhausted (naming `what`) when the memory is not there. Host backends
+  // align it to 64 bytes.
+  class Buffer {
+   public:
+    virtual ~Buffer() = default;
+    virtual std::byte* data() const = 0;
+    virtual int64_t size_bytes() const = 0;
+    template <typename T>
+    T* as() const {
+      return reinterpret_cast<T*>(data());
+    }
+  };
+  virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t bytes, std::string_view what);
 
   // --- Paged KV (docs/architecture.md §2). One layer's cache is kv_cache:
   // [num_blocks, 2 (K, V), Hkv, B, D], each block contiguous (kv/kv_layout.h); K of a

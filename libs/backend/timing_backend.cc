@@ -15,6 +15,9 @@ std::string_view OpKindName(OpKind kind) {
     case OpKind::kDenseAttention: return "DenseAttention";
     case OpKind::kWriteKvCache: return "WriteKvCache";
     case OpKind::kPagedAttention: return "PagedAttention";
+    case OpKind::kCopyColumns: return "CopyColumns";
+    case OpKind::kGatherAddRows: return "GatherAddRows";
+    case OpKind::kArgmaxRows: return "ArgmaxRows";
     case OpKind::kCount: break;
   }
   return "?";
@@ -44,6 +47,11 @@ void TimingBackend::Linear(const TensorView& x, const PackedLinear& w, const Ten
 
 void TimingBackend::Embedding(std::span<const int32_t> ids, const TensorView& table, const TensorView& out) {
   Timed(OpKind::kEmbedding, [&] { inner_.Embedding(ids, table, out); });
+}
+
+void TimingBackend::EmbeddingShard(std::span<const int32_t> ids, const TensorView& table, int64_t first_id,
+                                   const TensorView& out) {
+  Timed(OpKind::kEmbedding, [&] { inner_.EmbeddingShard(ids, table, first_id, out); });
 }
 
 void TimingBackend::RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
@@ -78,6 +86,20 @@ void TimingBackend::PagedAttention(const TensorView& q, const TensorView& kv_cac
                                    float scale, const TensorView& out) {
   const int64_t bytes = inner_.uses_host_memory() ? PagedAttentionKvBytes(kv_cache, batch) : 0;
   Timed(OpKind::kPagedAttention, [&] { inner_.PagedAttention(q, kv_cache, batch, scale, out); }, bytes);
+}
+
+void TimingBackend::CopyColumns(const TensorView& src, int64_t src_col, const TensorView& dst, int64_t dst_col,
+                                int64_t width) {
+  Timed(OpKind::kCopyColumns, [&] { inner_.CopyColumns(src, src_col, dst, dst_col, width); });
+}
+
+void TimingBackend::GatherAddRows(const TensorView& a, const TensorView& b, std::span<const int32_t> rows,
+                                  const TensorView& out) {
+  Timed(OpKind::kGatherAddRows, [&] { inner_.GatherAddRows(a, b, rows, out); });
+}
+
+void TimingBackend::ArgmaxRows(const TensorView& x, std::span<int32_t> out) {
+  Timed(OpKind::kArgmaxRows, [&] { inner_.ArgmaxRows(x, out); });
 }
 
 }  // namespace kvmesh::backend

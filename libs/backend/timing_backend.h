@@ -26,6 +26,7 @@
 
 namespace kvmesh::backend {
 
+// kEmbedding counts Embedding and EmbeddingShard.
 enum class OpKind : int {
   kLinear,
   kEmbedding,
@@ -36,6 +37,9 @@ enum class OpKind : int {
   kDenseAttention,
   kWriteKvCache,
   kPagedAttention,
+  kCopyColumns,
+  kGatherAddRows,
+  kArgmaxRows,
   kCount,
 };
 
@@ -58,6 +62,7 @@ class TimingBackend final : public Backend {
 
   std::string_view name() const override { return inner_.name(); }
   bool uses_host_memory() const override { return inner_.uses_host_memory(); }
+  int num_host_threads() const override { return inner_.num_host_threads(); }
   absl::Status TakeError() override { return inner_.TakeError(); }
   const std::array<OpTotals, static_cast<int>(OpKind::kCount)>& Totals() const { return totals_; }
   void Reset() { totals_ = {}; }
@@ -68,6 +73,8 @@ class TimingBackend final : public Backend {
   }
   void Linear(const TensorView& x, const PackedLinear& w, const TensorView& out) override;
   void Embedding(std::span<const int32_t> ids, const TensorView& table, const TensorView& out) override;
+  void EmbeddingShard(std::span<const int32_t> ids, const TensorView& table, int64_t first_id,
+                      const TensorView& out) override;
   void RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
   void AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
                   const TensorView& out) override;
@@ -80,6 +87,15 @@ class TimingBackend final : public Backend {
                     const TensorView& kv_cache) override;
   void PagedAttention(const TensorView& q, const TensorView& kv_cache, const PagedAttentionBatch& batch, float scale,
                       const TensorView& out) override;
+  void CopyColumns(const TensorView& src, int64_t src_col, const TensorView& dst, int64_t dst_col,
+                   int64_t width) override;
+  void GatherAddRows(const TensorView& a, const TensorView& b, std::span<const int32_t> rows,
+                     const TensorView& out) override;
+  void ArgmaxRows(const TensorView& x, std::span<int32_t> out) override;
+  // Not an op: forwarded untimed.
+  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t bytes, std::string_view what) override {
+    return inner_.Allocate(bytes, what);
+  }
 
  private:
   template <typename Fn>

@@ -2,21 +2,11 @@
 
 #include <chrono>
 
-#include <cmath>
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "comm/communicator.h"
 #include "core/status_macros.h"
 
 namespace kvmesh::engine {
-namespace {
-
-TensorView F32(std::vector<float>& buffer, int64_t rows, int64_t cols) {
-  return TensorView::Contiguous(buffer.data(), DType::kF32, {rows, cols});
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<PagedModelRunner>> PagedModelRunner::Create(LlamaModel& model,
                                                                           const PagedModelRunnerOptions& options,
@@ -52,25 +42,6 @@ absl::Status PagedModelRunner::Prepare(const ModelBatch& batch) {
     KVMESH_RETURN_IF_ERROR(storage_->CopyBlock(kv::BlockId{copy.src}, kv::BlockId{copy.dst}));
   }
   return absl::OkStatus();
-}
-
-void PagedModelRunner::EnsureScratch(int64_t t) {
-  if (t <= scratch_tokens_) return;
-  const auto& c = model_.config();
-  const model::TensorParallelShard& shard = model_.shard();
-  const int64_t e = c.hidden_size, d = c.head_dim, h = shard.num_heads, hkv = shard.num_kv_heads;
-  residual_.resize(t * e);
-  hidden_.resize(t * e);
-  qkv_.resize(t * (h + 2 * hkv) * d);
-  q_.resize(t * h * d);
-  k_.resize(t * hkv * d);
-  v_.resize(t * hkv * d);
-  attn_.resize(t * h * d);
-  proj_.resize(t * e);
-  gate_up_.resize(t * 2 * shard.intermediate_size);
-  act_.resize(t * shard.intermediate_size);
-  head_in_.resize(t * e);
-  scratch_tokens_ = t;
 }
 
 int64_t PagedModelRunner::kv_swap_bytes_per_block() const {
@@ -121,118 +92,30 @@ absl::StatusOr<ModelOutput> PagedModelRunner::Execute(const ModelBatch& batch) {
   if (!batch.swap_out.empty() || !batch.swap_in.empty()) KVMESH_RETURN_IF_ERROR(RunSwaps(batch, output));
   if (batch.chunks.empty() || output.swap_in_mismatch) return output;
   KVMESH_RETURN_IF_ERROR(Prepare(batch));
-  const auto& c = model_.config();
-  // This rank's heads and MLP slice (all of them without tensor parallelism).
-  const model::TensorParallelShard& shard = model_.shard();
   const int64_t t = static_cast<int64_t>(meta_.token_ids.size());
-  const int64_t e = c.hidden_size, d = c.head_dim, h = shard.num_heads, hkv = shard.num_kv_heads;
-  const int64_t inter = shard.intermediate_size, qkv_width = (h + 2 * hkv) * d;
-  const float eps = c.rms_norm_eps;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  EnsureScratch(t);
-  backend::Backend& be = model_.backend();
-  const model::ModelWeights& weights = model_.weights();
-  const backend::PagedAttentionBatch attention_batch{
-      .query_start = meta_.query_start, .context_lens = meta_.context_lens, .block_tables = meta_.block_tables,
-      .max_blocks_per_seq = meta_.max_blocks_per_seq, .max_query_len = meta_.max_query_len,
-      .max_context_len = meta_.max_context_len};
-
-  TensorView residual = F32(residual_, t, e), hidden = F32(hidden_, t, e), proj = F32(proj_, t, e);
-  TensorView q = TensorView::Contiguous(q_.data(), DType::kF32, {t, h, d});
-  TensorView k = TensorView::Contiguous(k_.data(), DType::kF32, {t, hkv, d});
-  TensorView v = TensorView::Contiguous(v_.data(), DType::kF32, {t, hkv, d});
-  TensorView attn = TensorView::Contiguous(attn_.data(), DType::kF32, {t, h, d});
-  if (comm_ != nullptr) {
-    KVMESH_RETURN_IF_ERROR(ShardedEmbedding(residual));
-  } else {
-    be.Embedding(meta_.token_ids, weights.embed_tokens, residual);
-  }
-  for (size_t l = 0; l < weights.layers.size(); ++l) {
-    const model::LayerWeights& w = weights.layers[l];
-    const LlamaModel::PackedLayer& packed = model_.layer(l);
-    if (l == 0) {
-      be.RmsNorm(residual, w.input_layernorm, eps, hidden);
-    } else {
-      be.AddRmsNorm(residual, proj, w.input_layernorm, eps, hidden);
-    }
-    be.Linear(hidden, *packed.qkv, F32(qkv_, t, qkv_width));
-    for (int64_t i = 0; i < t; ++i) {
-      const float* row = qkv_.data() + i * qkv_width;
-      std::memcpy(q_.data() + i * h * d, row, sizeof(float) * h * d);
-      std::memcpy(k_.data() + i * hkv * d, row + h * d, sizeof(float) * hkv * d);
-      std::memcpy(v_.data() + i * hkv * d, row + (h + hkv) * d, sizeof(float) * hkv * d);
-    }
-    be.ApplyRope(q, k, meta_.positions, model_.rope_inv_freq());
-    const TensorView kv_cache = storage_->LayerView(static_cast<int32_t>(l));
-    be.WriteKvCache(k, v, meta_.slots, kv_cache);
-    if (batch.on_layer_kv_written) batch.on_layer_kv_written(static_cast<int32_t>(l));
-    be.PagedAttention(q, kv_cache, attention_batch, scale, attn);
-    be.Linear(F32(attn_, t, h * d), *packed.o, proj);
-    // Row-parallel: each rank holds a partial sum over its heads.
-    if (comm_ != nullptr) KVMESH_RETURN_IF_ERROR(comm_->AllReduceSum(proj_.data(), t * e, DType::kF32));
-    be.AddRmsNorm(residual, proj, w.post_attention_layernorm, eps, hidden);
-    be.Linear(hidden, *packed.gate_up, F32(gate_up_, t, 2 * inter));
-    be.SiluAndMul(F32(gate_up_, t, 2 * inter), F32(act_, t, inter));
-    be.Linear(F32(act_, t, inter), *packed.down, proj);
-    if (comm_ != nullptr) KVMESH_RETURN_IF_ERROR(comm_->AllReduceSum(proj_.data(), t * e, DType::kF32));
-  }
-  // The backend's run-time failures (ops.h, error contract clause 2), before any result is read.
-  KVMESH_RETURN_IF_ERROR(be.TakeError());
-  if (meta_.logit_rows.empty()) return output;
-  // The final norm and LM head run only on the rows whose logits are wanted.
   const int64_t r = static_cast<int64_t>(meta_.logit_rows.size());
-  for (int64_t i = 0; i < r; ++i) {
-    const int64_t row = meta_.logit_rows[i];
-    for (int64_t j = 0; j < e; ++j) head_in_[i * e + j] = residual_[row * e + j] + proj_[row * e + j];
-  }
-  TensorView head_in = F32(head_in_, r, e);
-  be.RmsNorm(head_in, weights.norm, eps, head_in);
-  if (comm_ != nullptr) {
-    KVMESH_RETURN_IF_ERROR(ShardedLmHead(head_in, r, output.logits));
-    return output;
-  }
-  output.logits.resize(r * c.vocab_size);
-  be.Linear(head_in, model_.lm_head(), TensorView::Contiguous(output.logits.data(), DType::kF32, {r, c.vocab_size}));
-  KVMESH_RETURN_IF_ERROR(be.TakeError());
-  return output;
-}
-
-absl::Status PagedModelRunner::ShardedEmbedding(const TensorView& out) {
-  const model::TensorParallelShard& shard = model_.shard();
-  const int64_t t = static_cast<int64_t>(meta_.token_ids.size());
-  const int64_t e = model_.config().hidden_size;
-  local_token_ids_.resize(t);
-  for (int64_t i = 0; i < t; ++i) {
-    const int64_t local = meta_.token_ids[i] - shard.vocab_begin;
-    // Another rank's token: look up any row, zeroed below.
-    local_token_ids_[i] = local >= 0 && local < shard.vocab_size ? static_cast<int32_t>(local) : 0;
-  }
-  model_.backend().Embedding(local_token_ids_, model_.weights().embed_tokens, out);
-  float* rows = out.data_as<float>();
-  for (int64_t i = 0; i < t; ++i) {
-    const int64_t local = meta_.token_ids[i] - shard.vocab_begin;
-    if (local < 0 || local >= shard.vocab_size) std::memset(rows + i * e, 0, sizeof(float) * e);
-  }
-  // Exactly one rank contributes each row, so the sum is exact.
-  return comm_->AllReduceSum(rows, t * e, DType::kF32);
-}
-
-absl::Status PagedModelRunner::ShardedLmHead(const TensorView& head_in, int64_t r, std::vector<float>& out) {
-  const model::TensorParallelShard& shard = model_.shard();
-  const int64_t vl = shard.vocab_size, n = shard.size, vocab = model_.config().vocab_size;
-  local_logits_.resize(r * vl);
-  gathered_logits_.resize(n * r * vl);
-  model_.backend().Linear(head_in, model_.lm_head(), TensorView::Contiguous(local_logits_.data(), DType::kF32, {r, vl}));
+  KVMESH_RETURN_IF_ERROR(forward_.Reserve(t, r));
+  output.logits.resize(r * model_.config().vocab_size);
+  const ForwardStep step{
+      .num_tokens = t,
+      .token_ids = meta_.token_ids,
+      .positions = meta_.positions,
+      .slots = meta_.slots,
+      .attention = {.query_start = meta_.query_start,
+                    .context_lens = meta_.context_lens,
+                    .block_tables = meta_.block_tables,
+                    .max_blocks_per_seq = meta_.max_blocks_per_seq,
+                    .max_query_len = meta_.max_query_len,
+                    .max_context_len = meta_.max_context_len},
+      .logit_rows = meta_.logit_rows,
+      .logits = TensorView::Contiguous(output.logits.data(), DType::kF32, {r, model_.config().vocab_size}),
+      .kv_cache = [this](int32_t layer) { return storage_->LayerView(layer); },
+      .after_kv_write = batch.on_layer_kv_written,
+  };
+  KVMESH_RETURN_IF_ERROR(forward_.Run(step));
+  // The backend's run-time failures (ops.h, error contract clause 2), before any result is read.
   KVMESH_RETURN_IF_ERROR(model_.backend().TakeError());
-  KVMESH_RETURN_IF_ERROR(comm_->AllGather(local_logits_.data(), gathered_logits_.data(), r * vl, DType::kF32));
-  // gathered: [rank, row, vl] -> out: [row, rank * vl + j].
-  out.resize(r * vocab);
-  for (int64_t p = 0; p < n; ++p) {
-    for (int64_t i = 0; i < r; ++i) {
-      std::memcpy(out.data() + i * vocab + p * vl, gathered_logits_.data() + (p * r + i) * vl, sizeof(float) * vl);
-    }
-  }
-  return absl::OkStatus();
+  return output;
 }
 
 }  // namespace kvmesh::engine

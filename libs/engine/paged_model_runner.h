@@ -3,15 +3,12 @@
 //
 // Tokens of all chunks are flattened into one [T, hidden] activation, so every
 // linear layer runs as one GEMM per step; attention runs per sequence over its
-// block table (Backend::PagedAttention), after the new K/V are written into
-// their slots (Backend::WriteKvCache).
+// block table. The layers are engine/forward_pass.h's, which the CUDA runner runs too.
 //
 // Under tensor parallelism (TensorParallelRunner) each rank has its own runner over
-// its shard of the model (LlamaModel::shard()) and a KV pool of its own KV heads only;
-// the runner then all-reduces the row-parallel outputs (o_proj, down_proj) and the
-// vocab-parallel embedding through the rank's Communicator and all-gathers the
-// vocab-parallel logits. Every rank must Execute the same batch. Without a
-// communicator (one rank) none of that runs.
+// its shard of the model (LlamaModel::shard()), a KV pool of its own KV heads only, and
+// its Communicator, through which the forward pass reduces and gathers. Every rank must
+// Execute the same batch.
 //
 // Thread-safety: not thread-safe; owned by the engine loop (or its rank's thread). The
 // model (and its backend) and the communicator must outlive the runner.
@@ -24,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "engine/llama_model.h"
 #include "engine/block_tables.h"
+#include "engine/forward_pass.h"
 #include "engine/model_runner.h"
 #include "engine/step_metadata.h"
 #include "kv/kv_layout.h"
@@ -73,29 +71,21 @@ class PagedModelRunner : public ModelRunner {
       : model_(model),
         storage_(std::move(storage)),
         comm_(comm),
+        forward_(model, ForwardWeights::FromModel(model), comm),
         tables_({.num_pool_blocks = storage_->layout().num_blocks()}) {}
   absl::Status Prepare(const ModelBatch& batch);
   // The batch's lower-tier copies (ModelBatch::swap_out, then swap_in), timed.
   absl::Status RunSwaps(const ModelBatch& batch, ModelOutput& output);
-  void EnsureScratch(int64_t num_tokens);
-  // Vocab-parallel embedding: this rank's rows, zero for other ranks' tokens, summed.
-  absl::Status ShardedEmbedding(const TensorView& out);
-  // Vocab-parallel LM head: this rank's logits, gathered into [rows, vocab] `out`.
-  absl::Status ShardedLmHead(const TensorView& head_in, int64_t rows, std::vector<float>& out);
 
   LlamaModel& model_;
   std::unique_ptr<kv::KvStorage> storage_;
   comm::Communicator* const comm_;  // null without tensor parallelism
-  std::vector<int32_t> local_token_ids_;  // TP: token ids within this rank's vocabulary slice
-  std::vector<float> local_logits_, gathered_logits_;
+  ForwardPass forward_;             // its activations grow with the largest step so far
 
   // Every kept sequence's block table, updated by each batch (engine/block_tables.h).
   BlockTables tables_;
   // Per-step metadata, rebuilt by Prepare().
   StepMetadata meta_;
-  // Activation scratch, sized for the largest step so far.
-  int64_t scratch_tokens_ = 0;
-  std::vector<float> residual_, hidden_, qkv_, q_, k_, v_, attn_, proj_, gate_up_, act_, head_in_;
 };
 
 }  // namespace kvmesh::engine

@@ -10,6 +10,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cfloat>
+#include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -58,6 +61,71 @@ cpu::ElemType ToElemType(DType dtype) {
     case DType::kF16: return cpu::ElemType::kF16;
     default: return cpu::ElemType::kF32;
   }
+}
+
+// Below this many elements an op runs on the calling thread: waking the OpenMP team
+// (~1 us) costs more than the work (cf. cpu/elementwise_kernels.cc).
+constexpr int64_t kMinParallelElements = 1 << 15;
+
+// A value as the host sampler's greedy path reads it (engine/sampler.cc): NaN as -inf, so
+// it never wins, and +inf as the largest finite float. Branch-free, so loops vectorise.
+inline float GreedyValue(float x) {
+  const float finite_top = x > FLT_MAX ? FLT_MAX : x;
+  return x != x ? -INFINITY : finite_top;
+}
+
+// GCC/Clang vector extensions: SSE2 here, which every x86-64 has (no ISA flags in this file).
+using F32x4 = float __attribute__((vector_size(16)));
+using I32x4 = int32_t __attribute__((vector_size(16)));
+
+// ops.h ArgmaxRows for one row of v >= 1 values, in one pass: 16 lanes, each keeping the
+// first index of its largest value (a select, so the loop runs 4-wide), then reduced with
+// the lower index winning ties; the tail past the last 16 is scanned in order. A row
+// whose values are all NaN or -inf leaves every lane at -inf: -1.
+int32_t ArgmaxRow(const float* row, int64_t v) {
+  constexpr int kVectors = 4;
+  constexpr int64_t kStep = 4 * kVectors;
+  const F32x4 neg_inf = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  const F32x4 top = {FLT_MAX, FLT_MAX, FLT_MAX, FLT_MAX};
+  F32x4 lane_value[kVectors];
+  I32x4 lane_index[kVectors];
+  for (int k = 0; k < kVectors; ++k) {
+    lane_value[k] = neg_inf;
+    lane_index[k] = I32x4{-1, -1, -1, -1};
+  }
+  int64_t j = 0;
+  for (; j + kStep <= v; j += kStep) {
+    for (int k = 0; k < kVectors; ++k) {
+      F32x4 x;
+      std::memcpy(&x, row + j + 4 * k, sizeof(x));
+      x = x > top ? top : x;        // +inf as FLT_MAX (GreedyValue, 4 lanes)
+      x = x != x ? neg_inf : x;     // NaN never wins
+      const I32x4 larger = x > lane_value[k];
+      const int32_t at = static_cast<int32_t>(j + 4 * k);
+      lane_value[k] = larger ? x : lane_value[k];
+      lane_index[k] = larger ? I32x4{at, at + 1, at + 2, at + 3} : lane_index[k];
+    }
+  }
+  float best = -INFINITY;
+  int32_t best_index = -1;
+  for (; j < v; ++j) {  // the tail, in index order: the first strictly larger value wins
+    const float x = GreedyValue(row[j]);
+    if (x > best) {
+      best = x;
+      best_index = static_cast<int32_t>(j);
+    }
+  }
+  for (int k = 0; k < kVectors; ++k) {
+    for (int l = 0; l < 4; ++l) {
+      const float value = lane_value[k][l];
+      const int32_t index = lane_index[k][l];
+      if (value > best || (value == best && index < best_index)) {
+        best = value;
+        best_index = index;
+      }
+    }
+  }
+  return best > -INFINITY ? best_index : -1;
 }
 
 class CpuPackedLinear final : public PackedLinear {
@@ -177,6 +245,35 @@ class CpuBackend final : public Backend {
                        table.strides[0], table.shape[1], out.data_as<float>(), num_threads_);
   }
 
+  // The shard's rows go through the embedding kernel in one call (another rank's ids read
+  // row 0 there), then those other ranks' rows are zeroed.
+  void EmbeddingShard(std::span<const int32_t> ids, const TensorView& table, int64_t first_id,
+                      const TensorView& out) override {
+    KVMESH_BACKEND_CHECK(table.rank == 2 && table.strides[1] == 1 && first_id >= 0);
+    KVMESH_BACKEND_CHECK(out.dtype == DType::kF32 && out.is_contiguous());
+    const int64_t v = table.shape[0];
+    const int64_t e = table.shape[1];
+    const int64_t t = static_cast<int64_t>(ids.size());
+    KVMESH_BACKEND_CHECK(out.num_elements() == t * e);
+    std::vector<int32_t> rows(ids.size());
+    bool any_in_shard = false;
+    for (int64_t i = 0; i < t; ++i) {
+      KVMESH_BACKEND_CHECK(ids[i] >= 0);
+      const int64_t row = ids[i] - first_id;
+      const bool in_shard = row >= 0 && row < v;
+      rows[i] = in_shard ? static_cast<int32_t>(row) : 0;
+      any_in_shard |= in_shard;
+    }
+    float* o = out.data_as<float>();
+    if (any_in_shard) {
+      kernels_.embedding(rows.data(), t, table.data, ToElemType(table.dtype), table.strides[0], e, o, num_threads_);
+    }
+    for (int64_t i = 0; i < t; ++i) {
+      const int64_t row = ids[i] - first_id;
+      if (row < 0 || row >= v) std::memset(o + i * e, 0, static_cast<size_t>(e) * sizeof(float));
+    }
+  }
+
   void RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override {
     const int64_t e = x.dim(-1);
     KVMESH_BACKEND_CHECK(weight.num_elements() == e && out.num_elements() == x.num_elements());
@@ -220,6 +317,56 @@ class CpuBackend final : public Backend {
     if (t == 0) return;
     kernels_.dense_attention(q.data_as<const float>(), k_cache.data_as<const float>(), v_cache.data_as<const float>(),
                              t, h, hkv, d, positions.data(), scale, out.data_as<float>(), num_threads_);
+  }
+
+  void CopyColumns(const TensorView& src, int64_t src_col, const TensorView& dst, int64_t dst_col,
+                   int64_t width) override {
+    KVMESH_BACKEND_CHECK(src.rank == 2 && dst.rank == 2 && src.dtype == DType::kF32 && dst.dtype == DType::kF32);
+    KVMESH_BACKEND_CHECK(src.is_contiguous() && dst.is_contiguous() && src.shape[0] == dst.shape[0]);
+    const int64_t t = src.shape[0];
+    const int64_t ns = src.shape[1];
+    const int64_t nd = dst.shape[1];
+    KVMESH_BACKEND_CHECK(width >= 0 && src_col >= 0 && dst_col >= 0);
+    KVMESH_BACKEND_CHECK(src_col + width <= ns && dst_col + width <= nd);
+    if (width == 0) return;
+    const float* s = src.data_as<const float>() + src_col;
+    float* d = dst.data_as<float>() + dst_col;
+#pragma omp parallel for num_threads(ThreadsFor(t * width))
+    for (int64_t r = 0; r < t; ++r) {
+      std::memcpy(d + r * nd, s + r * ns, static_cast<size_t>(width) * sizeof(float));
+    }
+  }
+
+  void GatherAddRows(const TensorView& a, const TensorView& b, std::span<const int32_t> rows,
+                     const TensorView& out) override {
+    KVMESH_BACKEND_CHECK(a.rank == 2 && a.shape == b.shape && out.rank == 2 && out.shape[1] == a.shape[1]);
+    KVMESH_BACKEND_CHECK(a.dtype == DType::kF32 && b.dtype == DType::kF32 && out.dtype == DType::kF32);
+    KVMESH_BACKEND_CHECK(a.is_contiguous() && b.is_contiguous() && out.is_contiguous());
+    const int64_t t = a.shape[0];
+    const int64_t e = a.shape[1];
+    const int64_t r_count = static_cast<int64_t>(rows.size());
+    KVMESH_BACKEND_CHECK(out.shape[0] == r_count);
+    for (int32_t row : rows) KVMESH_BACKEND_CHECK(row >= 0 && row < t);
+    const float* as = a.data_as<const float>();
+    const float* bs = b.data_as<const float>();
+    float* o = out.data_as<float>();
+#pragma omp parallel for num_threads(ThreadsFor(r_count * e))
+    for (int64_t i = 0; i < r_count; ++i) {
+      const float* ar = as + rows[i] * e;
+      const float* br = bs + rows[i] * e;
+      float* orow = o + i * e;
+      for (int64_t c = 0; c < e; ++c) orow[c] = ar[c] + br[c];
+    }
+  }
+
+  void ArgmaxRows(const TensorView& x, std::span<int32_t> out) override {
+    KVMESH_BACKEND_CHECK(x.rank == 2 && x.dtype == DType::kF32 && x.is_contiguous());
+    const int64_t r_count = x.shape[0];
+    const int64_t v = x.shape[1];
+    KVMESH_BACKEND_CHECK(static_cast<int64_t>(out.size()) == r_count && v >= 1 && v <= INT32_MAX);
+    const float* xs = x.data_as<const float>();
+#pragma omp parallel for num_threads(ThreadsFor(r_count * v))
+    for (int64_t r = 0; r < r_count; ++r) out[r] = ArgmaxRow(xs + r * v, v);
   }
 
   void WriteKvCache(const TensorView& k, const TensorView& v, std::span<const int64_t> slots,
@@ -271,6 +418,8 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  int ThreadsFor(int64_t elements) const { return elements < kMinParallelElements ? 1 : num_threads_; }
+
   const cpu::KernelTable& kernels_;
   const int num_threads_;
   const std::string name_;

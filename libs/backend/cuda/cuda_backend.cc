@@ -1,10 +1,14 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "argmax/argmax.h"
 #include "backend/internal/linear_parts.h"
 #include "bias_add/bias_add.h"
 #include "cast/cast.h"
@@ -12,6 +16,7 @@
 #include "core/status_macros.h"
 #include "dense_attention/dense_attention.h"
 #include "embedding/embedding.h"
+#include "gather_rows/gather_rows.h"
 #include "paged_attention_decode/paged_attention_decode.h"
 #include "paged_attention_prefill/paged_attention_prefill.h"
 #include "reshape_and_cache/reshape_and_cache.h"
@@ -56,6 +61,26 @@ kernels::KvCacheDType KvDType(DType dtype) {
     default: return kernels::KvCacheDType::kF32;
   }
 }
+
+kernels::EmbeddingDType EmbeddingType(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return kernels::EmbeddingDType::kBf16;
+    case DType::kF16: return kernels::EmbeddingDType::kF16;
+    default: return kernels::EmbeddingDType::kF32;
+  }
+}
+
+// A Buffer of device memory.
+class DeviceBuffer final : public Backend::Buffer {
+ public:
+  DeviceBuffer(DeviceMemory memory, int64_t size_bytes) : memory_(std::move(memory)), size_bytes_(size_bytes) {}
+  std::byte* data() const override { return memory_.as<std::byte>(); }
+  int64_t size_bytes() const override { return size_bytes_; }
+
+ private:
+  DeviceMemory memory_;
+  const int64_t size_bytes_;
+};
 
 }  // namespace
 
@@ -226,12 +251,19 @@ void CudaBackend::Linear(const TensorView& x, const PackedLinear& packed, const 
 
 void CudaBackend::Embedding(std::span<const int32_t> ids, const TensorView& table, const TensorView& out) {
   if (Failed()) return;
-  const kernels::EmbeddingDType dtype = table.dtype == DType::kBF16  ? kernels::EmbeddingDType::kBf16
-                                        : table.dtype == DType::kF16 ? kernels::EmbeddingDType::kF16
-                                                                     : kernels::EmbeddingDType::kF32;
-  RecordError(kernels::LaunchEmbedding(ids.data(), static_cast<int64_t>(ids.size()), table.data, dtype, table.dim(0),
-                                       table.dim(1), out.data_as<float>(), stream_),
+  RecordError(kernels::LaunchEmbedding(ids.data(), static_cast<int64_t>(ids.size()), table.data,
+                                       EmbeddingType(table.dtype), table.dim(0), table.dim(1), out.data_as<float>(),
+                                       stream_),
               "embedding");
+}
+
+void CudaBackend::EmbeddingShard(std::span<const int32_t> ids, const TensorView& table, int64_t first_id,
+                                 const TensorView& out) {
+  if (Failed()) return;
+  RecordError(kernels::LaunchEmbeddingShard(ids.data(), static_cast<int64_t>(ids.size()), table.data,
+                                            EmbeddingType(table.dtype), first_id, table.dim(0), table.dim(1),
+                                            out.data_as<float>(), stream_),
+              "embedding (vocab shard)");
 }
 
 void CudaBackend::RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) {
@@ -351,6 +383,49 @@ void CudaBackend::PagedAttention(const TensorView& q, const TensorView& kv_cache
   args.num_tokens = static_cast<int32_t>(q.dim(0));
   args.max_query_len = batch.max_query_len;
   RecordError(kernels::LaunchPagedAttentionPrefill(args, stream_), "paged attention (prefill)");
+}
+
+void CudaBackend::CopyColumns(const TensorView& src, int64_t src_col, const TensorView& dst, int64_t dst_col,
+                              int64_t width) {
+  if (Failed()) return;
+  const int64_t t = src.dim(0);
+  if (t == 0 || width == 0) return;
+  // Row pitches are the views' row strides (both contiguous: their widths).
+  RecordError(cudaMemcpy2DAsync(dst.data_as<float>() + dst_col, static_cast<size_t>(dst.strides[0]) * sizeof(float),
+                                src.data_as<const float>() + src_col,
+                                static_cast<size_t>(src.strides[0]) * sizeof(float),
+                                static_cast<size_t>(width) * sizeof(float), static_cast<size_t>(t),
+                                cudaMemcpyDeviceToDevice, stream_),
+              "copying columns");
+}
+
+void CudaBackend::GatherAddRows(const TensorView& a, const TensorView& b, std::span<const int32_t> rows,
+                                const TensorView& out) {
+  if (Failed()) return;
+  RecordError(kernels::LaunchGatherAddRowsF32(a.data_as<const float>(), b.data_as<const float>(), rows.data(),
+                                              static_cast<int64_t>(rows.size()), a.dim(1), out.data_as<float>(),
+                                              stream_),
+              "gathering and adding rows");
+}
+
+void CudaBackend::ArgmaxRows(const TensorView& x, std::span<int32_t> out) {
+  if (Failed()) return;
+  RecordError(kernels::LaunchArgmaxRows(x.data_as<const float>(), static_cast<int64_t>(out.size()), x.dim(1),
+                                        out.data(), stream_),
+              "argmax of rows");
+}
+
+absl::StatusOr<std::unique_ptr<Backend::Buffer>> CudaBackend::Allocate(int64_t bytes, std::string_view what) {
+  const absl::string_view for_what(what.data(), what.size());
+  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat("Allocate: ", bytes, " bytes for ", for_what));
+  absl::StatusOr<DeviceMemory> memory = AllocateDevice(static_cast<size_t>(bytes), for_what);
+  if (!memory.ok()) {
+    // A failed cudaMalloc is not sticky, but it stays the thread's last error, which the
+    // next launcher's cudaGetLastError() would report as its own: clear it here.
+    (void)cudaGetLastError();
+    return memory.status();
+  }
+  return std::unique_ptr<Buffer>(new DeviceBuffer(std::move(memory).value(), bytes));
 }
 
 }  // namespace kvmesh::backend::cuda

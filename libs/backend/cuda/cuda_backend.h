@@ -51,6 +51,8 @@ class CudaBackend : public Backend {
                                                            std::span<const TensorView> biases) override;
   void Linear(const TensorView& x, const PackedLinear& w, const TensorView& out) override;
   void Embedding(std::span<const int32_t> ids, const TensorView& table, const TensorView& out) override;
+  void EmbeddingShard(std::span<const int32_t> ids, const TensorView& table, int64_t first_id,
+                      const TensorView& out) override;
   void RmsNorm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
   void AddRmsNorm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
                   const TensorView& out) override;
@@ -67,6 +69,16 @@ class CudaBackend : public Backend {
   // tiled prefill kernel (tensor cores, bf16 operands: see its header for tolerances).
   void PagedAttention(const TensorView& q, const TensorView& kv_cache, const PagedAttentionBatch& batch,
                       float scale, const TensorView& out) override;
+  // One cudaMemcpy2DAsync on stream().
+  void CopyColumns(const TensorView& src, int64_t src_col, const TensorView& dst, int64_t dst_col,
+                   int64_t width) override;
+  void GatherAddRows(const TensorView& a, const TensorView& b, std::span<const int32_t> rows,
+                     const TensorView& out) override;
+  void ArgmaxRows(const TensorView& x, std::span<int32_t> out) override;
+  // Device memory (cudaMalloc, freed when the Buffer goes), 256-byte aligned. ResourceExhausted
+  // naming `what` when the device is out of memory, Internal for any other CUDA failure;
+  // neither is kept as this backend's error. Synchronous like cudaMalloc: no stream order.
+  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t bytes, std::string_view what) override;
 
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }

@@ -5,6 +5,7 @@
 //
 // Thread-safety: the backend holds no mutable state; calls may run concurrently
 // on distinct outputs.
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -102,6 +103,20 @@ class ReferenceBackend final : public Backend {
     for (size_t t = 0; t < ids.size(); ++t) {
       for (int64_t c = 0; c < e; ++c) {
         o[static_cast<int64_t>(t) * e + c] = LoadAsF32(table.data, table.dtype, ids[t] * table.strides[0] + c);
+      }
+    }
+  }
+
+  void EmbeddingShard(std::span<const int32_t> ids, const TensorView& table, int64_t first_id,
+                      const TensorView& out) override {
+    const int64_t v = table.shape[0];
+    const int64_t e = table.shape[1];
+    float* o = out.data_as<float>();
+    for (size_t t = 0; t < ids.size(); ++t) {
+      const int64_t row = ids[t] - first_id;
+      for (int64_t c = 0; c < e; ++c) {
+        o[static_cast<int64_t>(t) * e + c] =
+            row >= 0 && row < v ? LoadAsF32(table.data, table.dtype, row * table.strides[0] + c) : 0.0f;
       }
     }
   }
@@ -213,6 +228,52 @@ class ReferenceBackend final : public Backend {
         }
         for (int64_t c = 0; c < d; ++c) o[(t * heads + h) * d + c] = static_cast<float>(acc[c] / denom);
       }
+    }
+  }
+
+  void CopyColumns(const TensorView& src, int64_t src_col, const TensorView& dst, int64_t dst_col,
+                   int64_t width) override {
+    const int64_t ns = src.shape[1];
+    const int64_t nd = dst.shape[1];
+    const float* s = src.data_as<const float>();
+    float* d = dst.data_as<float>();
+    for (int64_t t = 0; t < src.shape[0]; ++t) {
+      for (int64_t j = 0; j < width; ++j) d[t * nd + dst_col + j] = s[t * ns + src_col + j];
+    }
+  }
+
+  void GatherAddRows(const TensorView& a, const TensorView& b, std::span<const int32_t> rows,
+                     const TensorView& out) override {
+    const int64_t e = a.shape[1];
+    const float* as = a.data_as<const float>();
+    const float* bs = b.data_as<const float>();
+    float* o = out.data_as<float>();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      for (int64_t c = 0; c < e; ++c) {
+        o[static_cast<int64_t>(i) * e + c] = as[rows[i] * e + c] + bs[rows[i] * e + c];
+      }
+    }
+  }
+
+  // One pass per row, keeping the first strictly larger value: NaN is skipped, +inf
+  // read as FLT_MAX, and -inf never beats the starting -inf (so a row of only NaN and
+  // -inf gives -1, as the host sampler's greedy path does).
+  void ArgmaxRows(const TensorView& x, std::span<int32_t> out) override {
+    const int64_t v = x.shape[1];
+    const float* xs = x.data_as<const float>();
+    for (size_t r = 0; r < out.size(); ++r) {
+      int32_t best = -1;
+      float best_value = -INFINITY;
+      for (int64_t j = 0; j < v; ++j) {
+        const float value = xs[static_cast<int64_t>(r) * v + j];
+        if (std::isnan(value)) continue;
+        const float read = value > FLT_MAX ? FLT_MAX : value;
+        if (read > best_value) {
+          best_value = read;
+          best = static_cast<int32_t>(j);
+        }
+      }
+      out[r] = best;
     }
   }
 

@@ -44,11 +44,10 @@
 #include "copy_blocks/copy_blocks.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
+#include "engine/forward_pass.h"
 #include "engine/step_metadata.h"
 #include "engine/step_staging.h"
-#include "argmax/argmax.h"
 #include "block_tables/block_tables.h"
-#include "gather_rows/gather_rows.h"
 #include "kv/kv_layout.h"
 #include "kv/transport/kv_runs.h"
 #include "swap_blocks/swap_blocks.h"
@@ -137,10 +136,10 @@ class CudaModelRunner : public ModelRunner {
   // `to_host`), then waits for them: the engine checksums a slot as soon as Execute
   // returns. Returns the seconds the copies took.
   absl::StatusOr<double> RunSwaps(const std::vector<KvBlockSwap>& swaps, bool to_host);
-  // Queues the forward pass over the metadata at meta_device_ on the backend's stream.
-  // With `mirrored`, each layer's copy of those runs into the mirror follows its KV write,
-  // and layer_mirrored_[layer] is recorded after it.
-  void Forward(const ForwardShape& f, const std::vector<kv::KvRun>* mirrored = nullptr);
+  // Queues the forward pass (engine/forward_pass.h) over the metadata at meta_device_ on
+  // the backend's stream. With `mirrored`, each layer's copy of those runs into the mirror
+  // follows its KV write, and layer_mirrored_[layer] is recorded after it.
+  absl::Status Forward(const ForwardShape& f, const std::vector<kv::KvRun>* mirrored = nullptr);
   // Captures Forward(shape) into graph->exec. On failure the stream is out of capture mode
   // and no error is left pending.
   absl::Status Capture(const ForwardShape& shape, Graph* graph);
@@ -178,7 +177,8 @@ class CudaModelRunner : public ModelRunner {
   StagingLayout meta_layout_;
   DeviceMemory meta_device_;
   PinnedHostMemory meta_host_;
-  DeviceMemory residual_, hidden_, qkv_, q_, k_, v_, attn_, proj_, gate_up_, act_, head_in_, logits_;
+  std::unique_ptr<ForwardPass> forward_;  // over the device weights, reserved for the largest step
+  DeviceMemory logits_;
   PinnedHostMemory logits_host_;
   DeviceMemory argmax_;             // [max_num_seqs] int32: each LM head row's greedy token
   PinnedHostMemory argmax_host_;
@@ -230,6 +230,15 @@ absl::Status CudaModelRunner::Init() {
   const int64_t e = c.hidden_size, d = c.head_dim, h = c.num_attention_heads, hkv = c.num_key_value_heads;
   const int64_t inter = c.intermediate_size, vocab = c.vocab_size;
   KVMESH_RETURN_IF_ERROR(UploadWeights());
+  ForwardWeights weights{
+      .embed_tokens = TensorView::Contiguous(embed_.get(), model_.weights().embed_tokens.dtype, {vocab, e}),
+      .final_norm = TensorView::Contiguous(final_norm_.get(), DType::kF32, {e}),
+      .rope_inv_freq = {inv_freq_.as<float>(), static_cast<size_t>(d / 2)}};
+  for (size_t l = 0; l < input_norms_.size(); ++l) {
+    weights.input_norms.push_back(TensorView::Contiguous(input_norms_[l].get(), DType::kF32, {e}));
+    weights.post_norms.push_back(TensorView::Contiguous(post_norms_[l].get(), DType::kF32, {e}));
+  }
+  forward_ = std::make_unique<ForwardPass>(model_, std::move(weights), /*comm=*/nullptr);
   KVMESH_ASSIGN_OR_RETURN(pool_, AllocateDevice(static_cast<size_t>(layout_.TotalBytes()), "the KV pool"));
   // Zeroed so that padded graph rows, which read block 0, read finite numbers.
   KVMESH_RETURN_IF_CUDA_ERROR(cudaMemset(pool_.get(), 0, pool_.bytes()), "clearing the KV pool");
@@ -246,19 +255,9 @@ absl::Status CudaModelRunner::Init() {
   meta_layout_ = StagingLayout::For(t, s, max_blocks, std::max<int64_t>(64 * s, 8 * max_blocks), 4 * s);
   KVMESH_ASSIGN_OR_RETURN(meta_device_, AllocateDevice(meta_layout_.total, "step metadata"));
   KVMESH_ASSIGN_OR_RETURN(meta_host_, AllocatePinnedHost(meta_layout_.total, "step metadata staging"));
-  auto act = [](int64_t floats, absl::string_view what) { return AllocateDevice(sizeof(float) * floats, what); };
-  KVMESH_ASSIGN_OR_RETURN(residual_, act(t * e, "the residual stream"));
-  KVMESH_ASSIGN_OR_RETURN(hidden_, act(t * e, "normed activations"));
-  KVMESH_ASSIGN_OR_RETURN(qkv_, act(t * (h + 2 * hkv) * d, "q/k/v"));
-  KVMESH_ASSIGN_OR_RETURN(q_, act(t * h * d, "queries"));
-  KVMESH_ASSIGN_OR_RETURN(k_, act(t * hkv * d, "keys"));
-  KVMESH_ASSIGN_OR_RETURN(v_, act(t * hkv * d, "values"));
-  KVMESH_ASSIGN_OR_RETURN(attn_, act(t * h * d, "attention output"));
-  KVMESH_ASSIGN_OR_RETURN(proj_, act(t * e, "projections"));
-  KVMESH_ASSIGN_OR_RETURN(gate_up_, act(t * 2 * inter, "gate/up"));
-  KVMESH_ASSIGN_OR_RETURN(act_, act(t * inter, "the MLP activation"));
-  KVMESH_ASSIGN_OR_RETURN(head_in_, act(s * e, "LM head input"));
-  KVMESH_ASSIGN_OR_RETURN(logits_, act(s * vocab, "logits"));
+  // Every step's activations now, so that nothing allocates during a graph capture.
+  KVMESH_RETURN_IF_ERROR(forward_->Reserve(t, s));
+  KVMESH_ASSIGN_OR_RETURN(logits_, AllocateDevice(sizeof(float) * s * vocab, "logits"));
   KVMESH_ASSIGN_OR_RETURN(logits_host_, AllocatePinnedHost(sizeof(float) * s * vocab, "logits staging"));
   KVMESH_ASSIGN_OR_RETURN(argmax_, AllocateDevice(sizeof(int32_t) * s, "greedy tokens"));
   KVMESH_ASSIGN_OR_RETURN(argmax_host_, AllocatePinnedHost(sizeof(int32_t) * s, "greedy tokens staging"));
@@ -433,28 +432,9 @@ absl::StatusOr<double> CudaModelRunner::RunSwaps(const std::vector<KvBlockSwap>&
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void CudaModelRunner::Forward(const ForwardShape& f, const std::vector<kv::KvRun>* mirrored) {
-  const model::ModelConfig& c = model_.config();
+absl::Status CudaModelRunner::Forward(const ForwardShape& f, const std::vector<kv::KvRun>* mirrored) {
   const int64_t t = f.rows, r = f.logit_rows;
-  const int64_t e = c.hidden_size, d = c.head_dim, h = c.num_attention_heads, hkv = c.num_key_value_heads;
-  const int64_t inter = c.intermediate_size, qkv_width = (h + 2 * hkv) * d;
-  const float eps = c.rms_norm_eps;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const model::ModelWeights& w = model_.weights();
   cudaStream_t stream = be_.stream();
-  auto view2 = [](const DeviceMemory& m, int64_t rows, int64_t cols) {
-    return TensorView::Contiguous(m.get(), DType::kF32, {rows, cols});
-  };
-  const std::span<const int32_t> token_ids(Meta<int32_t>(meta_layout_.token_ids), static_cast<size_t>(t));
-  const std::span<const int32_t> positions(Meta<int32_t>(meta_layout_.positions), static_cast<size_t>(t));
-  const std::span<const int64_t> slots(Meta<int64_t>(meta_layout_.slots), static_cast<size_t>(t));
-  const backend::PagedAttentionBatch attention_batch{
-      .query_start = {Meta<int32_t>(meta_layout_.query_start), static_cast<size_t>(f.seqs + 1)},
-      .context_lens = {Meta<int32_t>(meta_layout_.context_lens), static_cast<size_t>(f.seqs)},
-      .block_tables = {Meta<int32_t>(meta_layout_.block_tables), static_cast<size_t>(f.seqs * f.max_blocks_per_seq)},
-      .max_blocks_per_seq = f.max_blocks_per_seq,
-      .max_query_len = f.max_query_len,
-      .max_context_len = f.max_context_len};
   // The step's block table from the kept rows (a graph replays this too: the rows it reads
   // are the step's, from the metadata).
   be_.RecordError(kernels::LaunchGatherBlockTableRows(table_rows_.as<int32_t>(), max_blocks_per_seq_,
@@ -463,67 +443,41 @@ void CudaModelRunner::Forward(const ForwardShape& f, const std::vector<kv::KvRun
                                                       layout_.block_size_tokens(), f.seqs, f.max_blocks_per_seq,
                                                       Meta<int32_t>(meta_layout_.block_tables), stream),
                   "gathering the step's block tables");
-  const TensorView embed = TensorView::Contiguous(embed_.get(), w.embed_tokens.dtype, {c.vocab_size, e});
-  const TensorView residual = view2(residual_, t, e), hidden = view2(hidden_, t, e), proj = view2(proj_, t, e);
-  const TensorView q = TensorView::Contiguous(q_.get(), DType::kF32, {t, h, d});
-  const TensorView k = TensorView::Contiguous(k_.get(), DType::kF32, {t, hkv, d});
-  const TensorView v = TensorView::Contiguous(v_.get(), DType::kF32, {t, hkv, d});
-  const TensorView attn = TensorView::Contiguous(attn_.get(), DType::kF32, {t, h, d});
-  const std::span<const float> inv_freq(inv_freq_.as<float>(), static_cast<size_t>(d / 2));
-  be_.Embedding(token_ids, embed, residual);
-  for (size_t l = 0; l < w.layers.size(); ++l) {
-    const LlamaModel::PackedLayer& packed = model_.layer(l);
-    const TensorView in_norm = TensorView::Contiguous(input_norms_[l].get(), DType::kF32, {e});
-    const TensorView post_norm = TensorView::Contiguous(post_norms_[l].get(), DType::kF32, {e});
-    if (l == 0) {
-      be_.RmsNorm(residual, in_norm, eps, hidden);
-    } else {
-      be_.AddRmsNorm(residual, proj, in_norm, eps, hidden);
-    }
-    be_.Linear(hidden, *packed.qkv, view2(qkv_, t, qkv_width));
-    // Split the fused q/k/v rows with three strided copies (graph-capturable memcpy nodes).
-    const size_t pitch = sizeof(float) * static_cast<size_t>(qkv_width);
-    const float* row = Act(qkv_);
-    be_.RecordError(cudaMemcpy2DAsync(q_.get(), sizeof(float) * h * d, row, pitch, sizeof(float) * h * d, t,
-                                      cudaMemcpyDeviceToDevice, stream),
-                    "splitting q");
-    be_.RecordError(cudaMemcpy2DAsync(k_.get(), sizeof(float) * hkv * d, row + h * d, pitch, sizeof(float) * hkv * d,
-                                      t, cudaMemcpyDeviceToDevice, stream),
-                    "splitting k");
-    be_.RecordError(cudaMemcpy2DAsync(v_.get(), sizeof(float) * hkv * d, row + (h + hkv) * d, pitch,
-                                      sizeof(float) * hkv * d, t, cudaMemcpyDeviceToDevice, stream),
-                    "splitting v");
-    be_.ApplyRope(q, k, positions, inv_freq);
-    const TensorView kv_cache = TensorView::Contiguous(
-        pool_.as<std::byte>() + static_cast<int64_t>(l) * layout_.LayerBytes(), layout_.dtype(),
-        {layout_.num_blocks(), 2, layout_.num_kv_heads(), layout_.block_size_tokens(), layout_.head_dim()});
-    be_.WriteKvCache(k, v, slots, kv_cache);
-    if (mirrored != nullptr) {
+  ForwardStep step{
+      .num_tokens = t,
+      .token_ids = {Meta<int32_t>(meta_layout_.token_ids), static_cast<size_t>(t)},
+      .positions = {Meta<int32_t>(meta_layout_.positions), static_cast<size_t>(t)},
+      .slots = {Meta<int64_t>(meta_layout_.slots), static_cast<size_t>(t)},
+      .attention = {.query_start = {Meta<int32_t>(meta_layout_.query_start), static_cast<size_t>(f.seqs + 1)},
+                    .context_lens = {Meta<int32_t>(meta_layout_.context_lens), static_cast<size_t>(f.seqs)},
+                    .block_tables = {Meta<int32_t>(meta_layout_.block_tables),
+                                     static_cast<size_t>(f.seqs * f.max_blocks_per_seq)},
+                    .max_blocks_per_seq = f.max_blocks_per_seq,
+                    .max_query_len = f.max_query_len,
+                    .max_context_len = f.max_context_len},
+      .logit_rows = {Meta<int32_t>(meta_layout_.logit_rows), static_cast<size_t>(r)},
+      .logits = TensorView::Contiguous(logits_.get(), DType::kF32, {r, model_.config().vocab_size}),
+      // Every row's greedy token too (a pass over logits the GEMM just wrote): argmax_only
+      // chunks then copy one id to the host instead of their row.
+      .argmax = {argmax_.as<int32_t>(), static_cast<size_t>(r)},
+      .kv_cache =
+          [this](int32_t layer) {
+            return TensorView::Contiguous(pool_.as<std::byte>() + int64_t{layer} * layout_.LayerBytes(),
+                                          layout_.dtype(),
+                                          {layout_.num_blocks(), 2, layout_.num_kv_heads(),
+                                           layout_.block_size_tokens(), layout_.head_dim()});
+          },
+  };
+  if (mirrored != nullptr) {
+    step.after_kv_write = [this, mirrored, stream](int32_t layer) {
       // NOTE: on the compute stream: the copy is one layer's new blocks (a few MB against
       // the layer's GEMMs), and the stream orders it after the write without an event.
-      be_.RecordError(QueueMirrorCopy(*mirrored, static_cast<int32_t>(l), /*to_host=*/true),
-                      "copying a layer's KV into the host mirror");
-      be_.RecordError(cudaEventRecord(layer_mirrored_[l], stream), "marking a layer's KV mirrored");
-    }
-    be_.PagedAttention(q, kv_cache, attention_batch, scale, attn);
-    be_.Linear(view2(attn_, t, h * d), *packed.o, proj);
-    be_.AddRmsNorm(residual, proj, post_norm, eps, hidden);
-    be_.Linear(hidden, *packed.gate_up, view2(gate_up_, t, 2 * inter));
-    be_.SiluAndMul(view2(gate_up_, t, 2 * inter), view2(act_, t, inter));
-    be_.Linear(view2(act_, t, inter), *packed.down, proj);
+      be_.RecordError(QueueMirrorCopy(*mirrored, layer, /*to_host=*/true), "copying a layer's KV into the host mirror");
+      be_.RecordError(cudaEventRecord(layer_mirrored_[static_cast<size_t>(layer)], stream),
+                      "marking a layer's KV mirrored");
+    };
   }
-  if (r == 0) return;
-  // The final norm and LM head run on the wanted rows only: residual + the last MLP output.
-  be_.RecordError(kernels::LaunchGatherAddRowsF32(Act(residual_), Act(proj_), Meta<int32_t>(meta_layout_.logit_rows), r,
-                                                  e, Act(head_in_), stream),
-                  "gathering the LM head's rows");
-  const TensorView head_in = view2(head_in_, r, e);
-  be_.RmsNorm(head_in, TensorView::Contiguous(final_norm_.get(), DType::kF32, {e}), eps, head_in);
-  be_.Linear(head_in, model_.lm_head(), view2(logits_, r, c.vocab_size));
-  // Every row's greedy token too (a pass over logits the GEMM just wrote): argmax_only
-  // chunks then copy one id to the host instead of their row.
-  be_.RecordError(kernels::LaunchArgmaxRows(Act(logits_), r, c.vocab_size, argmax_.as<int32_t>(), stream),
-                  "the greedy argmax");
+  return forward_->Run(step);
 }
 
 absl::Status CudaModelRunner::Capture(const ForwardShape& shape, Graph* graph) {
@@ -531,9 +485,10 @@ absl::Status CudaModelRunner::Capture(const ForwardShape& shape, Graph* graph) {
   cudaGraph_t captured = nullptr;
   KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
                               "starting a decode graph capture");
-  Forward(shape);
+  const absl::Status forward = Forward(shape);
   const cudaError_t end = cudaStreamEndCapture(stream, &captured);  // ends the capture even after a failure
   absl::Status recorded = be_.TakeError();
+  if (recorded.ok()) recorded = forward;
   if (end != cudaSuccess || !recorded.ok()) {
     if (captured != nullptr) cudaGraphDestroy(captured);
     cudaGetLastError();  // the capture's error is not the next step's
@@ -625,7 +580,7 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
   if (graph != nullptr && graph->exec != nullptr) {
     KVMESH_RETURN_IF_CUDA_ERROR(cudaGraphLaunch(graph->exec, stream), "replaying a decode graph");
   } else {
-    Forward(shape, streamed ? &mirrored : nullptr);
+    KVMESH_RETURN_IF_ERROR(Forward(shape, streamed ? &mirrored : nullptr));
     if (graph != nullptr && !graph->capture_failed) {
       // This eager run sized every scratch buffer; capture the bucket for later steps.
       // The capture records the same work without running it (this step's result is the

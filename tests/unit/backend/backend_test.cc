@@ -2,15 +2,21 @@
 // of ops.h on seeded random inputs of awkward sizes for each CPU ISA the host
 // has (amx, avx512, avx2; cases of an ISA the CPU lacks are skipped), with the tolerance stated
 // per op. Plus: the oracle on hand-computed values, bitwise batch invariance of
-// Linear, and PackLinear's error cases.
+// Linear, and PackLinear's error cases. The data-movement ops, ArgmaxRows and Allocate
+// run on both backends against expectations written in the test (ArgmaxRows also
+// against the host sampler's greedy token, on the CUDA argmax test's rows).
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "argmax_edge_rows.h"
 #include "backend/ops.h"
 #include "core/dtype.h"
 #include "core/tensor_view.h"
@@ -403,6 +409,212 @@ TEST_P(BackendVsReferenceTest, DenseAttentionMatchesForDecodePrefillAndChunks) {
                        " T=" + std::to_string(c.t) + " S=" + std::to_string(c.s));
       }
     }
+  }
+}
+
+// ---- The data-movement ops and ArgmaxRows: the CPU backend and the oracle alike, against
+// expectations written here. Copies and sums are bitwise (ops.h: the inputs' bits). ----
+
+// Bits of a float, so that +0 and -0 (and NaN payloads) count as different.
+uint32_t Bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return b;
+}
+
+// Every element of `got` (f32) bitwise equal to `want`; reports the first few that differ.
+void ExpectBitwise(const Tensor& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), static_cast<int64_t>(want.size())) << what;
+  int failures = 0;
+  for (int64_t i = 0; i < got.size(); ++i) {
+    if (Bits(got.At(i)) != Bits(want[static_cast<size_t>(i)]) && ++failures <= 3) {
+      ADD_FAILURE() << what << " element " << i << ": got " << got.At(i) << ", want " << want[static_cast<size_t>(i)];
+    }
+  }
+  EXPECT_EQ(failures, 0) << what;
+}
+
+// A tensor whose every element is NaN, so that an element an op leaves unwritten shows.
+Tensor Poisoned(std::initializer_list<int64_t> shape) {
+  Tensor t(DType::kF32, shape);
+  for (int64_t i = 0; i < t.size(); ++i) t.Set(i, std::numeric_limits<float>::quiet_NaN());
+  return t;
+}
+
+// Rows first_id .. first_id + rows - 1 of a [V, E] table, as the shard a rank holds.
+TensorView ShardOf(const Tensor& table, int64_t first_id, int64_t rows) {
+  TensorView shard = table.view;
+  shard.data = const_cast<uint8_t*>(table.bytes.data()) + first_id * table.view.strides[0] * DTypeSize(table.view.dtype);
+  shard.shape[0] = rows;
+  return shard;
+}
+
+// Ids below, inside (at both ends) and above the shard, in any order and repeated: rows of
+// the shard are the table's rows widened, every other row +0.0.
+TEST_P(BackendVsReferenceTest, EmbeddingShardLooksUpItsRowsAndZeroesTheOthers) {
+  const int64_t vocab = 50, e = 45;
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const Tensor table = Random(dtype, {vocab, e}, rng_, -2.0f, 2.0f);
+    struct Shard {
+      int64_t first_id;
+      int64_t rows;
+    };
+    for (const Shard& shard : {Shard{20, 12}, Shard{0, 25}, Shard{25, 25}, Shard{0, 50}}) {
+      std::vector<int32_t> ids = {0, 19, 20, 31, 32, 49, 25, 20, 24, 26, 3, 100000};
+      // Enough tokens for the CPU's threaded path too.
+      std::uniform_int_distribution<int32_t> id_dist(0, static_cast<int32_t>(vocab) - 1);
+      for (int i = 0; i < 800; ++i) ids.push_back(id_dist(rng_));
+      for (const std::vector<int32_t>& batch : {std::vector<int32_t>(ids.begin(), ids.begin() + 12), ids}) {
+        const int64_t t = static_cast<int64_t>(batch.size());
+        const std::string what = std::string(DTypeName(dtype)) + " shard [" + std::to_string(shard.first_id) + ", " +
+                                 std::to_string(shard.first_id + shard.rows) + ") T=" + std::to_string(t);
+        std::vector<float> want(static_cast<size_t>(t * e));
+        for (int64_t i = 0; i < t; ++i) {
+          const int64_t id = batch[static_cast<size_t>(i)];
+          const bool mine = id >= shard.first_id && id < shard.first_id + shard.rows;
+          for (int64_t c = 0; c < e; ++c) want[static_cast<size_t>(i * e + c)] = mine ? table.At(id * e + c) : 0.0f;
+        }
+        for (Backend* backend : {backend_.get(), ref_.get()}) {
+          Tensor got = Poisoned({t, e});
+          backend->EmbeddingShard(batch, ShardOf(table, shard.first_id, shard.rows), shard.first_id, got.view);
+          ExpectBitwise(got, want, std::string(backend->name()) + " EmbeddingShard " + what);
+        }
+      }
+    }
+  }
+}
+
+// A middle column range of src into a middle column range of dst; dst's other columns keep
+// their bits. Also width 0 (nothing changes) and whole rows.
+TEST_P(BackendVsReferenceTest, CopyColumnsWritesOnlyItsColumnRange) {
+  struct Case {
+    int64_t t, ns, nd, src_col, dst_col, width;
+  };
+  const std::vector<Case> cases = {{7, 40, 33, 5, 13, 11},  {1, 8, 8, 0, 0, 8},     {5, 9, 17, 9, 3, 0},
+                                   {3, 12, 4, 11, 3, 1},    {2000, 30, 50, 10, 30, 20}, {0, 4, 4, 1, 1, 2}};
+  for (const Case& c : cases) {
+    const std::string what = "T=" + std::to_string(c.t) + " src[" + std::to_string(c.src_col) + ", +" +
+                             std::to_string(c.width) + ") of " + std::to_string(c.ns) + " -> dst[" +
+                             std::to_string(c.dst_col) + ") of " + std::to_string(c.nd);
+    const Tensor src = Random(DType::kF32, {c.t, c.ns}, rng_);
+    const Tensor dst0 = Random(DType::kF32, {c.t, c.nd}, rng_, 5.0f, 6.0f);
+    std::vector<float> want(static_cast<size_t>(c.t * c.nd));
+    for (int64_t r = 0; r < c.t; ++r) {
+      for (int64_t j = 0; j < c.nd; ++j) {
+        const bool copied = j >= c.dst_col && j < c.dst_col + c.width;
+        want[static_cast<size_t>(r * c.nd + j)] =
+            copied ? src.At(r * c.ns + c.src_col + (j - c.dst_col)) : dst0.At(r * c.nd + j);
+      }
+    }
+    for (Backend* backend : {backend_.get(), ref_.get()}) {
+      Tensor dst = Copy(dst0);
+      backend->CopyColumns(src.view, c.src_col, dst.view, c.dst_col, c.width);
+      ExpectBitwise(dst, want, std::string(backend->name()) + " CopyColumns " + what);
+    }
+  }
+}
+
+// Rows picked out of order and more than once (and none at all): one f32 add per element.
+TEST_P(BackendVsReferenceTest, GatherAddRowsTakesRowsInAnyOrderAndRepeated) {
+  struct Case {
+    int64_t t, e;
+    std::vector<int32_t> rows;
+  };
+  std::vector<Case> cases = {{9, 37, {8, 0, 3, 3, 8, 5}}, {1, 5, {0}}, {4, 16, {}}, {300, 200, {}}};
+  std::uniform_int_distribution<int32_t> row_dist(0, 299);
+  for (int i = 0; i < 300; ++i) cases.back().rows.push_back(row_dist(rng_));  // the threaded path
+  for (const Case& c : cases) {
+    const int64_t r_count = static_cast<int64_t>(c.rows.size());
+    const std::string what = "T=" + std::to_string(c.t) + " E=" + std::to_string(c.e) + " R=" + std::to_string(r_count);
+    const Tensor a = Random(DType::kF32, {c.t, c.e}, rng_, -4.0f, 4.0f);
+    const Tensor b = Random(DType::kF32, {c.t, c.e}, rng_, -4.0f, 4.0f);
+    std::vector<float> want(static_cast<size_t>(r_count * c.e));
+    for (int64_t i = 0; i < r_count; ++i) {
+      const int64_t row = c.rows[static_cast<size_t>(i)];
+      for (int64_t j = 0; j < c.e; ++j) want[static_cast<size_t>(i * c.e + j)] = a.At(row * c.e + j) + b.At(row * c.e + j);
+    }
+    for (Backend* backend : {backend_.get(), ref_.get()}) {
+      Tensor got = Poisoned({r_count, c.e});
+      backend->GatherAddRows(a.view, b.view, c.rows, got.view);
+      ExpectBitwise(got, want, std::string(backend->name()) + " GatherAddRows " + what);
+    }
+  }
+}
+
+// Hand-made rows with their answers: ties go to the lowest index, NaN never wins, +inf ties
+// with FLT_MAX, -0 ties with +0, and a row of only NaN and -inf gives -1. V = 37 puts maxima
+// in different lanes and in the tail of a vectorised scan.
+TEST_P(BackendVsReferenceTest, ArgmaxRowsFollowsTheGreedyRuleOnHandMadeRows) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Row {
+    std::vector<float> values;
+    int32_t want;
+  };
+  const std::vector<Row> rows5 = {
+      {{1, 3, 3, 2, 0}, 1},           {{nan, 1, nan, 1, 0}, 1},         {{-1, inf, FLT_MAX, 2, inf}, 1},
+      {{FLT_MAX, inf, 0, 0, 0}, 0},   {{-inf, -inf, -inf, -inf, -inf}, -1}, {{nan, nan, nan, nan, nan}, -1},
+      {{nan, -inf, nan, -inf, nan}, -1}, {{-inf, -inf, -3, -inf, nan}, 2},  {{-0.0f, 0.0f, -1, -1, -1}, 0},
+      {{0.0f, -0.0f, -1, -1, -1}, 0},   {{-5, -4, -3, -2, -1}, 4},        {{nan, nan, nan, nan, 7}, 4},
+  };
+  const std::vector<Row> rows1 = {{{nan}, -1}, {{-inf}, -1}, {{inf}, 0}, {{-2}, 0}};
+  auto row37 = [](std::initializer_list<std::pair<int, float>> set) {
+    std::vector<float> v(37, -1.0f);
+    for (auto [i, x] : set) v[static_cast<size_t>(i)] = x;
+    return v;
+  };
+  const std::vector<Row> rows37 = {
+      {row37({{20, 9}, {4, 9}}), 4},   {row37({{18, 9}, {33, 9}}), 18}, {row37({{34, 9}}), 34},
+      {row37({{31, 9}, {17, 9}}), 17}, {row37({{36, 9}, {35, nan}}), 36}, {row37({{0, nan}, {32, 2}}), 32},
+  };
+  for (const std::vector<Row>* rows : {&rows5, &rows1, &rows37}) {
+    const int64_t r_count = static_cast<int64_t>(rows->size());
+    const int64_t v = static_cast<int64_t>(rows->front().values.size());
+    std::vector<float> x;
+    for (const Row& row : *rows) x.insert(x.end(), row.values.begin(), row.values.end());
+    for (Backend* backend : {backend_.get(), ref_.get()}) {
+      std::vector<int32_t> got(static_cast<size_t>(r_count), -7);
+      backend->ArgmaxRows(TensorView::Contiguous(x.data(), DType::kF32, {r_count, v}), got);
+      for (int64_t r = 0; r < r_count; ++r) {
+        EXPECT_EQ(got[static_cast<size_t>(r)], (*rows)[static_cast<size_t>(r)].want)
+            << backend->name() << " V=" << v << " row " << r;
+      }
+    }
+  }
+}
+
+// The rows the CUDA argmax kernel is tested on (argmax_edge_rows.h), against the host
+// sampler's greedy token itself; 4096 is large enough for the CPU's threaded path.
+TEST_P(BackendVsReferenceTest, ArgmaxRowsMatchesTheHostSamplersGreedyToken) {
+  for (int64_t vocab : {4096, 1001, 16}) {
+    const std::vector<float> logits = kernels::test_util::ArgmaxEdgeRows(vocab, rng_);
+    const int64_t rows = kernels::test_util::kArgmaxEdgeRows;
+    for (Backend* backend : {backend_.get(), ref_.get()}) {
+      SCOPED_TRACE(testing::Message() << backend->name() << " vocab " << vocab);
+      std::vector<int32_t> got(static_cast<size_t>(rows), -7);
+      backend->ArgmaxRows(TensorView::Contiguous(const_cast<float*>(logits.data()), DType::kF32, {rows, vocab}), got);
+      kernels::test_util::ExpectArgmaxEdgeRows(logits, vocab, got);
+    }
+  }
+}
+
+// Host memory, 64-byte aligned, of the size asked (0 included), writable end to end.
+TEST_P(BackendVsReferenceTest, AllocateGivesAlignedHostMemoryOfTheSizeAsked) {
+  for (Backend* backend : {backend_.get(), ref_.get()}) {
+    for (int64_t bytes : {int64_t{1}, int64_t{1000}, int64_t{1} << 20}) {
+      absl::StatusOr<std::unique_ptr<Backend::Buffer>> buffer = backend->Allocate(bytes, "activations");
+      ASSERT_TRUE(buffer.ok()) << buffer.status();
+      EXPECT_EQ((*buffer)->size_bytes(), bytes);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>((*buffer)->data()) % 64, 0u) << backend->name() << " " << bytes;
+      std::memset((*buffer)->data(), 0x5a, static_cast<size_t>(bytes));
+      EXPECT_EQ((*buffer)->as<uint8_t>()[bytes - 1], 0x5a);
+    }
+    absl::StatusOr<std::unique_ptr<Backend::Buffer>> empty = backend->Allocate(0, "nothing");
+    ASSERT_TRUE(empty.ok()) << empty.status();
+    EXPECT_EQ((*empty)->size_bytes(), 0);
+    const absl::Status negative = backend->Allocate(-1, "the logits").status();
+    EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(negative.message().find("the logits"), absl::string_view::npos) << negative;
   }
 }
 

@@ -4,7 +4,11 @@
 //     bf16/f16 weights: the GPU rounds the activation to the weight type, so compare
 //     with the CPU on the same rounded activation: <= 1e-3 * (1 + |ref|) (f32
 //     accumulation in another order), with and without bias, M 1, 7, 257.
-//   Embedding: exact. RmsNorm / AddRmsNorm / SiluAndMul / RoPE: <= 2e-5 * (1 + |ref|).
+//   Embedding, EmbeddingShard (ids below, in and above the shard), CopyColumns,
+//     GatherAddRows: bitwise. ArgmaxRows: the same index as the CPU backend on the argmax
+//     kernel test's edge rows (and the host sampler's greedy token), also from a view whose
+//     base is not 16-byte aligned. Allocate: device memory; out of memory is
+//     ResourceExhausted and leaves no error behind for the next op. RmsNorm / AddRmsNorm / SiluAndMul / RoPE: <= 2e-5 * (1 + |ref|).
 //   DenseAttention: <= 2e-5 * (1 + |ref|) (f32, another summation order).
 //   WriteKvCache + PagedAttention through the backend: a decode batch (split-K kernel)
 //     <= 2e-5 * (1 + |ref|); a prefill batch (bf16 tensor cores) relative L2 <= 1e-2.
@@ -20,6 +24,7 @@
 
 #include <gtest/gtest.h>
 
+#include "argmax_edge_rows.h"
 #include "core/dtype.h"
 #include "kv/kv_layout.h"
 
@@ -92,6 +97,21 @@ DeviceMemory UploadVector(const std::vector<T>& v) {
   EXPECT_TRUE(d.ok());
   EXPECT_EQ(cudaMemcpy(d->get(), v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice), cudaSuccess);
   return std::move(d).value();
+}
+
+template <typename T>
+std::vector<T> DownloadVector(const DeviceMemory& d, size_t n) {
+  std::vector<T> v(n);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(v.data(), d.get(), sizeof(T) * n, cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+// Rows first_id .. first_id + rows - 1 of a [V, E] view: one rank's shard of the table.
+TensorView ShardOf(TensorView table, int64_t first_id, int64_t rows) {
+  table.data = static_cast<uint8_t*>(table.data) + first_id * table.strides[0] * DTypeSize(table.dtype);
+  table.shape[0] = rows;
+  return table;
 }
 
 void ExpectClose(const std::vector<float>& got, const float* want, int64_t n, float tol, const char* what) {
@@ -175,6 +195,92 @@ TEST_F(CudaBackendKernelTest, EmbeddingIsExactForEveryTableType) {
     const std::vector<float> got = out.DownloadF32();
     ASSERT_EQ(std::memcmp(got.data(), out.f32(), sizeof(float) * got.size()), 0) << DTypeName(dtype);
   }
+}
+
+TEST_F(CudaBackendKernelTest, EmbeddingShardIsExactAndZeroesOtherRanksRows) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    HostDevice table(dtype, {1000, 72}), out(DType::kF32, {9, 72});
+    table.Randomize(rng_);
+    const std::vector<int32_t> ids = {0, 299, 300, 699, 700, 999, 450, 300, 100000};
+    DeviceMemory d_ids = UploadVector(ids);
+    out.Poison();
+    gpu_->EmbeddingShard({d_ids.as<int32_t>(), ids.size()}, ShardOf(table.device(), 300, 400), 300, out.device());
+    cpu_->EmbeddingShard(ids, ShardOf(table.host(), 300, 400), 300, out.host());
+    const std::vector<float> got = out.DownloadF32();
+    ASSERT_EQ(std::memcmp(got.data(), out.f32(), sizeof(float) * got.size()), 0) << DTypeName(dtype);
+    EXPECT_EQ(got[0], 0.f);
+    EXPECT_EQ(got[2 * 72], LoadAsF32(table.host().data, dtype, 300 * 72));
+  }
+}
+
+TEST_F(CudaBackendKernelTest, CopyColumnsAndGatherAddRowsAreExact) {
+  HostDevice src(DType::kF32, {37, 130}), dst(DType::kF32, {37, 70});
+  src.Randomize(rng_);
+  dst.Randomize(rng_);  // the columns outside the copied range must keep these
+  gpu_->CopyColumns(src.device(), 17, dst.device(), 20, 40);
+  cpu_->CopyColumns(src.host(), 17, dst.host(), 20, 40);
+  std::vector<float> got = dst.DownloadF32();
+  ASSERT_EQ(std::memcmp(got.data(), dst.f32(), sizeof(float) * got.size()), 0) << "CopyColumns";
+
+  HostDevice a(DType::kF32, {50, 300}), b(DType::kF32, {50, 300}), out(DType::kF32, {6, 300});
+  a.Randomize(rng_);
+  b.Randomize(rng_);
+  out.Poison();
+  const std::vector<int32_t> rows = {49, 0, 7, 7, 20, 3};
+  DeviceMemory d_rows = UploadVector(rows);
+  gpu_->GatherAddRows(a.device(), b.device(), {d_rows.as<int32_t>(), rows.size()}, out.device());
+  cpu_->GatherAddRows(a.host(), b.host(), rows, out.host());
+  got = out.DownloadF32();
+  ASSERT_EQ(std::memcmp(got.data(), out.f32(), sizeof(float) * got.size()), 0) << "GatherAddRows";
+}
+
+TEST_F(CudaBackendKernelTest, ArgmaxRowsMatchesCpuOnEdgeRows) {
+  const int64_t rows = kernels::test_util::kArgmaxEdgeRows;
+  for (int64_t vocab : {32000, 1001, 4096}) {
+    SCOPED_TRACE(testing::Message() << "vocab " << vocab);
+    const std::vector<float> logits = kernels::test_util::ArgmaxEdgeRows(vocab, rng_);
+    std::vector<int32_t> want(static_cast<size_t>(rows), -7);
+    cpu_->ArgmaxRows(TensorView::Contiguous(const_cast<float*>(logits.data()), DType::kF32, {rows, vocab}), want);
+    // Also from one float into the buffer: a base the kernel's 16-byte loads cannot take.
+    for (int64_t offset : {0, 1}) {
+      std::vector<float> padded(static_cast<size_t>(offset), 0.f);
+      padded.insert(padded.end(), logits.begin(), logits.end());
+      DeviceMemory d_logits = UploadVector(padded);
+      DeviceMemory d_out = UploadVector(std::vector<int32_t>(static_cast<size_t>(rows), -7));
+      gpu_->ArgmaxRows(TensorView::Contiguous(d_logits.as<float>() + offset, DType::kF32, {rows, vocab}),
+                       {d_out.as<int32_t>(), static_cast<size_t>(rows)});
+      const std::vector<int32_t> got = DownloadVector<int32_t>(d_out, static_cast<size_t>(rows));
+      EXPECT_EQ(got, want) << "offset " << offset;
+      kernels::test_util::ExpectArgmaxEdgeRows(logits, vocab, got);
+    }
+  }
+}
+
+TEST_F(CudaBackendKernelTest, AllocateGivesDeviceMemoryAndOutOfMemoryLeavesNoError) {
+  absl::StatusOr<std::unique_ptr<Backend::Buffer>> buffer = gpu_->Allocate(1 << 20, "activations");
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  EXPECT_EQ((*buffer)->size_bytes(), 1 << 20);
+  cudaPointerAttributes attributes{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attributes, (*buffer)->data()), cudaSuccess);
+  EXPECT_EQ(attributes.type, cudaMemoryTypeDevice);
+  ASSERT_EQ(cudaMemset((*buffer)->data(), 0, 1 << 20), cudaSuccess);
+  absl::StatusOr<std::unique_ptr<Backend::Buffer>> empty = gpu_->Allocate(0, "nothing");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ((*empty)->size_bytes(), 0);
+  EXPECT_EQ(gpu_->Allocate(-1, "a negative size").status().code(), absl::StatusCode::kInvalidArgument);
+
+  const absl::Status huge = gpu_->Allocate(int64_t{1} << 52, "a 4 PiB KV pool").status();
+  EXPECT_EQ(huge.code(), absl::StatusCode::kResourceExhausted) << huge;
+  EXPECT_NE(huge.message().find("a 4 PiB KV pool"), absl::string_view::npos) << huge;
+  EXPECT_TRUE(gpu_->TakeError().ok());
+  // The next launch does not inherit the failed cudaMalloc as its own error.
+  HostDevice a(DType::kF32, {4, 64}), out(DType::kF32, {1, 64});
+  a.Randomize(rng_);
+  const std::vector<int32_t> rows = {2};
+  DeviceMemory d_rows = UploadVector(rows);
+  gpu_->GatherAddRows(a.device(), a.device(), {d_rows.as<int32_t>(), 1}, out.device());
+  ASSERT_EQ(cudaStreamSynchronize(gpu_->stream()), cudaSuccess);
+  EXPECT_TRUE(gpu_->TakeError().ok());
 }
 
 TEST_F(CudaBackendKernelTest, NormsRopeAndSiluMatchCpu) {

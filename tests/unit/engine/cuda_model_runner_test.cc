@@ -30,6 +30,7 @@
 #include "engine/llama_model.h"
 #include "engine/paged_model_runner.h"
 #include "engine/sampler.h"
+#include "model_param_name.h"
 
 namespace kvmesh::engine {
 namespace {
@@ -435,11 +436,7 @@ TEST_P(CudaModelRunnerModelTest, SwappedBlocksComeBackByteForByte) {
 INSTANTIATE_TEST_SUITE_P(TestModels, CudaModelRunnerModelTest,
                          testing::Values("tiny-llama", "gqa8-f32", "llama-f16", "llama3-rope-f32", "qwen2-f32",
                                          "tied-f32"),
-                         [](const testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         ModelParamName);
 
 }  // namespace
 }  // namespace kvmesh::engine

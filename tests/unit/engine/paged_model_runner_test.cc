@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "kv/checksum.h"
+#include "model_param_name.h"
 
 namespace kvmesh::engine {
 namespace {
@@ -320,11 +321,7 @@ TEST_P(PagedModelRunnerTest, RejectsMalformedBatches) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PagedModelRunnerTest, testing::Values("llama-f32", "tiny-llama"),
-                         [](const testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         ModelParamName);
 
 }  // namespace
 }  // namespace kvmesh::engine

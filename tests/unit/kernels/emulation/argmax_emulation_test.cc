@@ -22,12 +22,17 @@ namespace {
 TEST(ArgmaxEmulationKernelTest, MatchesTheHostSamplersGreedyToken) {
   std::mt19937 rng(17);
   for (int64_t vocab : {2048, 1001}) {
-    SCOPED_TRACE(testing::Message() << "vocab " << vocab);
-    const std::vector<float> logits = test_util::ArgmaxEdgeRows(vocab, rng);
-    std::vector<int32_t> got(static_cast<size_t>(test_util::kArgmaxEdgeRows), -7);
-    host_emulation::EmulateGrid(argmax::ArgmaxRowsGrid(test_util::kArgmaxEdgeRows), argmax::kThreads,
-                                [&] { argmax::ArgmaxRowsKernel(logits.data(), vocab, got.data()); });
-    test_util::ExpectArgmaxEdgeRows(logits, vocab, got);
+    for (size_t offset : {0, 1}) {
+      SCOPED_TRACE(testing::Message() << "vocab " << vocab << " base offset " << offset);
+      const std::vector<float> logits = test_util::ArgmaxEdgeRows(vocab, rng);
+      // `offset` floats in, so the rows' base loses the alignment the float4 loads need.
+      std::vector<float> padded(offset, 0.f);
+      padded.insert(padded.end(), logits.begin(), logits.end());
+      std::vector<int32_t> got(static_cast<size_t>(test_util::kArgmaxEdgeRows), -7);
+      host_emulation::EmulateGrid(argmax::ArgmaxRowsGrid(test_util::kArgmaxEdgeRows), argmax::kThreads,
+                                  [&] { argmax::ArgmaxRowsKernel(padded.data() + offset, vocab, got.data()); });
+      test_util::ExpectArgmaxEdgeRows(logits, vocab, got);
+    }
   }
 }
 
