@@ -29,10 +29,16 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "backend/cuda/device_memory.h"
 #include "backend/ops.h"
+#include "core/cuda_memory.h"
 
 namespace kvmesh::backend::cuda {
+
+using ::kvmesh::cuda::AllocateDevice;
+using ::kvmesh::cuda::AllocatePinnedHost;
+using ::kvmesh::cuda::CudaStatus;
+using ::kvmesh::cuda::DeviceMemory;
+using ::kvmesh::cuda::PinnedHostMemory;
 
 struct CudaBackendOptions {
   int device = 0;
