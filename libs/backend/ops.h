@@ -20,8 +20,8 @@
 //     launch or allocation failing) never abort: the backend keeps the FIRST such
 //     error, skips the ops after it, and TakeError() returns and clears it. Every
 //     runner calls TakeError() once per step, after its last op and before it reads
-//     any result, and fails the step with that status. Host backends never have
-//     such failures: their TakeError() is always OK.
+//     any result, and fails the step with that status. Host backends' own ops never
+//     have such failures: their TakeError() returns only what RecordError kept.
 //  3. Ops that return a Status (PackLinear) report their errors there instead.
 //
 // Ordering contract: ops run in call order. Host backends finish each op before it
@@ -40,6 +40,7 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -92,7 +93,7 @@ class Backend {
 
   // The first run-time failure since the last call (clause 2 of the error contract),
   // and clears it; OK if none. Host backends: always OK.
-  virtual absl::Status TakeError() { return absl::OkStatus(); }
+  virtual absl::Status TakeError() { return std::exchange(recorded_, absl::OkStatus()); }
 
   // Packs one linear layer from `parts` concatenated along the output dimension
   // (e.g. q/k/v or gate/up fused into one GEMM). parts[i]: [N_i, K], all the same
@@ -177,6 +178,72 @@ class Backend {
   };
   virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t bytes, std::string_view what);
 
+  // --- Ordering and workspace, for a runner's own work beside the ops.
+
+  // The queue the ops are ordered on, for work a runner orders with them (its uploads
+  // from pinned staging, graph capture): the cudaStream_t for cuda; nullptr for host
+  // backends, whose ops are done when they return.
+  virtual void* queue() const { return nullptr; }
+  // Records a failure of the caller's own work on queue() under clause 2 of the error
+  // contract: kept if no failure is yet, returned by the next TakeError(). `status` is
+  // not OK. Host backends keep it too (their own ops never fail).
+  virtual void RecordError(absl::Status status) {
+    if (recorded_.ok()) recorded_ = std::move(status);
+  }
+  // The largest work the ops will be given, so that a backend that grows scratch on
+  // first use (cuda: GEMM operand casts, split-K partials) sizes it now and no op
+  // allocates later (inside a graph capture). Host backends: nothing to do.
+  struct WorkspaceLimits {
+    int64_t max_tokens = 0;      // rows of any activation
+    int64_t max_width = 0;       // widest Linear input (K)
+    int64_t max_seqs = 0;        // decode rows of one PagedAttention
+    int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+    int32_t max_context_len = 0;
+  };
+  virtual absl::Status ReserveWorkspace(const WorkspaceLimits& limits) { return absl::OkStatus(); }
+
+  // --- Whole KV blocks. A pool is layer-major as kv/kv_layout.h lays it out:
+  // num_layers layers of layer_bytes each, block b of a layer at b * block_bytes. A
+  // host-tier slot (every layer of one block) is a pool with layer_bytes == block_bytes.
+  struct BlockPool {
+    std::byte* data = nullptr;
+    int64_t num_layers = 0;
+    int64_t layer_bytes = 0;
+    int64_t block_bytes = 0;
+  };
+
+  // For each (src, dst) pair of `pairs` ([n, 2] int32, backend memory), copies block src
+  // of every layer onto block dst, byte for byte. Ids in [0, layer_bytes / block_bytes);
+  // a block is the dst of at most one pair and never also a src (the pairs run in no
+  // particular order).
+  virtual void CopyBlocks(const BlockPool& pool, std::span<const int32_t> pairs) = 0;
+
+  // The same between two pools with the same num_layers and block_bytes (layer_bytes may
+  // differ): block src of `src` onto block dst of `dst`, every layer. One pool is the
+  // backend's memory, the other host memory (an offload or an onboard), or both the
+  // backend's. `pairs` is host memory, read by the backend in place (cuda: pinned or
+  // registered host memory) until the op has run. Ids as for CopyBlocks, each side in
+  // its own pool's range.
+  virtual void SwapBlocks(const BlockPool& src, const BlockPool& dst, std::span<const int32_t> pairs) = 0;
+
+  // --- Kept block tables (engine/block_tables.h): a runner keeps every running
+  // sequence's table as a row of one int32 array in the backend's memory, updates the
+  // entries that changed and gathers each step's table from it.
+
+  // array[updates[2i]] = updates[2i + 1] for every pair. updates: [n, 2] int32, backend
+  // memory, with distinct indices, each inside `array` (backend memory).
+  virtual void ScatterPairs(std::span<const int32_t> updates, std::span<int32_t> array) = 0;
+
+  // out[i, j] = rows[rows_of[i] * row_stride + j] for j < min(ceil(context_lens[i] /
+  // block_size_tokens), out_cols, row_stride) when rows_of[i] >= 0; else 0.
+  // rows: [*, row_stride]; rows_of, context_lens: [S]; out: [S, out_cols] (out_cols =
+  // out.size() / S, S >= 1); row_stride, block_size_tokens >= 1; all int32 in
+  // backend memory. Graph-capturable on cuda: sized by the spans' lengths, the values
+  // read at run time.
+  virtual void GatherTableRows(std::span<const int32_t> rows, int64_t row_stride, std::span<const int32_t> rows_of,
+                               std::span<const int32_t> context_lens, int32_t block_size_tokens,
+                               std::span<int32_t> out) = 0;
+
   // --- Paged KV (docs/architecture.md §2). One layer's cache is kv_cache:
   // [num_blocks, 2 (K, V), Hkv, B, D], each block contiguous (kv/kv_layout.h); K of a
   // block head is stored [D][B] and V [B][D] (kv_layout.h). Element type f32 or bf16
@@ -195,6 +262,9 @@ class Backend {
   // how its prompt was chunked.
   virtual void PagedAttention(const TensorView& q, const TensorView& kv_cache, const PagedAttentionBatch& batch,
                               float scale, const TensorView& out) = 0;
+
+ private:
+  absl::Status recorded_;  // the default RecordError / TakeError's first failure
 };
 
 // The scalar oracle: plain loops, f32 (f64 where it is cheap) and no tricks. Slow.

@@ -18,6 +18,9 @@ std::string_view OpKindName(OpKind kind) {
     case OpKind::kCopyColumns: return "CopyColumns";
     case OpKind::kGatherAddRows: return "GatherAddRows";
     case OpKind::kArgmaxRows: return "ArgmaxRows";
+    case OpKind::kCopyBlocks: return "CopyBlocks";
+    case OpKind::kSwapBlocks: return "SwapBlocks";
+    case OpKind::kBlockTables: return "BlockTables";
     case OpKind::kCount: break;
   }
   return "?";
@@ -30,6 +33,16 @@ int64_t PagedAttentionKvBytes(const TensorView& kv_cache, const PagedAttentionBa
   for (int32_t len : batch.context_lens) positions += len;
   return positions * per_position;
 }
+
+namespace {
+
+// The bytes CopyBlocks and SwapBlocks copy for `pairs` (only its length is read: the ids
+// may be device memory).
+int64_t BlockPairBytes(const Backend::BlockPool& pool, std::span<const int32_t> pairs) {
+  return static_cast<int64_t>(pairs.size() / 2) * pool.num_layers * pool.block_bytes;
+}
+
+}  // namespace
 
 template <typename Fn>
 void TimingBackend::Timed(OpKind kind, Fn&& fn, int64_t bytes) {
@@ -100,6 +113,25 @@ void TimingBackend::GatherAddRows(const TensorView& a, const TensorView& b, std:
 
 void TimingBackend::ArgmaxRows(const TensorView& x, std::span<int32_t> out) {
   Timed(OpKind::kArgmaxRows, [&] { inner_.ArgmaxRows(x, out); });
+}
+
+void TimingBackend::CopyBlocks(const BlockPool& pool, std::span<const int32_t> pairs) {
+  Timed(OpKind::kCopyBlocks, [&] { inner_.CopyBlocks(pool, pairs); }, BlockPairBytes(pool, pairs));
+}
+
+void TimingBackend::SwapBlocks(const BlockPool& src, const BlockPool& dst, std::span<const int32_t> pairs) {
+  Timed(OpKind::kSwapBlocks, [&] { inner_.SwapBlocks(src, dst, pairs); }, BlockPairBytes(src, pairs));
+}
+
+void TimingBackend::ScatterPairs(std::span<const int32_t> updates, std::span<int32_t> array) {
+  Timed(OpKind::kBlockTables, [&] { inner_.ScatterPairs(updates, array); });
+}
+
+void TimingBackend::GatherTableRows(std::span<const int32_t> rows, int64_t row_stride,
+                                    std::span<const int32_t> rows_of, std::span<const int32_t> context_lens,
+                                    int32_t block_size_tokens, std::span<int32_t> out) {
+  Timed(OpKind::kBlockTables,
+        [&] { inner_.GatherTableRows(rows, row_stride, rows_of, context_lens, block_size_tokens, out); });
 }
 
 }  // namespace kvmesh::backend

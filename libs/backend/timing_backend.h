@@ -7,10 +7,14 @@
 // backends' ops are synchronous, so the time is the op's whole work; a backend
 // that only enqueues (cuda) would need a device sync this decorator does not do.
 //
-// Besides time, two ops count the bytes they must stream, so a profile can set
+// Besides time, four ops count the bytes they must stream, so a profile can set
 // its times against the copy bandwidth: Linear the packed weight's num_bytes(),
 // PagedAttention the K and V of every position each sequence attends to
-// (sum of context_lens x 2 x Hkv x D x element size; host-readable spans only).
+// (sum of context_lens x 2 x Hkv x D x element size; host-readable spans only),
+// CopyBlocks and SwapBlocks the bytes they copy (pairs x num_layers x block_bytes).
+//
+// What is not an op (Allocate, queue(), ReserveWorkspace, RecordError, TakeError) is
+// forwarded untimed: the wrapped backend keeps the errors.
 //
 // Thread-safety: like the backend it wraps, called from one thread at a time;
 // Totals()/Reset() from that same thread.
@@ -21,12 +25,14 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <utility>
 
 #include "backend/ops.h"
 
 namespace kvmesh::backend {
 
-// kEmbedding counts Embedding and EmbeddingShard.
+// kEmbedding counts Embedding and EmbeddingShard; kBlockTables ScatterPairs and
+// GatherTableRows.
 enum class OpKind : int {
   kLinear,
   kEmbedding,
@@ -40,6 +46,9 @@ enum class OpKind : int {
   kCopyColumns,
   kGatherAddRows,
   kArgmaxRows,
+  kCopyBlocks,
+  kSwapBlocks,
+  kBlockTables,
   kCount,
 };
 
@@ -48,7 +57,9 @@ std::string_view OpKindName(OpKind kind);
 struct OpTotals {
   int64_t calls = 0;
   int64_t nanoseconds = 0;
-  int64_t bytes = 0;  // bytes the op streams (Linear: weights; PagedAttention: K and V read); 0 for the others
+  // Bytes the op streams (Linear: weights; PagedAttention: K and V read; CopyBlocks,
+  // SwapBlocks: bytes copied); 0 for the others.
+  int64_t bytes = 0;
 };
 
 // K and V bytes PagedAttention reads for `batch` over a [num_blocks, 2, Hkv, B, D]
@@ -64,6 +75,9 @@ class TimingBackend final : public Backend {
   bool uses_host_memory() const override { return inner_.uses_host_memory(); }
   int num_host_threads() const override { return inner_.num_host_threads(); }
   absl::Status TakeError() override { return inner_.TakeError(); }
+  void RecordError(absl::Status status) override { inner_.RecordError(std::move(status)); }
+  void* queue() const override { return inner_.queue(); }
+  absl::Status ReserveWorkspace(const WorkspaceLimits& limits) override { return inner_.ReserveWorkspace(limits); }
   const std::array<OpTotals, static_cast<int>(OpKind::kCount)>& Totals() const { return totals_; }
   void Reset() { totals_ = {}; }
 
@@ -92,6 +106,12 @@ class TimingBackend final : public Backend {
   void GatherAddRows(const TensorView& a, const TensorView& b, std::span<const int32_t> rows,
                      const TensorView& out) override;
   void ArgmaxRows(const TensorView& x, std::span<int32_t> out) override;
+  void CopyBlocks(const BlockPool& pool, std::span<const int32_t> pairs) override;
+  void SwapBlocks(const BlockPool& src, const BlockPool& dst, std::span<const int32_t> pairs) override;
+  void ScatterPairs(std::span<const int32_t> updates, std::span<int32_t> array) override;
+  void GatherTableRows(std::span<const int32_t> rows, int64_t row_stride, std::span<const int32_t> rows_of,
+                       std::span<const int32_t> context_lens, int32_t block_size_tokens,
+                       std::span<int32_t> out) override;
   // Not an op: forwarded untimed.
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t bytes, std::string_view what) override {
     return inner_.Allocate(bytes, what);

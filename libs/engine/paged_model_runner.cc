@@ -38,9 +38,21 @@ absl::StatusOr<std::unique_ptr<PagedModelRunner>> PagedModelRunner::Create(Llama
 absl::Status PagedModelRunner::Prepare(const ModelBatch& batch) {
   KVMESH_RETURN_IF_ERROR(
       BuildStepMetadata(batch, tables_, block_size_tokens(), vocab_size(), /*with_block_tables=*/true, &meta_));
+  if (batch.block_copies.empty()) return absl::OkStatus();
+  copy_pairs_.clear();
   for (const KvBlockCopy& copy : batch.block_copies) {
-    KVMESH_RETURN_IF_ERROR(storage_->CopyBlock(kv::BlockId{copy.src}, kv::BlockId{copy.dst}));
+    if (copy.src < 0 || copy.src >= num_blocks() || copy.dst < 0 || copy.dst >= num_blocks())
+      return absl::InvalidArgumentError(
+          absl::StrCat("a block copy names a block outside the pool: ", copy.src, " -> ", copy.dst));
+    copy_pairs_.push_back(copy.src);
+    copy_pairs_.push_back(copy.dst);
   }
+  const kv::KvLayout& layout = storage_->layout();
+  model_.backend().CopyBlocks({.data = storage_->data(),
+                               .num_layers = layout.num_layers(),
+                               .layer_bytes = layout.LayerBytes(),
+                               .block_bytes = layout.BlockBytes()},
+                              copy_pairs_);
   return absl::OkStatus();
 }
 

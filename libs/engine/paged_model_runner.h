@@ -86,6 +86,7 @@ class PagedModelRunner : public ModelRunner {
   BlockTables tables_;
   // Per-step metadata, rebuilt by Prepare().
   StepMetadata meta_;
+  std::vector<int32_t> copy_pairs_;  // the step's block copies as (src, dst) pairs
 };
 
 }  // namespace kvmesh::engine

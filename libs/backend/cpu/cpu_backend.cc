@@ -3,13 +3,15 @@
 // each op to the table. This file is compiled without ISA flags: it must run
 // (and fail cleanly) on any x86-64.
 //
-// Thread-safety: the backend holds no mutable state after creation; calls may
-// run concurrently on distinct outputs (each call opens its own OpenMP team).
+// Thread-safety: the backend holds no mutable state after creation but the error
+// RecordError keeps (ops.h); its ops may run concurrently on distinct outputs (each call
+// opens its own OpenMP team).
 #include <cpuid.h>
 #include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <climits>
 #include <cmath>
@@ -28,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/kernels.h"
+#include "backend/internal/block_pools.h"
 #include "backend/internal/linear_parts.h"
 #include "backend/ops.h"
 #include "core/dtype.h"
@@ -44,6 +47,13 @@ namespace {
       std::abort();                                                                         \
     }                                                                                       \
   } while (0)
+
+// As KVMESH_BACKEND_CHECK, for a check whose Status says what is wrong.
+void BackendCheckOk(const absl::Status& status, const char* op) {
+  if (status.ok()) return;
+  std::fprintf(stderr, "backend check failed: %s: %s\n", op, std::string(status.message()).c_str());
+  std::abort();
+}
 
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
@@ -369,6 +379,46 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < r_count; ++r) out[r] = ArgmaxRow(xs + r * v, v);
   }
 
+  void CopyBlocks(const BlockPool& pool, std::span<const int32_t> pairs) override {
+    CopyBlockPairs(pool, pool, pairs, "CopyBlocks");
+  }
+
+  void SwapBlocks(const BlockPool& src, const BlockPool& dst, std::span<const int32_t> pairs) override {
+    CopyBlockPairs(src, dst, pairs, "SwapBlocks");
+  }
+
+  void ScatterPairs(std::span<const int32_t> updates, std::span<int32_t> array) override {
+    KVMESH_BACKEND_CHECK(updates.size() % 2 == 0);
+    const int64_t size = static_cast<int64_t>(array.size());
+    for (size_t i = 0; i < updates.size(); i += 2) {
+      KVMESH_BACKEND_CHECK(updates[i] >= 0 && updates[i] < size);
+      array[static_cast<size_t>(updates[i])] = updates[i + 1];
+    }
+  }
+
+  // Row i of out: the first n_i entries of its kept row (one memcpy), then zeros.
+  void GatherTableRows(std::span<const int32_t> rows, int64_t row_stride, std::span<const int32_t> rows_of,
+                       std::span<const int32_t> context_lens, int32_t block_size_tokens,
+                       std::span<int32_t> out) override {
+    const int64_t s = static_cast<int64_t>(rows_of.size());
+    KVMESH_BACKEND_CHECK(s >= 1 && static_cast<int64_t>(context_lens.size()) == s);
+    KVMESH_BACKEND_CHECK(static_cast<int64_t>(out.size()) % s == 0);
+    KVMESH_BACKEND_CHECK(row_stride >= 1 && block_size_tokens >= 1);
+    const int64_t out_cols = static_cast<int64_t>(out.size()) / s;
+    const int64_t width = std::min(out_cols, row_stride);
+    for (int64_t i = 0; i < s; ++i) {
+      const int64_t blocks = (int64_t{context_lens[i]} + block_size_tokens - 1) / block_size_tokens;
+      const int64_t n = rows_of[i] < 0 ? 0 : std::clamp<int64_t>(blocks, 0, width);
+      int32_t* row = out.data() + i * out_cols;
+      if (n > 0) {
+        const int64_t begin = int64_t{rows_of[i]} * row_stride;
+        KVMESH_BACKEND_CHECK(begin + n <= static_cast<int64_t>(rows.size()));
+        std::memcpy(row, rows.data() + begin, static_cast<size_t>(n) * sizeof(int32_t));
+      }
+      std::fill(row + n, row + out_cols, 0);
+    }
+  }
+
   void WriteKvCache(const TensorView& k, const TensorView& v, std::span<const int64_t> slots,
                     const TensorView& kv_cache) override {
     KVMESH_BACKEND_CHECK(k.rank == 3 && v.rank == 3 && kv_cache.rank == 5 && kv_cache.shape[1] == 2);
@@ -419,6 +469,27 @@ class CpuBackend final : public Backend {
 
  private:
   int ThreadsFor(int64_t elements) const { return elements < kMinParallelElements ? 1 : num_threads_; }
+
+  // ops.h CopyBlocks and SwapBlocks (`op` names which): one memcpy per (pair, layer). The
+  // team shares the (pair, layer) copies once they add up to enough bytes, so that one
+  // block of many layers spreads as well as many blocks do.
+  void CopyBlockPairs(const BlockPool& src, const BlockPool& dst, std::span<const int32_t> pairs, const char* op) {
+    KVMESH_BACKEND_CHECK(pairs.size() % 2 == 0);
+    if (pairs.empty()) return;
+    BackendCheckOk(internal::CheckBlockCopy(src, dst, pairs), op);
+    const int64_t n = static_cast<int64_t>(pairs.size()) / 2;
+    const int64_t layers = src.num_layers;
+    const int64_t block_bytes = src.block_bytes;
+    // ThreadsFor counts f32 elements: the bytes moved, as floats.
+#pragma omp parallel for collapse(2) num_threads(ThreadsFor(n * layers * block_bytes / int64_t{sizeof(float)}))
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t layer = 0; layer < layers; ++layer) {
+        const std::byte* from = src.data + layer * src.layer_bytes + int64_t{pairs[2 * i]} * block_bytes;
+        std::byte* to = dst.data + layer * dst.layer_bytes + int64_t{pairs[2 * i + 1]} * block_bytes;
+        if (from != to) std::memcpy(to, from, static_cast<size_t>(block_bytes));  // (b, b): a no-op
+      }
+    }
+  }
 
   const cpu::KernelTable& kernels_;
   const int num_threads_;

@@ -9,9 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "argmax/argmax.h"
+#include "backend/internal/block_pools.h"
 #include "backend/internal/linear_parts.h"
 #include "bias_add/bias_add.h"
+#include "block_tables/block_tables.h"
 #include "cast/cast.h"
+#include "copy_blocks/copy_blocks.h"
 #include "core/dtype.h"
 #include "core/status_macros.h"
 #include "dense_attention/dense_attention.h"
@@ -23,6 +26,7 @@
 #include "rms_norm/rms_norm.h"
 #include "rope/rope.h"
 #include "silu_and_mul/silu_and_mul.h"
+#include "swap_blocks/swap_blocks.h"
 
 namespace kvmesh::backend::cuda {
 namespace {
@@ -67,6 +71,26 @@ kernels::EmbeddingDType EmbeddingType(DType dtype) {
     case DType::kBF16: return kernels::EmbeddingDType::kBf16;
     case DType::kF16: return kernels::EmbeddingDType::kF16;
     default: return kernels::EmbeddingDType::kF32;
+  }
+}
+
+kernels::BlockPoolShape ShapeOf(const Backend::BlockPool& pool) {
+  return {.num_layers = pool.num_layers, .layer_bytes = pool.layer_bytes, .block_bytes = pool.block_bytes};
+}
+
+// Whether kernels on the current device can read and write `p` at that same address:
+// device or managed memory, or pinned host memory mapped into the device's address space
+// (cudaHostAlloc under UVA, cudaHostRegister'ed and mapped). Pageable host memory cannot.
+bool DeviceAddressable(const void* p) {
+  cudaPointerAttributes attributes{};
+  const bool known = cudaPointerGetAttributes(&attributes, p) == cudaSuccess;
+  (void)cudaGetLastError();  // an unregistered pointer is not an error to keep
+  if (!known) return false;
+  switch (attributes.type) {
+    case cudaMemoryTypeDevice:
+    case cudaMemoryTypeManaged: return true;
+    case cudaMemoryTypeHost: return attributes.devicePointer == p;
+    default: return false;
   }
 }
 
@@ -126,6 +150,10 @@ CudaBackend::~CudaBackend() {
 
 absl::Status CudaBackend::TakeError() { return std::exchange(error_, absl::OkStatus()); }
 
+void CudaBackend::RecordError(absl::Status status) {
+  if (!status.ok() && error_.ok()) error_ = std::move(status);
+}
+
 void CudaBackend::RecordError(cudaError_t err, absl::string_view what) {
   if (err != cudaSuccess && error_.ok()) error_ = CudaStatus(err, what);
 }
@@ -143,17 +171,22 @@ bool CudaBackend::EnsureScratch(size_t bytes, DeviceMemory& scratch, absl::strin
   return true;
 }
 
-absl::Status CudaBackend::Reserve(int64_t max_tokens, int64_t max_width, int64_t max_seqs, int32_t num_heads,
-                                  int32_t num_kv_heads, int32_t head_dim, int32_t max_context_len) {
-  EnsureScratch(static_cast<size_t>(max_tokens * max_width) * sizeof(uint16_t), cast_scratch_, "GEMM operands");
+absl::Status CudaBackend::ReserveWorkspace(const WorkspaceLimits& limits) {
+  // NOTE: EnsureScratch records its failure as error_; a failure found here is this call's
+  // to return (ops.h, clause 3), so an error already pending is set aside meanwhile.
+  absl::Status pending = std::exchange(error_, absl::OkStatus());
+  EnsureScratch(static_cast<size_t>(limits.max_tokens * limits.max_width) * sizeof(uint16_t), cast_scratch_,
+                "GEMM operands");
   kernels::PagedAttentionDecodeArgs args;
-  args.num_seqs = static_cast<int32_t>(max_seqs);
-  args.num_heads = num_heads;
-  args.num_kv_heads = num_kv_heads;
-  args.head_dim = head_dim;
-  args.max_context_len = max_context_len;  // the partials' size depends on these four only
-  EnsureScratch(kernels::PagedAttentionDecodeWorkspaceBytes(args), attention_scratch_, "decode attention partials");
-  return TakeError();
+  args.num_seqs = static_cast<int32_t>(limits.max_seqs);
+  args.num_heads = limits.num_heads;
+  args.num_kv_heads = limits.num_kv_heads;
+  args.head_dim = limits.head_dim;
+  args.max_context_len = limits.max_context_len;  // the partials' size depends on these four only
+  if (error_.ok()) {
+    EnsureScratch(kernels::PagedAttentionDecodeWorkspaceBytes(args), attention_scratch_, "decode attention partials");
+  }
+  return std::exchange(error_, std::move(pending));
 }
 
 absl::Status CudaBackend::SetFp8KvScales(std::span<const float> k_scale, std::span<const float> v_scale) {
@@ -413,6 +446,50 @@ void CudaBackend::ArgmaxRows(const TensorView& x, std::span<int32_t> out) {
   RecordError(kernels::LaunchArgmaxRows(x.data_as<const float>(), static_cast<int64_t>(out.size()), x.dim(1),
                                         out.data(), stream_),
               "argmax of rows");
+}
+
+void CudaBackend::CopyBlocks(const BlockPool& pool, std::span<const int32_t> pairs) {
+  if (Failed() || pairs.empty()) return;
+  RecordError(kernels::LaunchCopyBlocks(pool.data, ShapeOf(pool), pairs.data(), static_cast<int64_t>(pairs.size() / 2),
+                                        stream_),
+              "copying KV blocks");
+}
+
+void CudaBackend::SwapBlocks(const BlockPool& src, const BlockPool& dst, std::span<const int32_t> pairs) {
+  if (Failed() || pairs.empty()) return;
+  // The kernel skips a pair it cannot copy without saying so: the host checks them all.
+  if (absl::Status checked = internal::CheckBlockCopy(src, dst, pairs); !checked.ok()) {
+    RecordError(absl::InvalidArgumentError(absl::StrCat("SwapBlocks: ", checked.message())));
+    return;
+  }
+  const int64_t n = static_cast<int64_t>(pairs.size() / 2);
+  // Pinned (cudaHostAlloc) and managed host pools, and pinned pairs, are read and written
+  // by the kernel in place; a pageable host pool (a host tier given another allocator) or
+  // pageable pairs go through cudaMemcpyAsync, which the kernel's zero-copy cannot replace.
+  const bool in_place = DeviceAddressable(src.data) && DeviceAddressable(dst.data) && DeviceAddressable(pairs.data());
+  RecordError(in_place ? kernels::LaunchSwapBlocks(src.data, dst.data, ShapeOf(src), ShapeOf(dst), pairs.data(), n,
+                                                   stream_)
+                       : kernels::LaunchSwapBlocksMemcpy(src.data, dst.data, ShapeOf(src), ShapeOf(dst), pairs.data(),
+                                                         n, stream_),
+              in_place ? "swapping KV blocks (kernel)" : "swapping KV blocks (cudaMemcpyAsync)");
+}
+
+void CudaBackend::ScatterPairs(std::span<const int32_t> updates, std::span<int32_t> array) {
+  if (Failed()) return;
+  RecordError(kernels::LaunchApplyBlockTableUpdates(updates.data(), static_cast<int64_t>(updates.size() / 2),
+                                                    array.data(), stream_),
+              "scattering block-table updates");
+}
+
+void CudaBackend::GatherTableRows(std::span<const int32_t> rows, int64_t row_stride, std::span<const int32_t> rows_of,
+                                  std::span<const int32_t> context_lens, int32_t block_size_tokens,
+                                  std::span<int32_t> out) {
+  if (Failed() || rows_of.empty()) return;
+  const int64_t s = static_cast<int64_t>(rows_of.size());
+  RecordError(kernels::LaunchGatherBlockTableRows(rows.data(), row_stride, rows_of.data(), context_lens.data(),
+                                                  block_size_tokens, s, static_cast<int64_t>(out.size()) / s,
+                                                  out.data(), stream_),
+              "gathering block-table rows");
 }
 
 absl::StatusOr<std::unique_ptr<Backend::Buffer>> CudaBackend::Allocate(int64_t bytes, std::string_view what) {

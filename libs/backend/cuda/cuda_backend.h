@@ -29,10 +29,16 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "backend/cuda/device_memory.h"
 #include "backend/ops.h"
+#include "core/cuda_memory.h"
 
 namespace kvmesh::backend::cuda {
+
+using ::kvmesh::cuda::AllocateDevice;
+using ::kvmesh::cuda::AllocatePinnedHost;
+using ::kvmesh::cuda::CudaStatus;
+using ::kvmesh::cuda::DeviceMemory;
+using ::kvmesh::cuda::PinnedHostMemory;
 
 struct CudaBackendOptions {
   int device = 0;
@@ -75,22 +81,40 @@ class CudaBackend : public Backend {
   void GatherAddRows(const TensorView& a, const TensorView& b, std::span<const int32_t> rows,
                      const TensorView& out) override;
   void ArgmaxRows(const TensorView& x, std::span<int32_t> out) override;
+  // One LaunchCopyBlocks for every pair and layer (pairs: device memory).
+  void CopyBlocks(const BlockPool& pool, std::span<const int32_t> pairs) override;
+  // The pairs are checked on the host first (a failed check is recorded and nothing is
+  // copied). Then one LaunchSwapBlocks for every pair and layer when the GPU can address
+  // both pools and `pairs` in place (device, managed or pinned host memory mapped into the
+  // device's address space); else LaunchSwapBlocksMemcpy, one cudaMemcpyAsync per (pair,
+  // layer), for a pageable host side. Either way `pairs` and the host pool must stay
+  // unchanged until the stream has run the copy.
+  void SwapBlocks(const BlockPool& src, const BlockPool& dst, std::span<const int32_t> pairs) override;
+  void ScatterPairs(std::span<const int32_t> updates, std::span<int32_t> array) override;
+  void GatherTableRows(std::span<const int32_t> rows, int64_t row_stride, std::span<const int32_t> rows_of,
+                       std::span<const int32_t> context_lens, int32_t block_size_tokens,
+                       std::span<int32_t> out) override;
   // Device memory (cudaMalloc, freed when the Buffer goes), 256-byte aligned. ResourceExhausted
   // naming `what` when the device is out of memory, Internal for any other CUDA failure;
   // neither is kept as this backend's error. Synchronous like cudaMalloc: no stream order.
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(int64_t bytes, std::string_view what) override;
 
+  // stream(), as ops.h's queue().
+  void* queue() const override { return stream_; }
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
   // The first error since the last call (OK if none), and clears it.
   absl::Status TakeError() override;
-  // Records a failure of the caller's own CUDA work on stream() the same way.
+  // Records a failure of the caller's own work on stream(): kept if no error is yet (the
+  // ops after it are skipped), returned by the next TakeError(). An OK `status` is ignored.
+  void RecordError(absl::Status status) override;
+  // The same for a CUDA error (cudaSuccess is ignored), as CudaStatus(err, what).
   void RecordError(cudaError_t err, absl::string_view what);
   // Grows device scratch the ops share (decode attention's split-K partials, activation
-  // casts) to serve `max_tokens` rows of width `max_width` and `max_seqs` decode rows up
-  // to `max_context_len`, so that no op allocates inside a CUDA graph capture.
-  absl::Status Reserve(int64_t max_tokens, int64_t max_width, int64_t max_seqs, int32_t num_heads,
-                       int32_t num_kv_heads, int32_t head_dim, int32_t max_context_len);
+  // casts) to serve max_tokens rows of width max_width and max_seqs decode rows up to
+  // max_context_len, so that no op allocates inside a CUDA graph capture. ResourceExhausted
+  // (and no error kept) when the device lacks the memory.
+  absl::Status ReserveWorkspace(const WorkspaceLimits& limits) override;
   // FP8 KV: per-KV-head scales (stored = value / scale), the same for K and V of every
   // layer unless given per layer later. Device copies; 1.0 by default.
   absl::Status SetFp8KvScales(std::span<const float> k_scale, std::span<const float> v_scale);

@@ -3,10 +3,11 @@
 // so this backend is (nearly) the correctly rounded result the fast backends
 // are compared against. Slow by design; never used to serve.
 //
-// Thread-safety: the backend holds no mutable state; calls may run concurrently
-// on distinct outputs.
+// Thread-safety: the backend holds no mutable state but the error RecordError keeps
+// (ops.h); its ops may run concurrently on distinct outputs.
 #include <cfloat>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -274,6 +275,39 @@ class ReferenceBackend final : public Backend {
         }
       }
       out[r] = best;
+    }
+  }
+
+  void CopyBlocks(const BlockPool& pool, std::span<const int32_t> pairs) override { SwapBlocks(pool, pool, pairs); }
+
+  // Byte by byte, pair after pair, layer after layer.
+  void SwapBlocks(const BlockPool& src, const BlockPool& dst, std::span<const int32_t> pairs) override {
+    for (size_t i = 0; i + 1 < pairs.size(); i += 2) {
+      for (int64_t layer = 0; layer < src.num_layers; ++layer) {
+        const std::byte* from = src.data + layer * src.layer_bytes + pairs[i] * src.block_bytes;
+        std::byte* to = dst.data + layer * dst.layer_bytes + pairs[i + 1] * dst.block_bytes;
+        for (int64_t b = 0; b < src.block_bytes; ++b) to[b] = from[b];
+      }
+    }
+  }
+
+  void ScatterPairs(std::span<const int32_t> updates, std::span<int32_t> array) override {
+    for (size_t i = 0; i + 1 < updates.size(); i += 2) array[static_cast<size_t>(updates[i])] = updates[i + 1];
+  }
+
+  // Element by element, as ops.h writes it.
+  void GatherTableRows(std::span<const int32_t> rows, int64_t row_stride, std::span<const int32_t> rows_of,
+                       std::span<const int32_t> context_lens, int32_t block_size_tokens,
+                       std::span<int32_t> out) override {
+    const size_t s = rows_of.size();
+    const size_t out_cols = out.size() / s;
+    for (size_t i = 0; i < s; ++i) {
+      const int64_t blocks = (int64_t{context_lens[i]} + block_size_tokens - 1) / block_size_tokens;
+      for (size_t j = 0; j < out_cols; ++j) {
+        const int64_t col = static_cast<int64_t>(j);
+        const bool kept = rows_of[i] >= 0 && col < blocks && col < row_stride;
+        out[i * out_cols + j] = kept ? rows[static_cast<size_t>(rows_of[i] * row_stride + col)] : 0;
+      }
     }
   }
 

@@ -39,27 +39,23 @@
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
-#include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/device_memory.h"
-#include "copy_blocks/copy_blocks.h"
+#include "core/cuda_memory.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
 #include "engine/forward_pass.h"
 #include "engine/step_metadata.h"
 #include "engine/step_staging.h"
-#include "block_tables/block_tables.h"
 #include "kv/kv_layout.h"
 #include "kv/transport/kv_runs.h"
-#include "swap_blocks/swap_blocks.h"
 
 namespace kvmesh::engine {
 namespace {
 
-using backend::cuda::AllocateDevice;
-using backend::cuda::AllocatePinnedHost;
-using backend::cuda::CudaBackend;
-using backend::cuda::DeviceMemory;
-using backend::cuda::PinnedHostMemory;
+using cuda::AllocateDevice;
+using cuda::AllocatePinnedHost;
+using cuda::CudaStatus;
+using cuda::DeviceMemory;
+using cuda::PinnedHostMemory;
 
 // What one forward pass runs over: `rows` token rows of `seqs` sequences (metadata at
 // `meta` on the device), `logit_rows` of them through the LM head.
@@ -70,9 +66,11 @@ struct ForwardShape {
 
 class CudaModelRunner : public ModelRunner {
  public:
-  CudaModelRunner(LlamaModel& model, CudaBackend& backend, kv::KvLayout layout, const CudaModelRunnerOptions& options)
+  CudaModelRunner(LlamaModel& model, int device, kv::KvLayout layout, const CudaModelRunnerOptions& options)
       : model_(model),
-        be_(backend),
+        be_(model.backend()),
+        stream_(static_cast<cudaStream_t>(be_.queue())),
+        device_(device),
         layout_(layout),
         options_(options),
         max_blocks_per_seq_((options.max_model_len + layout.block_size_tokens() - 1) / layout.block_size_tokens()),
@@ -81,7 +79,7 @@ class CudaModelRunner : public ModelRunner {
                  .max_rows = static_cast<int32_t>(2 * options.max_num_seqs),
                  .max_blocks_per_row = max_blocks_per_seq_}) {}
   ~CudaModelRunner() override {
-    cudaStreamSynchronize(be_.stream());
+    cudaStreamSynchronize(stream_);
     for (auto& [key, g] : graphs_) {
       if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
     }
@@ -151,10 +149,27 @@ class CudaModelRunner : public ModelRunner {
   T* HostMeta(size_t offset) const {
     return reinterpret_cast<T*>(meta_host_.as<std::byte>() + offset);
   }
-  float* Act(const DeviceMemory& m) const { return m.as<float>(); }
+  // The device pool and the kept block-table rows as the backend's ops take them.
+  backend::Backend::BlockPool Pool() const {
+    return {.data = pool_.as<std::byte>(),
+            .num_layers = layout_.num_layers(),
+            .layer_bytes = layout_.LayerBytes(),
+            .block_bytes = layout_.BlockBytes()};
+  }
+  std::span<int32_t> TableRows() const {
+    return {table_rows_.as<int32_t>(), table_rows_.bytes() / sizeof(int32_t)};
+  }
+  // Queues the scatter of the first n (index, block) updates staged on the device.
+  void ScatterTableUpdates(int64_t n) {
+    be_.ScatterPairs({Meta<int32_t>(meta_layout_.table_updates), static_cast<size_t>(2 * n)}, TableRows());
+  }
 
+  // The backend's queue() is its CUDA stream: this runner's copies, uploads and graph
+  // captures are ordered on it with the ops.
   LlamaModel& model_;
-  CudaBackend& be_;
+  backend::Backend& be_;
+  const cudaStream_t stream_;
+  const int device_;
   const kv::KvLayout layout_;
   const CudaModelRunnerOptions options_;
   const int32_t max_blocks_per_seq_;  // blocks of max_model_len: the rows' stride
@@ -262,8 +277,13 @@ absl::Status CudaModelRunner::Init() {
   KVMESH_ASSIGN_OR_RETURN(argmax_, AllocateDevice(sizeof(int32_t) * s, "greedy tokens"));
   KVMESH_ASSIGN_OR_RETURN(argmax_host_, AllocatePinnedHost(sizeof(int32_t) * s, "greedy tokens staging"));
   const int64_t widest = std::max({e, h * d, inter});
-  KVMESH_RETURN_IF_ERROR(be_.Reserve(t, widest, s, static_cast<int32_t>(h), static_cast<int32_t>(hkv),
-                                     static_cast<int32_t>(d), std::max(options_.max_model_len, 1)));
+  KVMESH_RETURN_IF_ERROR(be_.ReserveWorkspace({.max_tokens = t,
+                                               .max_width = widest,
+                                               .max_seqs = s,
+                                               .num_heads = static_cast<int32_t>(h),
+                                               .num_kv_heads = static_cast<int32_t>(hkv),
+                                               .head_dim = static_cast<int32_t>(d),
+                                               .max_context_len = std::max(options_.max_model_len, 1)}));
   KVMESH_RETURN_IF_CUDA_ERROR(cudaDeviceSynchronize(), "initializing the CUDA runner");
   return absl::OkStatus();
 }
@@ -323,8 +343,8 @@ cudaError_t CudaModelRunner::QueueMirrorCopy(const std::vector<kv::KvRun>& runs,
     std::byte* host = mirror_->data() + offset;
     const size_t width = static_cast<size_t>(run.num_blocks) * static_cast<size_t>(layout_.BlockBytes());
     const cudaError_t queued =
-        to_host ? cudaMemcpy2DAsync(host, pitch, device, pitch, width, height, cudaMemcpyDeviceToHost, be_.stream())
-                : cudaMemcpy2DAsync(device, pitch, host, pitch, width, height, cudaMemcpyHostToDevice, be_.stream());
+        to_host ? cudaMemcpy2DAsync(host, pitch, device, pitch, width, height, cudaMemcpyDeviceToHost, stream_)
+                : cudaMemcpy2DAsync(device, pitch, host, pitch, width, height, cudaMemcpyHostToDevice, stream_);
     if (queued != cudaSuccess) return queued;
   }
   return cudaSuccess;
@@ -334,9 +354,9 @@ absl::Status CudaModelRunner::CopyMirror(std::span<const int32_t> blocks, bool t
   KVMESH_ASSIGN_OR_RETURN(const std::vector<kv::KvRun> runs, MirrorRuns(blocks));
   if (runs.empty()) return absl::OkStatus();
   const char* what = to_host ? "copying KV blocks into the host mirror" : "copying KV blocks from the host mirror";
-  KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(be_.device()), "selecting the runner's GPU");
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "selecting the runner's GPU");
   KVMESH_RETURN_IF_CUDA_ERROR(QueueMirrorCopy(runs, /*layer=*/-1, to_host), what);
-  KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(be_.stream()), what);
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), what);
   return absl::OkStatus();
 }
 
@@ -346,7 +366,7 @@ absl::Status CudaModelRunner::RunBlockCopies(const std::vector<KvBlockCopy>& cop
   int32_t* host = HostMeta<int32_t>(meta_layout_.block_copies);
   for (size_t begin = 0; begin < copies.size(); begin += capacity) {
     // The previous batch's upload must be done before its staging is rewritten.
-    if (begin > 0) KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(be_.stream()), "copying KV blocks");
+    if (begin > 0) KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "copying KV blocks");
     const size_t n = std::min(capacity, copies.size() - begin);
     for (size_t i = 0; i < n; ++i) {
       host[2 * i] = copies[begin + i].src;
@@ -356,20 +376,16 @@ absl::Status CudaModelRunner::RunBlockCopies(const std::vector<KvBlockCopy>& cop
         return absl::InvalidArgumentError("a block copy names a block outside the pool");
     }
     KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(Meta<int32_t>(meta_layout_.block_copies), host,
-                                                sizeof(int32_t) * 2 * n, cudaMemcpyHostToDevice, be_.stream()),
+                                                sizeof(int32_t) * 2 * n, cudaMemcpyHostToDevice, stream_),
                                 "uploading block copies");
-    const kernels::BlockPoolShape shape{
-        .num_layers = layout_.num_layers(), .layer_bytes = layout_.LayerBytes(), .block_bytes = layout_.BlockBytes()};
-    KVMESH_RETURN_IF_CUDA_ERROR(kernels::LaunchCopyBlocks(pool_.get(), shape, Meta<int32_t>(meta_layout_.block_copies),
-                                                          static_cast<int64_t>(n), be_.stream()),
-                                "copying KV blocks");
+    be_.CopyBlocks(Pool(), {Meta<int32_t>(meta_layout_.block_copies), 2 * n});
   }
   return absl::OkStatus();
 }
 
 absl::Status CudaModelRunner::ApplyTableUpdatesAhead(std::span<const BlockTableUpdate>* updates) {
   const size_t round = static_cast<size_t>(meta_layout_.max_table_updates);
-  cudaStream_t stream = be_.stream();
+  cudaStream_t stream = stream_;
   while (updates->size() > round) {
     std::memcpy(HostMeta<BlockTableUpdate>(meta_layout_.table_updates), updates->data(),
                 sizeof(BlockTableUpdate) * round);
@@ -377,12 +393,10 @@ absl::Status CudaModelRunner::ApplyTableUpdatesAhead(std::span<const BlockTableU
                                                 HostMeta<BlockTableUpdate>(meta_layout_.table_updates),
                                                 sizeof(BlockTableUpdate) * round, cudaMemcpyHostToDevice, stream),
                                 "uploading block-table updates");
-    KVMESH_RETURN_IF_CUDA_ERROR(
-        kernels::LaunchApplyBlockTableUpdates(Meta<int32_t>(meta_layout_.table_updates), static_cast<int64_t>(round),
-                                              table_rows_.as<int32_t>(), stream),
-        "updating the kept block tables");
+    ScatterTableUpdates(static_cast<int64_t>(round));
     // The staging is rewritten by the next round (or the step).
     KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "updating the kept block tables");
+    KVMESH_RETURN_IF_ERROR(be_.TakeError());
     *updates = updates->subspan(round);
   }
   return absl::OkStatus();
@@ -391,17 +405,13 @@ absl::Status CudaModelRunner::ApplyTableUpdatesAhead(std::span<const BlockTableU
 absl::StatusOr<double> CudaModelRunner::RunSwaps(const std::vector<KvBlockSwap>& swaps, bool to_host) {
   if (swaps.empty()) return 0.0;
   const auto start = std::chrono::steady_clock::now();
-  const kernels::BlockPoolShape pool_shape{
-      .num_layers = layout_.num_layers(), .layer_bytes = layout_.LayerBytes(), .block_bytes = layout_.BlockBytes()};
-  // A slot seen as a pool of one block per layer: the same kernel copies it.
-  const kernels::BlockPoolShape slot_shape{
-      .num_layers = layout_.num_layers(), .layer_bytes = layout_.BlockBytes(), .block_bytes = layout_.BlockBytes()};
-  // The pairs live in the pinned metadata buffer, which the device reads directly
-  // (mapped under UVA); RunBlockCopies reuses it, so the swaps are waited for below.
+  const backend::Backend::BlockPool pool = Pool();
+  // The pairs live in the pinned metadata buffer, which the backend reads in place
+  // (ops.h); RunBlockCopies reuses it, so the swaps are waited for below.
   const size_t capacity = (meta_layout_.total - meta_layout_.block_copies) / (2 * sizeof(int32_t));
   int32_t* pairs = HostMeta<int32_t>(meta_layout_.block_copies);
   for (size_t begin = 0; begin < swaps.size(); begin += capacity) {
-    if (begin > 0) KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(be_.stream()), "swapping KV blocks");
+    if (begin > 0) KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "swapping KV blocks");
     const size_t n = std::min(capacity, swaps.size() - begin);
     for (size_t i = 0; i < n; ++i) {
       const KvBlockSwap& swap = swaps[begin + i];
@@ -410,39 +420,29 @@ absl::StatusOr<double> CudaModelRunner::RunSwaps(const std::vector<KvBlockSwap>&
                                                        "or no host slot"));
       pairs[2 * i] = to_host ? swap.block : 0;
       pairs[2 * i + 1] = to_host ? 0 : swap.block;
-      // Pinned (cudaHostAlloc) and managed (--kv-host-memory=uvm) slots are read and written
-      // by the kernel in place; pageable memory (a host tier given another allocator) is
-      // copied with cudaMemcpyAsync instead, which the kernel cannot address.
-      cudaPointerAttributes attributes{};
-      const bool device_visible = cudaPointerGetAttributes(&attributes, swap.host) == cudaSuccess &&
-                                  (attributes.type == cudaMemoryTypeHost || attributes.type == cudaMemoryTypeManaged);
-      (void)cudaGetLastError();  // an unregistered pointer is not an error to keep
-      const void* src = to_host ? pool_.get() : static_cast<const void*>(swap.host);
-      void* dst = to_host ? static_cast<void*>(swap.host) : pool_.get();
-      const kernels::BlockPoolShape& src_shape = to_host ? pool_shape : slot_shape;
-      const kernels::BlockPoolShape& dst_shape = to_host ? slot_shape : pool_shape;
-      KVMESH_RETURN_IF_CUDA_ERROR(
-          device_visible ? kernels::LaunchSwapBlocks(src, dst, src_shape, dst_shape, pairs + 2 * i, 1, be_.stream())
-                         : kernels::LaunchSwapBlocksMemcpy(src, dst, src_shape, dst_shape, pairs + 2 * i, 1,
-                                                           be_.stream()),
-          to_host ? "offloading a KV block to the host tier" : "onboarding a KV block from the host tier");
+      // A slot (every layer of one block) is a pool of one block per layer.
+      const backend::Backend::BlockPool slot{.data = swap.host,
+                                             .num_layers = pool.num_layers,
+                                             .layer_bytes = pool.block_bytes,
+                                             .block_bytes = pool.block_bytes};
+      be_.SwapBlocks(to_host ? pool : slot, to_host ? slot : pool, {pairs + 2 * i, 2});
     }
   }
-  KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(be_.stream()), "swapping KV blocks");
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "swapping KV blocks");
+  // The engine checksums or registers the slots as soon as this returns.
+  KVMESH_RETURN_IF_ERROR(be_.TakeError());
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 absl::Status CudaModelRunner::Forward(const ForwardShape& f, const std::vector<kv::KvRun>* mirrored) {
   const int64_t t = f.rows, r = f.logit_rows;
-  cudaStream_t stream = be_.stream();
+  cudaStream_t stream = stream_;
   // The step's block table from the kept rows (a graph replays this too: the rows it reads
   // are the step's, from the metadata).
-  be_.RecordError(kernels::LaunchGatherBlockTableRows(table_rows_.as<int32_t>(), max_blocks_per_seq_,
-                                                      Meta<int32_t>(meta_layout_.table_rows),
-                                                      Meta<int32_t>(meta_layout_.context_lens),
-                                                      layout_.block_size_tokens(), f.seqs, f.max_blocks_per_seq,
-                                                      Meta<int32_t>(meta_layout_.block_tables), stream),
-                  "gathering the step's block tables");
+  be_.GatherTableRows(TableRows(), max_blocks_per_seq_, {Meta<int32_t>(meta_layout_.table_rows), static_cast<size_t>(f.seqs)},
+                      {Meta<int32_t>(meta_layout_.context_lens), static_cast<size_t>(f.seqs)},
+                      layout_.block_size_tokens(),
+                      {Meta<int32_t>(meta_layout_.block_tables), static_cast<size_t>(f.seqs * f.max_blocks_per_seq)});
   ForwardStep step{
       .num_tokens = t,
       .token_ids = {Meta<int32_t>(meta_layout_.token_ids), static_cast<size_t>(t)},
@@ -472,16 +472,23 @@ absl::Status CudaModelRunner::Forward(const ForwardShape& f, const std::vector<k
     step.after_kv_write = [this, mirrored, stream](int32_t layer) {
       // NOTE: on the compute stream: the copy is one layer's new blocks (a few MB against
       // the layer's GEMMs), and the stream orders it after the write without an event.
-      be_.RecordError(QueueMirrorCopy(*mirrored, layer, /*to_host=*/true), "copying a layer's KV into the host mirror");
-      be_.RecordError(cudaEventRecord(layer_mirrored_[static_cast<size_t>(layer)], stream),
-                      "marking a layer's KV mirrored");
+      if (absl::Status s = CudaStatus(QueueMirrorCopy(*mirrored, layer, /*to_host=*/true),
+                                      "copying a layer's KV into the host mirror");
+          !s.ok()) {
+        be_.RecordError(std::move(s));
+      }
+      if (absl::Status s = CudaStatus(cudaEventRecord(layer_mirrored_[static_cast<size_t>(layer)], stream),
+                                      "marking a layer's KV mirrored");
+          !s.ok()) {
+        be_.RecordError(std::move(s));
+      }
     };
   }
   return forward_->Run(step);
 }
 
 absl::Status CudaModelRunner::Capture(const ForwardShape& shape, Graph* graph) {
-  cudaStream_t stream = be_.stream();
+  cudaStream_t stream = stream_;
   cudaGraph_t captured = nullptr;
   KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
                               "starting a decode graph capture");
@@ -492,14 +499,14 @@ absl::Status CudaModelRunner::Capture(const ForwardShape& shape, Graph* graph) {
   if (end != cudaSuccess || !recorded.ok()) {
     if (captured != nullptr) cudaGraphDestroy(captured);
     cudaGetLastError();  // the capture's error is not the next step's
-    return end != cudaSuccess ? backend::cuda::CudaStatus(end, "capturing a decode graph") : recorded;
+    return end != cudaSuccess ? CudaStatus(end, "capturing a decode graph") : recorded;
   }
   const cudaError_t inst = cudaGraphInstantiate(&graph->exec, captured, 0);
   cudaGraphDestroy(captured);
   if (inst != cudaSuccess) {
     graph->exec = nullptr;
     cudaGetLastError();
-    return backend::cuda::CudaStatus(inst, "instantiating a decode graph");
+    return CudaStatus(inst, "instantiating a decode graph");
   }
   return absl::OkStatus();
 }
@@ -517,7 +524,7 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
   // Until the scatter below is queued, the device rows lack these updates.
   table_rows_stale_ = table_rows_stale_ || !table_updates_.empty();
   if (!batch.swap_out.empty() || !batch.swap_in.empty()) {
-    KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(be_.device()), "selecting the runner's GPU");
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "selecting the runner's GPU");
     // Order (model_runner.h): swap_out first (a block offloaded as it is evicted may be
     // reused by a chunk of this step), then swap_in.
     KVMESH_ASSIGN_OR_RETURN(output.swap_out_seconds, RunSwaps(batch.swap_out, /*to_host=*/true));
@@ -532,7 +539,7 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
   KVMESH_RETURN_IF_ERROR(
       BuildStepMetadata(batch, tables_, block_size_tokens(), vocab_size(), /*with_block_tables=*/false, &meta_));
   // The current device is per thread, and the engine's thread need not be the loader's.
-  KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(be_.device()), "selecting the runner's GPU");
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "selecting the runner's GPU");
   const int64_t t = static_cast<int64_t>(meta_.token_ids.size());
   const int64_t s = static_cast<int64_t>(batch.chunks.size());
   if (t > options_.max_num_tokens || s > options_.max_num_seqs)
@@ -558,14 +565,11 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
   const int64_t seqs = staged.seqs;
   const int32_t max_context = staged.max_context_len;
   const std::vector<int32_t>& wanted = staged.wanted;
-  cudaStream_t stream = be_.stream();
+  cudaStream_t stream = stream_;
   KVMESH_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(meta_device_.get(), meta_host_.get(), staged.upload_bytes,
                                               cudaMemcpyHostToDevice, stream),
                               "uploading step metadata");
-  KVMESH_RETURN_IF_CUDA_ERROR(kernels::LaunchApplyBlockTableUpdates(Meta<int32_t>(meta_layout_.table_updates),
-                                                                    staged.num_table_updates,
-                                                                    table_rows_.as<int32_t>(), stream),
-                              "updating the kept block tables");
+  ScatterTableUpdates(staged.num_table_updates);
   table_rows_stale_ = false;
 
   const ForwardShape shape{.rows = staged.rows,
@@ -641,10 +645,13 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& model,
                                                                    const CudaModelRunnerOptions& options) {
-  auto* backend = dynamic_cast<CudaBackend*>(&model.backend());
-  if (backend == nullptr)
+  // The CUDA backend is the one whose ops take device memory and run on a CUDA stream.
+  const auto stream = static_cast<cudaStream_t>(model.backend().queue());
+  if (model.backend().uses_host_memory() || stream == nullptr)
     return absl::FailedPreconditionError(absl::StrCat("the CUDA runner needs a model loaded on the CUDA backend, not ",
                                                       std::string(model.backend().name())));
+  int device = 0;
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamGetDevice(stream, &device), "finding the CUDA backend's GPU");
   if (model.shard().size != 1)
     return absl::FailedPreconditionError("tensor parallelism is not available on --device cuda yet");
   const model::ModelConfig& c = model.config();
@@ -681,7 +688,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& m
     layout.budget_bytes = static_cast<int64_t>(options.kv_cache_memory_fraction * static_cast<double>(free_bytes));
   }
   KVMESH_ASSIGN_OR_RETURN(kv::KvLayout kv_layout, kv::KvLayout::Create(layout));
-  auto runner = std::make_unique<CudaModelRunner>(model, *backend, kv_layout, options);
+  auto runner = std::make_unique<CudaModelRunner>(model, device, kv_layout, options);
   KVMESH_RETURN_IF_ERROR(runner->Init());
   return runner;
 }

@@ -4,9 +4,14 @@
 // per op. Plus: the oracle on hand-computed values, bitwise batch invariance of
 // Linear, and PackLinear's error cases. The data-movement ops, ArgmaxRows and Allocate
 // run on both backends against expectations written in the test (ArgmaxRows also
-// against the host sampler's greedy token, on the CUDA argmax test's rows).
+// against the host sampler's greedy token, on the CUDA argmax test's rows), and so do the
+// whole-block copies (CopyBlocks, SwapBlocks), the kept block tables' ScatterPairs and
+// GatherTableRows, and the host backends' RecordError / TakeError, queue() and
+// ReserveWorkspace.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -16,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "argmax_edge_rows.h"
 #include "backend/ops.h"
 #include "core/dtype.h"
@@ -618,12 +624,213 @@ TEST_P(BackendVsReferenceTest, AllocateGivesAlignedHostMemoryOfTheSizeAsked) {
   }
 }
 
+// ---- Whole KV blocks and kept block tables: both backends against expectations written here. ----
+
+std::vector<std::byte> RandomBytes(int64_t n, std::mt19937& rng) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<std::byte> bytes(static_cast<size_t>(n));
+  for (std::byte& b : bytes) b = static_cast<std::byte>(byte(rng));
+  return bytes;
+}
+
+// A layer-major pool over `bytes`: num_layers layers of num_blocks blocks of block_bytes.
+Backend::BlockPool PoolOver(std::vector<std::byte>& bytes, int64_t num_layers, int64_t num_blocks,
+                            int64_t block_bytes) {
+  return {.data = bytes.data(),
+          .num_layers = num_layers,
+          .layer_bytes = num_blocks * block_bytes,
+          .block_bytes = block_bytes};
+}
+
+// What a pool of dst_blocks per layer holding `dst` should hold once block src of every
+// layer of `src` (src_blocks per layer) is copied onto its block dst, for each pair.
+std::vector<std::byte> AfterCopies(const std::vector<std::byte>& src, int64_t src_blocks, std::vector<std::byte> dst,
+                                   int64_t dst_blocks, int64_t num_layers, int64_t block_bytes,
+                                   const std::vector<int32_t>& pairs) {
+  for (size_t i = 0; i < pairs.size(); i += 2) {
+    for (int64_t layer = 0; layer < num_layers; ++layer) {
+      const int64_t from = (layer * src_blocks + pairs[i]) * block_bytes;
+      const int64_t to = (layer * dst_blocks + pairs[i + 1]) * block_bytes;
+      std::copy_n(src.begin() + from, block_bytes, dst.begin() + to);
+    }
+  }
+  return dst;
+}
+
+// Every layer of each dst block gets its src block; every other block (and every layer of
+// it) keeps its bytes. Large cases take the CPU's threaded path: many blocks, and one
+// block of many layers.
+TEST_P(BackendVsReferenceTest, CopyBlocksCopiesEveryLayerOfEachPairAndNothingElse) {
+  struct Case {
+    int64_t num_layers, num_blocks, block_bytes;
+    std::vector<int32_t> pairs;
+  };
+  std::vector<Case> cases = {{3, 7, 48, {0, 5, 3, 1, 2, 6}}, {1, 2, 16, {1, 0}}, {2, 4, 32, {}},
+                             {32, 3, 8192, {2, 0}},          {4, 40, 4096, {}}};
+  for (int32_t i = 0; i < 15; ++i) cases.back().pairs.insert(cases.back().pairs.end(), {i, 39 - i});
+  for (const Case& c : cases) {
+    const std::string what = std::to_string(c.num_layers) + " layers x " + std::to_string(c.num_blocks) +
+                             " blocks of " + std::to_string(c.block_bytes) + " B, " +
+                             std::to_string(c.pairs.size() / 2) + " pairs";
+    const std::vector<std::byte> before = RandomBytes(c.num_layers * c.num_blocks * c.block_bytes, rng_);
+    const std::vector<std::byte> want =
+        AfterCopies(before, c.num_blocks, before, c.num_blocks, c.num_layers, c.block_bytes, c.pairs);
+    for (Backend* backend : {backend_.get(), ref_.get()}) {
+      std::vector<std::byte> pool = before;
+      backend->CopyBlocks(PoolOver(pool, c.num_layers, c.num_blocks, c.block_bytes), c.pairs);
+      EXPECT_TRUE(pool == want) << backend->name() << " CopyBlocks " << what;
+    }
+  }
+}
+
+// A pool of 9 blocks offloads to a host pool of 4 and onboards from it into another pool of
+// 9; a block goes to a one-block slot (layer_bytes == block_bytes) and back. The source
+// pool never changes; only the named blocks of the destination do, every layer of them.
+TEST_P(BackendVsReferenceTest, SwapBlocksMovesBlocksBetweenPoolsOfDifferentSizes) {
+  for (auto [num_layers, block_bytes] : std::vector<std::pair<int64_t, int64_t>>{{3, 64}, {8, 16384}}) {
+    const std::string what = std::to_string(num_layers) + " layers, blocks of " + std::to_string(block_bytes) + " B";
+    struct Swap {
+      int64_t src_blocks, dst_blocks;
+      std::vector<int32_t> pairs;
+    };
+    const std::vector<Swap> swaps = {
+        {9, 4, {7, 0, 2, 3, 4, 1}},  // offload
+        {4, 9, {0, 8, 3, 5, 1, 0}},  // onboard
+        {9, 1, {5, 0}},              // to a slot
+        {1, 9, {0, 2}},              // from a slot
+        {9, 4, {}},
+    };
+    for (const Swap& swap : swaps) {
+      const std::vector<std::byte> src0 = RandomBytes(num_layers * swap.src_blocks * block_bytes, rng_);
+      const std::vector<std::byte> dst0 = RandomBytes(num_layers * swap.dst_blocks * block_bytes, rng_);
+      const std::vector<std::byte> want =
+          AfterCopies(src0, swap.src_blocks, dst0, swap.dst_blocks, num_layers, block_bytes, swap.pairs);
+      for (Backend* backend : {backend_.get(), ref_.get()}) {
+        std::vector<std::byte> src = src0;
+        std::vector<std::byte> dst = dst0;
+        backend->SwapBlocks(PoolOver(src, num_layers, swap.src_blocks, block_bytes),
+                            PoolOver(dst, num_layers, swap.dst_blocks, block_bytes), swap.pairs);
+        EXPECT_TRUE(dst == want) << backend->name() << " SwapBlocks " << swap.src_blocks << " -> " << swap.dst_blocks
+                                 << " blocks, " << what;
+        EXPECT_TRUE(src == src0) << backend->name() << " SwapBlocks changed its source, " << what;
+      }
+    }
+  }
+}
+
+TEST_P(BackendVsReferenceTest, ScatterPairsSetsEachIndexAndNothingElse) {
+  std::vector<int32_t> before(50);
+  std::uniform_int_distribution<int32_t> value(-1000, 1000);
+  for (int32_t& v : before) v = value(rng_);
+  const std::vector<int32_t> updates = {3, 100, 49, -1, 0, 7, 20, 20};
+  std::vector<int32_t> want = before;
+  want[3] = 100;
+  want[49] = -1;
+  want[0] = 7;
+  want[20] = 20;
+  for (Backend* backend : {backend_.get(), ref_.get()}) {
+    std::vector<int32_t> array = before;
+    backend->ScatterPairs(updates, array);
+    EXPECT_EQ(array, want) << backend->name();
+    backend->ScatterPairs({}, array);
+    EXPECT_EQ(array, want) << backend->name() << " no updates";
+  }
+}
+
+// Kept rows of stride 5 (row r holds 100 r + 1 .. 100 r + 5), blocks of 16 tokens. Row i of
+// out takes ceil(context / 16) entries of its kept row, at most the stride and out_cols,
+// and zeros after; a sequence with no kept row (-1), or an empty context, is all zeros.
+TEST_P(BackendVsReferenceTest, GatherTableRowsTakesEachContextsBlocksAndZeroesTheRest) {
+  const int64_t row_stride = 5;
+  std::vector<int32_t> rows;
+  for (int32_t r = 0; r < 4; ++r) {
+    for (int32_t j = 1; j <= row_stride; ++j) rows.push_back(100 * r + j);
+  }
+  const std::vector<int32_t> rows_of = {2, -1, 0, 3, 1, 0};
+  const std::vector<int32_t> context_lens = {17, 100, 0, 33, 80, 200};
+  // out_cols 7 > row_stride: at most 5 entries a row, then zeros.
+  const std::vector<int32_t> want7 = {
+      201, 202, 0,   0,   0,   0, 0,  // 2 blocks
+      0,   0,   0,   0,   0,   0, 0,  // no kept row
+      0,   0,   0,   0,   0,   0, 0,  // empty context
+      301, 302, 303, 0,   0,   0, 0,  // 3 blocks
+      101, 102, 103, 104, 105, 0, 0,  // 5 blocks: the whole row
+      1,   2,   3,   4,   5,   0, 0,  // 13 blocks: the whole row, no more
+  };
+  // out_cols 3 < row_stride: the first 3 entries at most.
+  const std::vector<int32_t> want3 = {201, 202, 0, 0, 0, 0, 0, 0, 0, 301, 302, 303, 101, 102, 103, 1, 2, 3};
+  for (Backend* backend : {backend_.get(), ref_.get()}) {
+    for (const std::vector<int32_t>* want : {&want7, &want3}) {
+      std::vector<int32_t> out(want->size(), -7);
+      backend->GatherTableRows(rows, row_stride, rows_of, context_lens, 16, out);
+      EXPECT_EQ(out, *want) << backend->name() << " out_cols " << want->size() / rows_of.size();
+    }
+  }
+}
+
+// Host backends' ops never fail, but a runner's own work may: the first status recorded is
+// what TakeError returns, once.
+TEST_P(BackendVsReferenceTest, TakeErrorReturnsTheFirstRecordedErrorOnce) {
+  for (Backend* backend : {backend_.get(), ref_.get()}) {
+    EXPECT_TRUE(backend->TakeError().ok()) << backend->name();
+    backend->RecordError(absl::InternalError("the first"));
+    backend->RecordError(absl::UnavailableError("the second"));
+    const absl::Status taken = backend->TakeError();
+    EXPECT_EQ(taken.code(), absl::StatusCode::kInternal) << backend->name() << ": " << taken;
+    EXPECT_EQ(taken.message(), "the first") << backend->name();
+    EXPECT_TRUE(backend->TakeError().ok()) << backend->name();
+    backend->RecordError(absl::DataLossError("a later one"));
+    EXPECT_EQ(backend->TakeError().code(), absl::StatusCode::kDataLoss) << backend->name();
+    EXPECT_TRUE(backend->TakeError().ok()) << backend->name();
+  }
+}
+
+TEST_P(BackendVsReferenceTest, HostBackendsHaveNoQueueAndReserveNoWorkspace) {
+  for (Backend* backend : {backend_.get(), ref_.get()}) {
+    EXPECT_EQ(backend->queue(), nullptr) << backend->name();
+    const absl::Status reserved = backend->ReserveWorkspace({.max_tokens = 512,
+                                                             .max_width = 4096,
+                                                             .max_seqs = 64,
+                                                             .num_heads = 32,
+                                                             .num_kv_heads = 8,
+                                                             .head_dim = 128,
+                                                             .max_context_len = 8192});
+    EXPECT_TRUE(reserved.ok()) << backend->name() << ": " << reserved;
+    EXPECT_TRUE(backend->TakeError().ok()) << backend->name();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isas, BackendVsReferenceTest,
                          ::testing::Values(BackendCase{"avx512", 0}, BackendCase{"avx2", 0}, BackendCase{"avx512", 1},
                                            BackendCase{"avx2", 3}, BackendCase{"amx", 0}, BackendCase{"amx", 1}),
                          [](const ::testing::TestParamInfo<BackendCase>& info) {
                            return info.param.isa + "_threads" + std::to_string(info.param.num_threads);
                          });
+
+// The CPU backend stops, naming the op and what is wrong, on arguments outside the
+// contracts of the block ops (ops.h, clause 1), rather than copying out of bounds.
+TEST(CpuBackendDeathTest, BlockOpsStopOnArgumentsOutsideTheirContract) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto cpu = CreateCpuBackend({.num_threads = 1});
+  if (!cpu.ok()) GTEST_SKIP() << cpu.status();
+  Backend& backend = **cpu;
+  std::vector<std::byte> device(2 * 4 * 16), host(2 * 2 * 16);
+  const Backend::BlockPool pool{.data = device.data(), .num_layers = 2, .layer_bytes = 64, .block_bytes = 16};
+  const Backend::BlockPool two{.data = host.data(), .num_layers = 2, .layer_bytes = 32, .block_bytes = 16};
+  const Backend::BlockPool one_layer{.data = host.data(), .num_layers = 1, .layer_bytes = 64, .block_bytes = 16};
+  using Ids = std::vector<int32_t>;
+  EXPECT_DEATH(backend.CopyBlocks(pool, Ids{0, 4}), "CopyBlocks: block pair 0 \\(0, 4\\) is outside");
+  EXPECT_DEATH(backend.CopyBlocks(pool, Ids{0, 1, 2}), "pairs.size\\(\\) % 2 == 0");
+  EXPECT_DEATH(backend.CopyBlocks(pool, Ids{0, 1, 2, 1}), "block 1 is the destination of two pairs");
+  EXPECT_DEATH(backend.CopyBlocks(pool, Ids{0, 1, 1, 2}), "block 1 is both copied onto and copied from");
+  EXPECT_DEATH(backend.SwapBlocks(pool, two, Ids{3, 2}), "SwapBlocks: block pair 0 \\(3, 2\\) is outside");
+  EXPECT_DEATH(backend.SwapBlocks(pool, one_layer, Ids{0, 0}), "SwapBlocks: pools of 2 layers");
+  std::vector<int32_t> array(4);
+  EXPECT_DEATH(backend.ScatterPairs(Ids{4, 1}, array), "backend check failed");
+  const Ids rows = {1, 2, 3, 4}, rows_of = {2}, context_lens = {16};
+  EXPECT_DEATH(backend.GatherTableRows(rows, 2, rows_of, context_lens, 16, array), "backend check failed");
+  EXPECT_DEATH(backend.GatherTableRows(rows, 2, rows_of, Ids{16, 16}, 16, array), "backend check failed");
+}
 
 TEST(CpuBackendTest, UnknownIsaIsInvalidArgument) {
   EXPECT_EQ(CreateCpuBackend({.isa = "sse2"}).status().code(), absl::StatusCode::kInvalidArgument);

@@ -12,17 +12,25 @@
 //   DenseAttention: <= 2e-5 * (1 + |ref|) (f32, another summation order).
 //   WriteKvCache + PagedAttention through the backend: a decode batch (split-K kernel)
 //     <= 2e-5 * (1 + |ref|); a prefill batch (bf16 tensor cores) relative L2 <= 1e-2.
+//   CopyBlocks, SwapBlocks (a pinned host pool: the kernel; a pageable one or pageable
+//     pairs: the cudaMemcpyAsync fallback; slots of one block), ScatterPairs and
+//     GatherTableRows: bitwise. A swap pair outside its pool is recorded as InvalidArgument
+//     and copies nothing. RecordError keeps the first error, queue() is the stream,
+//     ReserveWorkspace sizes the scratch.
 // Skips where no GPU can be used (CI), saying why.
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "absl/status/status.h"
 
 #include "argmax_edge_rows.h"
 #include "core/dtype.h"
@@ -410,6 +418,185 @@ TEST_F(CudaBackendKernelTest, PagedAttentionDispatchesDecodeAndPrefill) {
       EXPECT_LE(std::sqrt(err / norm), 1e-2) << "PagedAttention (prefill)";
     }
   }
+}
+
+// ---- Whole KV blocks and kept block tables, against the CPU backend. ----
+
+std::vector<std::byte> RandomBytes(int64_t n, std::mt19937& rng) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<std::byte> bytes(static_cast<size_t>(n));
+  for (std::byte& b : bytes) b = static_cast<std::byte>(byte(rng));
+  return bytes;
+}
+
+Backend::BlockPool PoolAt(void* data, int64_t num_layers, int64_t num_blocks, int64_t block_bytes) {
+  return {.data = static_cast<std::byte*>(data),
+          .num_layers = num_layers,
+          .layer_bytes = num_blocks * block_bytes,
+          .block_bytes = block_bytes};
+}
+
+std::vector<std::byte> Download(const DeviceMemory& d) {
+  std::vector<std::byte> bytes(d.bytes());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(bytes.data(), d.get(), d.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  return bytes;
+}
+
+// Host memory for a test: pinned (cudaHostAlloc, which the GPU addresses in place) or
+// pageable (a vector, which it cannot).
+class HostBytes {
+ public:
+  HostBytes(const void* from, size_t bytes, bool pinned) : bytes_(bytes) {
+    if (pinned) {
+      auto memory = AllocatePinnedHost(bytes, "a test's host pool");
+      EXPECT_TRUE(memory.ok()) << memory.status();
+      if (memory.ok()) pinned_ = std::move(memory).value();
+    } else {
+      pageable_.resize(bytes);
+    }
+    std::memcpy(data(), from, bytes);
+  }
+  std::byte* data() { return pinned_.get() != nullptr ? pinned_.as<std::byte>() : pageable_.data(); }
+  std::vector<std::byte> Bytes() { return std::vector<std::byte>(data(), data() + bytes_); }
+
+ private:
+  const size_t bytes_;
+  PinnedHostMemory pinned_;
+  std::vector<std::byte> pageable_;
+};
+
+TEST_F(CudaBackendKernelTest, CopyBlocksMatchesCpu) {
+  for (int64_t block_bytes : {2048, 1000}) {  // 16-byte copies, and the byte-wise fallback
+    SCOPED_TRACE(testing::Message() << "blocks of " << block_bytes << " B");
+    const int64_t layers = 4, blocks = 20;
+    std::vector<std::byte> want = RandomBytes(layers * blocks * block_bytes, rng_);
+    DeviceMemory pool = UploadVector(want);
+    const std::vector<int32_t> pairs = {3, 10, 0, 19, 7, 2, 4, 5};
+    DeviceMemory d_pairs = UploadVector(pairs);
+    gpu_->CopyBlocks(PoolAt(pool.get(), layers, blocks, block_bytes), {d_pairs.as<int32_t>(), pairs.size()});
+    cpu_->CopyBlocks(PoolAt(want.data(), layers, blocks, block_bytes), pairs);
+    EXPECT_TRUE(Download(pool) == want);
+  }
+}
+
+// A device pool of 9 blocks offloads to a host pool of 4 and onboards from it, then to a
+// one-block slot and back, on the GPU and on the CPU over copies of the same bytes.
+// `pinned`: where the host pool and the pairs live (false: the cudaMemcpyAsync path).
+void ExpectSwapsMatchCpu(CudaBackend& gpu, Backend& cpu, bool pinned_pool, bool pinned_pairs, std::mt19937& rng) {
+  const int64_t layers = 3, device_blocks = 9;
+  for (int64_t block_bytes : {1024, 1000}) {
+    for (int64_t host_blocks : {4, 1}) {
+      SCOPED_TRACE(testing::Message() << "pinned pool " << pinned_pool << ", pinned pairs " << pinned_pairs
+                                      << ", blocks of " << block_bytes << " B, " << host_blocks << " host blocks");
+      std::vector<std::byte> cpu_device = RandomBytes(layers * device_blocks * block_bytes, rng);
+      std::vector<std::byte> cpu_host = RandomBytes(layers * host_blocks * block_bytes, rng);
+      DeviceMemory device = UploadVector(cpu_device);
+      HostBytes host(cpu_host.data(), cpu_host.size(), pinned_pool);
+      const Backend::BlockPool gpu_device = PoolAt(device.get(), layers, device_blocks, block_bytes);
+      const Backend::BlockPool gpu_host = PoolAt(host.data(), layers, host_blocks, block_bytes);
+      const Backend::BlockPool cpu_device_pool = PoolAt(cpu_device.data(), layers, device_blocks, block_bytes);
+      const Backend::BlockPool cpu_host_pool = PoolAt(cpu_host.data(), layers, host_blocks, block_bytes);
+      using Ids = std::vector<int32_t>;
+      const Ids offload = host_blocks == 4 ? Ids{7, 0, 2, 3} : Ids{5, 0};
+      const Ids onboard = host_blocks == 4 ? Ids{0, 8, 3, 5, 1, 0} : Ids{0, 2};
+      for (bool to_host : {true, false}) {
+        const std::vector<int32_t>& pairs = to_host ? offload : onboard;
+        HostBytes pair_bytes(pairs.data(), sizeof(int32_t) * pairs.size(), pinned_pairs);
+        const std::span<const int32_t> gpu_pairs(reinterpret_cast<const int32_t*>(pair_bytes.data()), pairs.size());
+        if (to_host) {
+          gpu.SwapBlocks(gpu_device, gpu_host, gpu_pairs);
+          cpu.SwapBlocks(cpu_device_pool, cpu_host_pool, pairs);
+        } else {
+          gpu.SwapBlocks(gpu_host, gpu_device, gpu_pairs);
+          cpu.SwapBlocks(cpu_host_pool, cpu_device_pool, pairs);
+        }
+        ASSERT_EQ(cudaStreamSynchronize(gpu.stream()), cudaSuccess);
+        const absl::Status error = gpu.TakeError();
+        ASSERT_TRUE(error.ok()) << error;
+        EXPECT_TRUE(host.Bytes() == cpu_host) << (to_host ? "offload" : "onboard") << ": the host pool";
+        EXPECT_TRUE(Download(device) == cpu_device) << (to_host ? "offload" : "onboard") << ": the device pool";
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendKernelTest, SwapBlocksWithAPinnedHostPoolMatchesCpu) {
+  ExpectSwapsMatchCpu(*gpu_, *cpu_, /*pinned_pool=*/true, /*pinned_pairs=*/true, rng_);
+}
+
+TEST_F(CudaBackendKernelTest, SwapBlocksWithAPageableHostPoolOrPairsMatchesCpu) {
+  ExpectSwapsMatchCpu(*gpu_, *cpu_, /*pinned_pool=*/false, /*pinned_pairs=*/true, rng_);
+  ExpectSwapsMatchCpu(*gpu_, *cpu_, /*pinned_pool=*/true, /*pinned_pairs=*/false, rng_);
+}
+
+TEST_F(CudaBackendKernelTest, SwapBlocksRecordsAPairOutsideItsPoolAndCopiesNothing) {
+  const int64_t layers = 2, block_bytes = 256;
+  const std::vector<std::byte> device0 = RandomBytes(layers * 9 * block_bytes, rng_);
+  const std::vector<std::byte> host0 = RandomBytes(layers * 4 * block_bytes, rng_);
+  DeviceMemory device = UploadVector(device0);
+  HostBytes host(host0.data(), host0.size(), /*pinned=*/true);
+  const std::vector<int32_t> pairs = {1, 0, 9, 1};  // block 9 of a 9-block pool
+  HostBytes pair_bytes(pairs.data(), sizeof(int32_t) * pairs.size(), /*pinned=*/true);
+  gpu_->SwapBlocks(PoolAt(device.get(), layers, 9, block_bytes), PoolAt(host.data(), layers, 4, block_bytes),
+                   {reinterpret_cast<const int32_t*>(pair_bytes.data()), pairs.size()});
+  ASSERT_EQ(cudaStreamSynchronize(gpu_->stream()), cudaSuccess);
+  const absl::Status error = gpu_->TakeError();
+  EXPECT_EQ(error.code(), absl::StatusCode::kInvalidArgument) << error;
+  EXPECT_TRUE(host.Bytes() == host0);
+  EXPECT_TRUE(Download(device) == device0);
+}
+
+TEST_F(CudaBackendKernelTest, ScatterPairsAndGatherTableRowsMatchCpu) {
+  const int64_t row_stride = 6;
+  std::vector<int32_t> rows(4 * row_stride);
+  std::iota(rows.begin(), rows.end(), 100);
+  DeviceMemory d_rows = UploadVector(rows);
+  const std::vector<int32_t> updates = {0, -5, 23, 77, 7, 8, 12, 0};
+  DeviceMemory d_updates = UploadVector(updates);
+  gpu_->ScatterPairs({d_updates.as<int32_t>(), updates.size()}, {d_rows.as<int32_t>(), rows.size()});
+  cpu_->ScatterPairs(updates, rows);
+  EXPECT_EQ(DownloadVector<int32_t>(d_rows, rows.size()), rows);
+
+  const std::vector<int32_t> rows_of = {3, -1, 0, 2, 1}, context_lens = {17, 50, 0, 96, 200};
+  DeviceMemory d_rows_of = UploadVector(rows_of), d_lens = UploadVector(context_lens);
+  for (const size_t out_cols : {size_t{4}, size_t{9}}) {  // fewer columns than the stride, and more
+    std::vector<int32_t> want(rows_of.size() * out_cols, -7);
+    DeviceMemory d_out = UploadVector(want);
+    gpu_->GatherTableRows({d_rows.as<int32_t>(), rows.size()}, row_stride, {d_rows_of.as<int32_t>(), rows_of.size()},
+                          {d_lens.as<int32_t>(), context_lens.size()}, 16, {d_out.as<int32_t>(), want.size()});
+    cpu_->GatherTableRows(rows, row_stride, rows_of, context_lens, 16, want);
+    EXPECT_EQ(DownloadVector<int32_t>(d_out, want.size()), want) << "out_cols " << out_cols;
+  }
+}
+
+// The first recorded error is kept, whichever overload recorded it, and later ops are
+// skipped until TakeError returns it; queue() is the stream the ops run on.
+TEST_F(CudaBackendKernelTest, RecordErrorKeepsTheFirstAndQueueIsTheStream) {
+  EXPECT_EQ(gpu_->queue(), static_cast<void*>(gpu_->stream()));
+  const absl::Status reserved = gpu_->ReserveWorkspace({.max_tokens = 256,
+                                                        .max_width = 4096,
+                                                        .max_seqs = 64,
+                                                        .num_heads = 32,
+                                                        .num_kv_heads = 8,
+                                                        .head_dim = 128,
+                                                        .max_context_len = 4096});
+  EXPECT_TRUE(reserved.ok()) << reserved;
+
+  Backend& backend = *gpu_;
+  backend.RecordError(absl::DataLossError("a corrupt upload"));
+  gpu_->RecordError(cudaErrorInvalidValue, "a later launch");
+  backend.RecordError(absl::InternalError("a later failure"));
+  std::vector<int32_t> array = {1, 2, 3};
+  DeviceMemory d_array = UploadVector(array);
+  const std::vector<int32_t> updates = {0, 9};
+  DeviceMemory d_updates = UploadVector(updates);
+  backend.ScatterPairs({d_updates.as<int32_t>(), updates.size()}, {d_array.as<int32_t>(), array.size()});
+  EXPECT_EQ(DownloadVector<int32_t>(d_array, array.size()), array) << "an op after the error ran";
+  const absl::Status taken = backend.TakeError();
+  EXPECT_EQ(taken.code(), absl::StatusCode::kDataLoss) << taken;
+  EXPECT_EQ(taken.message(), "a corrupt upload");
+  EXPECT_TRUE(backend.TakeError().ok());
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Owning handles for CUDA memory: device memory (cudaMalloc) and pinned host memory
-// (cudaHostAlloc), freed on destruction. Move-only.
+// Owning handles for CUDA memory — device memory (cudaMalloc) and pinned host memory
+// (cudaHostAlloc), freed on destruction, move-only — and CUDA errors as Status: what the
+// CUDA backend and the CUDA runner both use. Include only from code built with CUDA.
 //
 // Thread-safety: a handle is a value; the memory it owns is the owner's to synchronize.
 #pragma once
@@ -13,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 
-namespace kvmesh::backend::cuda {
+namespace kvmesh::cuda {
 
 // A CUDA error as a Status: ResourceExhausted for out-of-memory, Internal otherwise,
 // with `what` and CUDA's own words.
@@ -25,7 +26,7 @@ inline absl::Status CudaStatus(cudaError_t err, absl::string_view what) {
 
 // Returns CudaStatus(expr, what) from the enclosing function when `expr` is not cudaSuccess.
 #define KVMESH_RETURN_IF_CUDA_ERROR(expr, what) \
-  KVMESH_RETURN_IF_ERROR(::kvmesh::backend::cuda::CudaStatus((expr), (what)))
+  KVMESH_RETURN_IF_ERROR(::kvmesh::cuda::CudaStatus((expr), (what)))
 
 // Memory from `Allocate` (cudaMalloc or cudaHostAlloc), released by `Release`.
 template <cudaError_t (*Release)(void*)>
@@ -90,4 +91,4 @@ inline absl::StatusOr<PinnedHostMemory> AllocatePinnedHost(size_t bytes, absl::s
   return PinnedHostMemory(data, bytes);
 }
 
-}  // namespace kvmesh::backend::cuda
+}  // namespace kvmesh::cuda
