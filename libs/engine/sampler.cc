@@ -9,19 +9,13 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "core/greedy_argmax.h"
 
 namespace kvmesh::engine {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr float kMaxFloat = std::numeric_limits<float>::max();
 
-// NaN never wins (-inf); +inf becomes the largest finite float so that
-// exp(s - s_max) stays defined. Branch-free: loops over it vectorise.
-inline float SanitizeLogit(float x) {
-  const float finite_top = x > kMaxFloat ? kMaxFloat : x;
-  return x != x ? kNegInf : finite_top;
-}
 
 // e^x for x <= 0 in f32, and exactly 0 below -87 (so -inf gives 0): Cephes'
 // expf (range reduction by ln 2, degree-6 polynomial; error ~1 ulp) on four
@@ -272,34 +266,6 @@ double SequenceSampler::NextUniform() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
 }
 
-// The lowest id among the highest values of f(l[i]), or -1 when every value is
-// -inf. Two passes (the max, then its first index) so the first is a branch-free
-// reduction over independent lanes: one compare-and-keep chain over the
-// vocabulary ran ~3 cycles per logit.
-namespace {
-
-template <typename F>
-int32_t GreedyArgmax(const float* l, int32_t v, F f) {
-  constexpr int kLanes = 16;
-  float lane_max[kLanes];
-  for (float& m : lane_max) m = kNegInf;
-  int32_t i = 0;
-  for (; i + kLanes <= v; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const float x = f(l[i + j]);
-      lane_max[j] = x > lane_max[j] ? x : lane_max[j];
-    }
-  }
-  float best = kNegInf;
-  for (; i < v; ++i) best = f(l[i]) > best ? f(l[i]) : best;
-  for (float m : lane_max) best = m > best ? m : best;
-  if (!(best > kNegInf)) return -1;
-  int32_t first = 0;
-  while (f(l[first]) != best) ++first;
-  return first;
-}
-
-}  // namespace
 
 bool SequenceSampler::MasksOrPenaltiesApply() const {
   return (num_output_tokens_ < params_.min_tokens && !min_tokens_masked_.empty()) || !params_.logit_bias.empty() ||
@@ -516,7 +482,7 @@ absl::StatusOr<SampleResult> SequenceSampler::Sample(std::span<const float> logi
     // Without masks or penalties the logits need no penalized copy: sanitized on the fly.
     const bool plain = !MasksOrPenaltiesApply();
     if (!plain) ApplyMasksAndPenalties(logits);
-    const int32_t best = plain ? GreedyArgmax(logits.data(), vocab_size_, [](float x) { return SanitizeLogit(x); })
+    const int32_t best = plain ? GreedyToken(logits.data(), vocab_size_)
                                : GreedyArgmax(penalized_.data(), vocab_size_, [](float x) { return x; });
     if (best >= 0) {
       result.token_id = best;

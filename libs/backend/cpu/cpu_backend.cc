@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cfloat>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +33,7 @@
 #include "backend/internal/linear_parts.h"
 #include "backend/ops.h"
 #include "core/dtype.h"
+#include "core/greedy_argmax.h"
 #include "core/tensor_view.h"
 
 namespace kvmesh::backend {
@@ -76,67 +76,6 @@ cpu::ElemType ToElemType(DType dtype) {
 // Below this many elements an op runs on the calling thread: waking the OpenMP team
 // (~1 us) costs more than the work (cf. cpu/elementwise_kernels.cc).
 constexpr int64_t kMinParallelElements = 1 << 15;
-
-// A value as the host sampler's greedy path reads it (engine/sampler.cc): NaN as -inf, so
-// it never wins, and +inf as the largest finite float. Branch-free, so loops vectorise.
-inline float GreedyValue(float x) {
-  const float finite_top = x > FLT_MAX ? FLT_MAX : x;
-  return x != x ? -INFINITY : finite_top;
-}
-
-// GCC/Clang vector extensions: SSE2 here, which every x86-64 has (no ISA flags in this file).
-using F32x4 = float __attribute__((vector_size(16)));
-using I32x4 = int32_t __attribute__((vector_size(16)));
-
-// ops.h ArgmaxRows for one row of v >= 1 values, in one pass: 16 lanes, each keeping the
-// first index of its largest value (a select, so the loop runs 4-wide), then reduced with
-// the lower index winning ties; the tail past the last 16 is scanned in order. A row
-// whose values are all NaN or -inf leaves every lane at -inf: -1.
-int32_t ArgmaxRow(const float* row, int64_t v) {
-  constexpr int kVectors = 4;
-  constexpr int64_t kStep = 4 * kVectors;
-  const F32x4 neg_inf = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-  const F32x4 top = {FLT_MAX, FLT_MAX, FLT_MAX, FLT_MAX};
-  F32x4 lane_value[kVectors];
-  I32x4 lane_index[kVectors];
-  for (int k = 0; k < kVectors; ++k) {
-    lane_value[k] = neg_inf;
-    lane_index[k] = I32x4{-1, -1, -1, -1};
-  }
-  int64_t j = 0;
-  for (; j + kStep <= v; j += kStep) {
-    for (int k = 0; k < kVectors; ++k) {
-      F32x4 x;
-      std::memcpy(&x, row + j + 4 * k, sizeof(x));
-      x = x > top ? top : x;        // +inf as FLT_MAX (GreedyValue, 4 lanes)
-      x = x != x ? neg_inf : x;     // NaN never wins
-      const I32x4 larger = x > lane_value[k];
-      const int32_t at = static_cast<int32_t>(j + 4 * k);
-      lane_value[k] = larger ? x : lane_value[k];
-      lane_index[k] = larger ? I32x4{at, at + 1, at + 2, at + 3} : lane_index[k];
-    }
-  }
-  float best = -INFINITY;
-  int32_t best_index = -1;
-  for (; j < v; ++j) {  // the tail, in index order: the first strictly larger value wins
-    const float x = GreedyValue(row[j]);
-    if (x > best) {
-      best = x;
-      best_index = static_cast<int32_t>(j);
-    }
-  }
-  for (int k = 0; k < kVectors; ++k) {
-    for (int l = 0; l < 4; ++l) {
-      const float value = lane_value[k][l];
-      const int32_t index = lane_index[k][l];
-      if (value > best || (value == best && index < best_index)) {
-        best = value;
-        best_index = index;
-      }
-    }
-  }
-  return best > -INFINITY ? best_index : -1;
-}
 
 class CpuPackedLinear final : public PackedLinear {
  public:
@@ -376,7 +315,7 @@ class CpuBackend final : public Backend {
     KVMESH_BACKEND_CHECK(static_cast<int64_t>(out.size()) == r_count && v >= 1 && v <= INT32_MAX);
     const float* xs = x.data_as<const float>();
 #pragma omp parallel for num_threads(ThreadsFor(r_count * v))
-    for (int64_t r = 0; r < r_count; ++r) out[r] = ArgmaxRow(xs + r * v, v);
+    for (int64_t r = 0; r < r_count; ++r) out[r] = GreedyToken(xs + r * v, static_cast<int32_t>(v));
   }
 
   void CopyBlocks(const BlockPool& pool, std::span<const int32_t> pairs) override {
