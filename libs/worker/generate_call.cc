@@ -40,6 +40,10 @@ struct PrefillClientCall {
   kv::KvTransferStats ucx_stats;            // guarded by mu
   std::optional<absl::Status> reply;        // guarded by mu: the Prefill call's status
   bool resolved = false;                    // guarded by mu: commit or failure posted
+  // Guarded by mu: the request ended first, so the call's cancel and the lease's closing
+  // that follow are this worker's doing, not the prefill worker's: nothing to commit or
+  // fall back to, and no peer to report unreachable.
+  bool request_ended = false;
 };
 
 class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateResponse> {
@@ -224,9 +228,11 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     bool commit = false;
     bool close_ucx = false;
     bool cancel_call = false;
+    bool request_ended = false;
     {
       std::lock_guard<std::mutex> lock(call->mu);
       if (call->resolved) return;
+      request_ended = call->request_ended;
       const bool used_ucx = call->reply.has_value() && call->reply->ok() &&
                             call->response.kv_transport_used() == v1::KV_TRANSPORT_UCX;
       if (call->reply.has_value() && !call->reply->ok()) {
@@ -267,6 +273,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
                                         : absl::CancelledError("the KV went another way"));
     }
     if (cancel_call) call->context.TryCancel();
+    if (request_ended) return;
     if (failure.has_value()) return FailOrFallBack(state, id, *failure, call->prefill_address);
     if (!commit) return;
     std::optional<engine::SampleResult> logprobs;
@@ -356,6 +363,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     // The request ended: a Prefill still running for it is cancelled (a finished call
     // ignores this), so the prefill worker frees its blocks too.
     if (prefill_call) {
+      {
+        std::lock_guard<std::mutex> lock(prefill_call->mu);
+        prefill_call->request_ended = true;
+      }
       prefill_call->context.TryCancel();
       // Its UCX lease too: the blocks are gone, the sender is refused from now on.
       if (prefill_call->ucx_offered) {

@@ -257,6 +257,10 @@ def test_a_client_disconnecting_mid_stream_frees_kv_blocks_on_both_workers(clust
     _kv_blocks_used_eventually_zero(cluster)
     # Both workers still serve.
     assert _complete(_client(cluster.url), PROMPTS[0])[1] == "length"
+    # A client leaving is no fault of the prefill worker: the decode worker, which ended
+    # the transfer itself, did not report it unreachable (that would stop placements on it).
+    with open(os.path.join(cluster.run_dir, "scheduler.log"), errors="replace") as f:
+        assert "worker reported unreachable" not in f.read(), cluster.logs()
 
 
 def _start_worker_binary(path, *args):
@@ -329,7 +333,7 @@ def test_killing_the_prefill_worker_falls_back_to_a_local_prefill_and_leaks_noth
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)
     assert r.choices[0].finish_reason == "length", r
     decode = _worker_metrics(cluster, "decode")
-    assert _metric(decode, "kvmesh_kv_remote_prefill_fallbacks") >= 1, decode
+    assert _metric(decode, "kvmesh_kv_remote_prefill_fallbacks") >= 1, decode + cluster.logs()
     if stubs is not None:
         deadline = time.time() + 10
         load = None

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/async_engine.h"
 #include "engine/engine.h"
+#include "kv/transport/ucx/ucx_kv_transport.h"
 #include "fake_kv_storage_runner.h"
 #include "metrics/registry.h"
 #include "rpc/channel.h"
@@ -299,6 +301,43 @@ TEST(WorkerServiceTest, AClientLeavingMidPrefillCancelsTheRemotePrefillAndFreesT
   EXPECT_EQ(prefill.service.prefill.cancelled.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready)
       << "the decode side did not cancel the remote prefill";
   EXPECT_EQ(decode.UsedBlocksEventually(), 0);
+}
+
+// With a UCX lease offered, a request that ends first (its client left) closes the lease
+// and cancels the Prefill call itself: neither event is the prefill worker's failure, so
+// the scheduler must not hear it is unreachable (it would get no placements for
+// --unreachable-ttl-ms, and every prompt would be prefilled on its decode worker).
+TEST(WorkerServiceTest, AClientLeavingMidUcxPrefillReportsNoPeerUnreachable) {
+  SilentPeer prefill;
+  Worker decode;
+  std::unique_ptr<kv::UcxKvTransport> ucx = kv::UcxKvTransport::Create({.tls = "tcp"}).value();
+  kv::KvStorage* storage = decode.runner.kv_storage();
+  const kv::KvPoolHandle pool = ucx->RegisterPool(storage->data(), storage->layout()).value();
+  decode.state->SetKvTransports(
+      {{.pool = {.transport = ucx.get(), .pool = pool}, .base = storage->data(), .layout = storage->layout()}});
+  std::mutex mu;
+  std::vector<std::string> reports;
+  decode.state->SetUnreachableReporter([&](const std::string& address, const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mu);
+    reports.push_back(absl::StrCat(address, ": ", reason));
+  });
+  grpc::ClientContext context;
+  auto reader = decode.stub->Generate(&context, GenerateRequest("r", Prompt(10, 6), prefill.server->address()));
+  ASSERT_EQ(prefill.service.prefill.received.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(ucx->num_open_leases(), 1) << "the decode worker offered no UCX lease";
+  context.TryCancel();
+  EXPECT_EQ(prefill.service.prefill.cancelled.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(decode.UsedBlocksEventually(), 0);
+  // Both events have been handled once the Prefill call's registration and the lease are
+  // gone; the lease's callback runs right after its removal, on the transport's thread.
+  for (int i = 0; i < 200 && (decode.state->outgoing_calls().num_open() > 0 || ucx->num_open_leases() > 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(decode.state->outgoing_calls().num_open(), 0);
+  EXPECT_EQ(ucx->num_open_leases(), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_THAT(reports, ::testing::IsEmpty());
 }
 
 TEST(WorkerServiceTest, ACancelledPrefillStopsItsPushAndKeepsNoBlocks) {
