@@ -278,13 +278,20 @@ struct CpuBackendOptions {
   // fallback; "avx512" insists on AVX-512 (F/BW/VL/DQ) without AMX; "amx" insists on AMX.
   // The environment variable KVMESH_CPU_ISA, when set, replaces "auto".
   std::string_view isa = "auto";
+  // What Linear computes in. kF32 (the default): exact f32 activations times the
+  // weights widened to f32. kBF16 (opt-in, `--compute-dtype bf16`): weights packed as
+  // bf16 (f32/f16 ones rounded to nearest even at PackLinear) and each activation
+  // rounded to bf16 before the product, summed in f32: the numerics vLLM and llama.cpp
+  // use for bf16 models, and ~3x the AMX throughput. Other ops stay f32 either way.
+  DType compute_dtype = DType::kF32;
 };
 // FailedPrecondition if the CPU lacks AVX2+FMA+F16C (or the ISA asked for);
-// InvalidArgument for an unknown `isa`. The backend's name() is "cpu-amx",
-// "cpu-avx512" or "cpu-avx2". On AMX, bf16-weight Linear splits each f32
-// activation into two bf16 terms (relative error <= 2^-16 per product, plus f32
-// accumulation). Linear is batch invariant: a row's result is bitwise the same for
-// every M, position in the batch and thread count.
+// InvalidArgument for an unknown `isa` or a compute_dtype other than f32 / bf16. The
+// backend's name() is "cpu-amx", "cpu-avx512" or "cpu-avx2", with "-bf16" in the
+// bf16 compute mode. On AMX, bf16-weight Linear in f32 mode splits each f32
+// activation into three bf16 terms (its error is that of an f32 FMA chain, see
+// cpu/amx_linear_kernel.cc). Linear is batch invariant in both modes: a row's result
+// is bitwise the same for every M, position in the batch and thread count.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options);
 
 // The CUDA backend (backend/cuda/cuda_backend.h) on GPU `device`: its ops take device

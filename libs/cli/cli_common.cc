@@ -35,6 +35,10 @@ ABSL_FLAG(std::string, backend, "cpu", "Backend for the model ops: cpu or refere
 ABSL_FLAG(std::string, device, "cpu",
           "Where the model runs: cpu, or cuda (GPU 0; cuda:N for GPU N): weights, KV cache and every op on the GPU.");
 ABSL_FLAG(int, threads, 0, "Kernel threads; 0 means one per core.");
+ABSL_FLAG(std::string, compute_dtype, "f32",
+          "What the CPU backend's matrix products compute in: f32 (exact f32 activations; the default) or bf16 "
+          "(activations rounded to bf16 into bf16 dot products with f32 sums, weights packed as bf16: the "
+          "numerics vLLM and llama.cpp use for bf16 models, about 3x faster on AMX).");
 KVMESH_FLAG_RANGE(threads, 0, 4096);
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 ABSL_DECLARE_FLAG(int, tensor_parallel_size);  // engine_flags.cc
@@ -141,16 +145,32 @@ absl::StatusOr<int> CudaDeviceFromFlags() {
   return absl::InvalidArgumentError(absl::StrCat("--device must be cpu, cuda or cuda:N, not \"", device, "\""));
 }
 
+absl::StatusOr<DType> ComputeDTypeFromFlags() {
+  const std::string name = absl::GetFlag(FLAGS_compute_dtype);
+  if (name != "f32" && name != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat("--compute-dtype must be f32 or bf16, not \"", name, "\""));
+  }
+  if (name == "f32") return DType::kF32;
+  KVMESH_ASSIGN_OR_RETURN(const int cuda_device, CudaDeviceFromFlags());
+  if (cuda_device >= 0 || absl::GetFlag(FLAGS_backend) != "cpu") {
+    return absl::InvalidArgumentError("--compute-dtype bf16 applies to --device cpu with --backend cpu only");
+  }
+  return DType::kBF16;
+}
+
 absl::StatusOr<LoadedModel> LoadModelFromFlags(bool quiet) {
   const auto start = std::chrono::steady_clock::now();
   LoadedModel loaded;
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
   KVMESH_ASSIGN_OR_RETURN(const int cuda_device, CudaDeviceFromFlags());
+  KVMESH_RETURN_IF_ERROR(ComputeDTypeFromFlags().status());  // refused before any load
   if (cuda_device >= 0) {
     if (backend_name != "cpu") return absl::InvalidArgumentError("--backend applies to --device cpu only");
     KVMESH_ASSIGN_OR_RETURN(loaded.backend, backend::CreateCudaBackend(cuda_device));
   } else if (backend_name == "cpu") {
-    KVMESH_ASSIGN_OR_RETURN(loaded.backend, backend::CreateCpuBackend({.num_threads = absl::GetFlag(FLAGS_threads)}));
+    KVMESH_ASSIGN_OR_RETURN(const DType compute_dtype, ComputeDTypeFromFlags());
+    KVMESH_ASSIGN_OR_RETURN(loaded.backend, backend::CreateCpuBackend({.num_threads = absl::GetFlag(FLAGS_threads),
+                                                                      .compute_dtype = compute_dtype}));
   } else if (backend_name == "reference") {
     loaded.backend = backend::CreateReferenceBackend();
   } else {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/dtype.h"
 #include "backend/ops.h"
 #include "engine/llama_model.h"
 #include "model/tokenizer.h"
@@ -24,6 +25,9 @@ struct LoadedModel {
 // --device: -1 for cpu, else the CUDA device index (cuda = 0, cuda:N = N).
 // InvalidArgument for anything else.
 absl::StatusOr<int> CudaDeviceFromFlags();
+// --compute-dtype: f32 or bf16 (backend::CpuBackendOptions::compute_dtype); bf16 only
+// with --device cpu --backend cpu. InvalidArgument otherwise.
+absl::StatusOr<DType> ComputeDTypeFromFlags();
 
 // --model (default: the embedded tiny model), --backend, --threads.
 std::string ModelDirFlag();

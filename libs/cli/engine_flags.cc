@@ -138,6 +138,7 @@ absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model, 
         .kv_cache_dtype = kv_dtype,
         .total_threads = absl::GetFlag(FLAGS_threads),
     };
+    KVMESH_ASSIGN_OR_RETURN(tp_options.compute_dtype, ComputeDTypeFromFlags());
     tp_options.on_group_failure = [](const absl::Status& status) {
       KVMESH_LOG(kError) << "stopping: a tensor-parallel rank failed and the group cannot continue"
                          << LogKv("error", status.message());

@@ -130,7 +130,8 @@ absl::Status TensorParallelRunner::SetUpRank(int32_t r, const std::string& model
   const int32_t n = options_.tensor_parallel_size;
   const int total = options_.total_threads > 0 ? options_.total_threads
                                                : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  auto backend = backend::CreateCpuBackend({.num_threads = std::max(1, total / n), .isa = options_.isa});
+  auto backend = backend::CreateCpuBackend(
+      {.num_threads = std::max(1, total / n), .isa = options_.isa, .compute_dtype = options_.compute_dtype});
   if (!backend.ok()) return backend.status();
   rank.backend = std::move(backend).value();
   LlamaModelOptions model_options{.tensor_parallel_rank = r, .tensor_parallel_size = n};

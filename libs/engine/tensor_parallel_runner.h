@@ -57,6 +57,7 @@ struct TensorParallelRunnerOptions {
   // Kernel threads of all ranks together; <= 0: one per core.
   int total_threads = 0;
   std::string isa = "auto";  // CpuBackendOptions::isa
+  DType compute_dtype = DType::kF32;  // CpuBackendOptions::compute_dtype
   // Bound on the rendezvous and on each collective: how long a lost peer can stall a step.
   absl::Duration comm_timeout = absl::Seconds(30);
   // Progress of rank 0's load (the others load the same way in parallel).

@@ -141,7 +141,8 @@ StepProfile Profile(engine::LlamaModel& model, backend::TimingBackend& timing, D
 
 int Main(int argc, char** argv) {
   // Usage: engine_step_bench [--threads N] [--input-len L] [--steps S] [--batches 1,16]
-  //                          [--kv-cache-dtype auto|f32|bf16] [--no-copy-bandwidth] [MODEL_DIR]
+  //                          [--kv-cache-dtype auto|f32|bf16] [--compute-dtype f32|bf16]
+  //                          [--no-copy-bandwidth] [MODEL_DIR]
   const char* dir = KVMESH_TINY_MODEL_DIR;
   int threads = 0;
   int input_len = 64;
@@ -149,6 +150,7 @@ int Main(int argc, char** argv) {
   std::string kv_dtype_name = "auto";  // as `kvmesh serve`: bf16 for a bf16 model
   std::vector<int> batches = {1, 16};
   bool measure_copy = true;
+  DType compute_dtype = DType::kF32;  // CpuBackendOptions::compute_dtype
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--threads" && i + 1 < argc) {
@@ -160,6 +162,8 @@ int Main(int argc, char** argv) {
     } else if (arg == "--batches" && i + 1 < argc) {
       batches.clear();
       for (absl::string_view b : absl::StrSplit(argv[++i], ',')) batches.push_back(std::max(1, std::atoi(std::string(b).c_str())));
+    } else if (arg == "--compute-dtype" && i + 1 < argc) {
+      compute_dtype = std::string(argv[++i]) == "bf16" ? DType::kBF16 : DType::kF32;
     } else if (arg == "--no-copy-bandwidth") {
       measure_copy = false;
     } else if (arg == "--steps" && i + 1 < argc) {
@@ -169,7 +173,7 @@ int Main(int argc, char** argv) {
     }
   }
   if (threads > 0) omp_set_num_threads(threads);
-  auto cpu = backend::CreateCpuBackend({.num_threads = threads});
+  auto cpu = backend::CreateCpuBackend({.num_threads = threads, .compute_dtype = compute_dtype});
   if (!cpu.ok()) Die(cpu.status());
   backend::TimingBackend timing(**cpu);
   auto model = engine::LlamaModel::Load(dir, timing, {});

@@ -67,6 +67,20 @@ def test_generate_runs_tensor_parallel_through_the_engine():
     assert two == one
 
 
+def test_compute_dtype_bf16_generates_and_bad_values_are_clear_errors():
+    """--compute-dtype bf16 (bf16 dot products) runs the engine, on one process and on a
+    tensor-parallel group; anything but f32 / bf16, or bf16 off the CPU backend, is refused."""
+    args = ["generate", "--prompt", "The quick brown fox", "--max-tokens", "8", "--json", "--temperature", "0",
+            "--ignore-eos", "--kv-cache-dtype", "f32", "--compute-dtype", "bf16"]
+    one = [json.loads(l)["id"] for l in run(*args).stdout.splitlines() if l.strip()]
+    two = [json.loads(l)["id"] for l in run(*args, "--tensor-parallel-size", "2").stdout.splitlines() if l.strip()]
+    assert len(one) == 8 and len(two) == 8
+    bad = run("generate", "--prompt", "hi", "--compute-dtype", "f16", check=False)
+    assert bad.returncode != 0 and "--compute-dtype must be f32 or bf16, not \"f16\"" in bad.stderr, bad.stderr
+    bad = run("generate", "--prompt", "hi", "--compute-dtype", "bf16", "--backend", "reference", check=False)
+    assert bad.returncode != 0 and "--compute-dtype bf16 applies to --device cpu with --backend cpu" in bad.stderr
+
+
 def test_greedy_generation_matches_transformers_fixture():
     """The first prompt of the bf16 fixture, decoded greedily by the CLI.
 

@@ -46,7 +46,10 @@ using avx512::Max;
 using avx512::Min;
 
 constexpr int kBlockRows = 16;             // rows of x per A tile
-constexpr int kTerms = 3;                  // bf16 terms per f32 activation
+// bf16 terms per f32 activation, the kernels' template parameter kTerms: 3 (f32-level
+// accuracy, above) or 1 (the bf16 compute mode: x rounded to bf16, as vLLM and
+// llama.cpp run bf16 models; ~3x the products per second).
+constexpr int kExactTerms = 3;
 constexpr int64_t kTileBytes = 1024;       // one 16 x 64-byte tile
 constexpr int64_t kABlockBytes = 1 << 20;  // target size of a block of split x (stays in L2)
 constexpr int64_t kPrefetchBlocks = 6;     // weight prefetch distance, in 32-k blocks of a panel
@@ -104,16 +107,9 @@ uint16_t* GetScratch(int64_t bytes) {
   return static_cast<uint16_t*>(tls_scratch.data);
 }
 
-// f32 bits rounded to nearest even at bf16 precision, as f32 bits (low 16 zero).
-// Finite inputs only (activations); x near FLT_MAX may round to infinity.
-KVMESH_VEC_INLINE __m512i RoundToBf16(__m512i bits) {
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
-  return _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
-}
-
 // One row of x (k floats) -> kTerms bf16 rows of kp (zero past k), term t at
 // dst + t * term_stride.
+template <int kTerms>
 void SplitRow(const float* x, int64_t k, int64_t kp, uint16_t* dst, int64_t term_stride) {
   for (int64_t i = 0; i < kp; i += 16) {
     __m512 v;
@@ -126,7 +122,7 @@ void SplitRow(const float* x, int64_t k, int64_t kp, uint16_t* dst, int64_t term
     }
 #pragma GCC unroll 3
     for (int t = 0; t < kTerms; ++t) {
-      const __m512i h = RoundToBf16(_mm512_castps_si512(v));
+      const __m512i h = _mm512_castps_si512(avx512::RoundToBf16(avx512::V{v}).v);  // nearest even
       _mm256_store_si256(reinterpret_cast<__m256i*>(dst + t * term_stride + i),
                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
       v = _mm512_sub_ps(v, _mm512_castsi512_ps(h));  // exact
@@ -135,7 +131,7 @@ void SplitRow(const float* x, int64_t k, int64_t kp, uint16_t* dst, int64_t term
 }
 
 struct AmxCtx {
-  const char* a;     // split x: [blocks][kTerms][16 rows][kp] bf16
+  const char* a;     // split x: [blocks][terms][16 rows][kp] bf16
   int64_t a_stride;  // kp * 2 bytes (one split row)
   int64_t kb;        // kp / 32
   int64_t m;
@@ -175,8 +171,41 @@ KVMESH_VEC_INLINE void StoreBlock(const AmxCtx& c, const float (*c0)[16], const 
   }
 }
 
+// One 32-k block's products, term 0, 1, 2 in turn, into C tiles 4, 5 (row block 0:
+// A at ak0) and 6, 7 (row block 1, when kTwo: A at ak1); B in tiles 2, 3. Two A
+// registers alternate so a load need not wait for the previous products.
+template <int kTerms, bool kTwo>
+KVMESH_VEC_INLINE void DotTerms(const char* ak0, const char* ak1, int64_t term_bytes, int64_t a_stride) {
+  static_assert(kTerms >= 1 && kTerms <= 3);
+  if constexpr (kTwo) {
+#pragma GCC unroll 3
+    for (int t = 0; t < kTerms; ++t) {
+      _tile_loadd(0, ak0 + t * term_bytes, a_stride);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_dpbf16ps(5, 0, 3);
+      _tile_loadd(1, ak1 + t * term_bytes, a_stride);
+      _tile_dpbf16ps(6, 1, 2);
+      _tile_dpbf16ps(7, 1, 3);
+    }
+  } else {
+    _tile_loadd(0, ak0, a_stride);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_dpbf16ps(5, 0, 3);
+    if constexpr (kTerms > 1) {
+      _tile_loadd(1, ak0 + term_bytes, a_stride);
+      _tile_dpbf16ps(4, 1, 2);
+      _tile_dpbf16ps(5, 1, 3);
+    }
+    if constexpr (kTerms > 2) {
+      _tile_loadd(0, ak0 + 2 * term_bytes, a_stride);
+      _tile_dpbf16ps(4, 0, 2);
+      _tile_dpbf16ps(5, 0, 3);
+    }
+  }
+}
+
 // Row blocks i (and i + 1 when kTwo) against panel p.
-template <bool kTwo>
+template <int kTerms, bool kTwo>
 void AmxBlock(const AmxCtx& c, int64_t p, int64_t i, bool prefetch) {
   const char* b = c.panels + p * c.panel_bytes;
   const int64_t term_bytes = kBlockRows * c.a_stride;
@@ -198,37 +227,7 @@ void AmxBlock(const AmxCtx& c, int64_t p, int64_t i, bool prefetch) {
     }
     _tile_loadd(2, bk, 64);
     _tile_loadd(3, bk + kTileBytes, 64);
-    const char* ak0 = a0 + kb * 64;
-    const char* ak1 = a1 + kb * 64;
-    // Term 0, 1, 2 in turn; two A registers alternate so a load need not wait
-    // for the previous products.
-    _tile_loadd(0, ak0, c.a_stride);
-    _tile_dpbf16ps(4, 0, 2);
-    _tile_dpbf16ps(5, 0, 3);
-    if constexpr (kTwo) {
-      _tile_loadd(1, ak1, c.a_stride);
-      _tile_dpbf16ps(6, 1, 2);
-      _tile_dpbf16ps(7, 1, 3);
-      _tile_loadd(0, ak0 + term_bytes, c.a_stride);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_dpbf16ps(5, 0, 3);
-      _tile_loadd(1, ak1 + term_bytes, c.a_stride);
-      _tile_dpbf16ps(6, 1, 2);
-      _tile_dpbf16ps(7, 1, 3);
-      _tile_loadd(0, ak0 + 2 * term_bytes, c.a_stride);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_dpbf16ps(5, 0, 3);
-      _tile_loadd(1, ak1 + 2 * term_bytes, c.a_stride);
-      _tile_dpbf16ps(6, 1, 2);
-      _tile_dpbf16ps(7, 1, 3);
-    } else {
-      _tile_loadd(1, ak0 + term_bytes, c.a_stride);
-      _tile_dpbf16ps(4, 1, 2);
-      _tile_dpbf16ps(5, 1, 3);
-      _tile_loadd(0, ak0 + 2 * term_bytes, c.a_stride);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_dpbf16ps(5, 0, 3);
-    }
+    DotTerms<kTerms, kTwo>(a0 + kb * 64, a1 + kb * 64, term_bytes, c.a_stride);
   }
   alignas(64) float cbuf[4][16][16];
   _tile_stored(4, cbuf[0], 64);
@@ -260,7 +259,7 @@ alignas(64) thread_local float tls_cpark[kGroupPanels][4][16][16];  // C tiles p
 // Panel p, k blocks [kb0, kb1) for row block 0 (and 1 when kTwo); C from / to park.
 // `pf` walks the weights this thread reads next (kb1 - kb0 blocks of this visit
 // are followed by those at pf_next).
-template <bool kTwo>
+template <int kTerms, bool kTwo>
 void AmxSlab(const AmxCtx& c, int64_t p, int64_t kb0, int64_t kb1, bool first, float (*park)[16][16],
              const char* pf_next) {
   const char* b = c.panels + p * c.panel_bytes;
@@ -292,35 +291,7 @@ void AmxSlab(const AmxCtx& c, int64_t p, int64_t kb0, int64_t kb1, bool first, f
     }
     _tile_loadd(2, bk, 64);
     _tile_loadd(3, bk + kTileBytes, 64);
-    const char* ak0 = a0 + kb * 64;
-    const char* ak1 = a1 + kb * 64;
-    _tile_loadd(0, ak0, c.a_stride);
-    _tile_dpbf16ps(4, 0, 2);
-    _tile_dpbf16ps(5, 0, 3);
-    if constexpr (kTwo) {
-      _tile_loadd(1, ak1, c.a_stride);
-      _tile_dpbf16ps(6, 1, 2);
-      _tile_dpbf16ps(7, 1, 3);
-      _tile_loadd(0, ak0 + term_bytes, c.a_stride);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_dpbf16ps(5, 0, 3);
-      _tile_loadd(1, ak1 + term_bytes, c.a_stride);
-      _tile_dpbf16ps(6, 1, 2);
-      _tile_dpbf16ps(7, 1, 3);
-      _tile_loadd(0, ak0 + 2 * term_bytes, c.a_stride);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_dpbf16ps(5, 0, 3);
-      _tile_loadd(1, ak1 + 2 * term_bytes, c.a_stride);
-      _tile_dpbf16ps(6, 1, 2);
-      _tile_dpbf16ps(7, 1, 3);
-    } else {
-      _tile_loadd(1, ak0 + term_bytes, c.a_stride);
-      _tile_dpbf16ps(4, 1, 2);
-      _tile_dpbf16ps(5, 1, 3);
-      _tile_loadd(0, ak0 + 2 * term_bytes, c.a_stride);
-      _tile_dpbf16ps(4, 0, 2);
-      _tile_dpbf16ps(5, 0, 3);
-    }
+    DotTerms<kTerms, kTwo>(a0 + kb * 64, a1 + kb * 64, term_bytes, c.a_stride);
   }
   _tile_stored(4, park[0], 64);
   _tile_stored(5, park[1], 64);
@@ -334,7 +305,7 @@ void AmxSlab(const AmxCtx& c, int64_t p, int64_t kb0, int64_t kb1, bool first, f
   }
 }
 
-template <bool kTwo>
+template <int kTerms, bool kTwo>
 void AmxRangeSlabs(const AmxCtx& c, int64_t p_begin, int64_t p_end) {
   const int64_t blocks = kTwo ? 2 : 1;
   const int64_t slab = Max<int64_t>(1, kSlabBytes / (blocks * kTerms * kBlockRows * 64));
@@ -348,19 +319,20 @@ void AmxRangeSlabs(const AmxCtx& c, int64_t p_begin, int64_t p_end) {
         const char* next = p + 1 < g1   ? c.panels + (p + 1) * c.panel_bytes + kb0 * 2 * kTileBytes
                            : kb1 < c.kb ? c.panels + g0 * c.panel_bytes + kb1 * 2 * kTileBytes
                                         : c.panels + g1 * c.panel_bytes;
-        AmxSlab<kTwo>(c, p, kb0, kb1, kb0 == 0, tls_cpark[p - g0], next);
+        AmxSlab<kTerms, kTwo>(c, p, kb0, kb1, kb0 == 0, tls_cpark[p - g0], next);
       }
     }
   }
 }
 
+template <int kTerms>
 void AmxRange(const AmxCtx& c, int64_t blocks, int64_t p_begin, int64_t p_end) {
   _tile_loadconfig(&kTileConfigs[Min<int64_t>(kBlockRows, c.m)]);
   if (blocks <= 2) {
     if (blocks == 2) {
-      AmxRangeSlabs<true>(c, p_begin, p_end);
+      AmxRangeSlabs<kTerms, true>(c, p_begin, p_end);
     } else {
-      AmxRangeSlabs<false>(c, p_begin, p_end);
+      AmxRangeSlabs<kTerms, false>(c, p_begin, p_end);
     }
     _tile_release();
     return;
@@ -372,13 +344,14 @@ void AmxRange(const AmxCtx& c, int64_t blocks, int64_t p_begin, int64_t p_end) {
     const int64_t i_end = Min(blocks, i0 + chunk);
     for (int64_t p = p_begin; p < p_end; ++p) {
       int64_t i = i0;
-      for (; i + 2 <= i_end; i += 2) AmxBlock<true>(c, p, i, i == i0);
-      if (i < i_end) AmxBlock<false>(c, p, i, i == i0);
+      for (; i + 2 <= i_end; i += 2) AmxBlock<kTerms, true>(c, p, i, i == i0);
+      if (i < i_end) AmxBlock<kTerms, false>(c, p, i, i == i0);
     }
   }
   _tile_release();
 }
 
+template <int kTerms>
 void LinearAmx(const float* x, int64_t m, const PackedPanels& w, float* out, int num_threads) {
   const int64_t kp = (w.k + kAmxK - 1) / kAmxK * kAmxK;
   const int64_t blocks = (m + kBlockRows - 1) / kBlockRows;
@@ -388,7 +361,7 @@ void LinearAmx(const float* x, int64_t m, const PackedPanels& w, float* out, int
       uint16_t* dst = a + (i * kTerms * kBlockRows + r) * kp;
       const int64_t row = i * kBlockRows + r;
       if (row < m) {
-        SplitRow(x + row * w.k, w.k, kp, dst, kBlockRows * kp);
+        SplitRow<kTerms>(x + row * w.k, w.k, kp, dst, kBlockRows * kp);
       } else {
         for (int t = 0; t < kTerms; ++t) std::memset(dst + t * kBlockRows * kp, 0, static_cast<size_t>(kp) * 2);
       }
@@ -409,14 +382,14 @@ void LinearAmx(const float* x, int64_t m, const PackedPanels& w, float* out, int
   const int64_t work = m * w.n * w.k;
   const int threads = work < (1 << 16) ? 1 : static_cast<int>(Min<int64_t>(num_threads, panels));
   if (threads <= 1) {
-    AmxRange(c, blocks, 0, panels);
+    AmxRange<kTerms>(c, blocks, 0, panels);
     return;
   }
 #pragma omp parallel num_threads(threads)
   {
     const int64_t nt = omp_get_num_threads();
     const int64_t tid = omp_get_thread_num();
-    AmxRange(c, blocks, panels * tid / nt, panels * (tid + 1) / nt);
+    AmxRange<kTerms>(c, blocks, panels * tid / nt, panels * (tid + 1) / nt);
   }
 }
 
@@ -426,7 +399,16 @@ void Linear(const float* x, int64_t m, const PackedPanels& w, float* out, int nu
     return;
   }
   if (m <= 0) return;
-  LinearAmx(x, m, w, out, num_threads);
+  LinearAmx<kExactTerms>(x, m, w, out, num_threads);
+}
+
+void LinearBf16(const float* x, int64_t m, const PackedPanels& w, float* out, int num_threads) {
+  if (w.type != ElemType::kBF16Amx) {
+    avx512::LinearBf16(x, m, w, out, num_threads);
+    return;
+  }
+  if (m <= 0) return;
+  LinearAmx<1>(x, m, w, out, num_threads);
 }
 
 }  // namespace
@@ -438,6 +420,7 @@ const KernelTable& AmxKernels() {
     t.isa = "amx";
     t.amx_bf16 = true;
     t.linear = &amx::Linear;
+    t.linear_bf16 = &amx::LinearBf16;
     return t;
   }();
   return table;

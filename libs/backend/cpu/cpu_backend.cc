@@ -65,6 +65,13 @@ AlignedBuffer AllocateAligned(int64_t bytes) {
   return AlignedBuffer(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
 }
 
+// Weight (row, k) of `w` as bf16 bits: bf16 as stored, f32 / f16 rounded to nearest even.
+uint16_t Bf16Bits(const TensorView& w, int64_t row, int64_t k) {
+  const int64_t i = row * w.strides[0] + k;
+  if (w.dtype == DType::kBF16) return static_cast<const uint16_t*>(w.data)[i];
+  return F32ToBf16(LoadAsF32(w.data, w.dtype, i));
+}
+
 cpu::ElemType ToElemType(DType dtype) {
   switch (dtype) {
     case DType::kBF16: return cpu::ElemType::kBF16;
@@ -98,8 +105,11 @@ class CpuPackedLinear final : public PackedLinear {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const cpu::KernelTable& kernels, int num_threads)
-      : kernels_(kernels), num_threads_(num_threads), name_(std::string("cpu-") + kernels.isa) {}
+  CpuBackend(const cpu::KernelTable& kernels, int num_threads, bool compute_bf16)
+      : kernels_(kernels),
+        num_threads_(num_threads),
+        compute_bf16_(compute_bf16),
+        name_(std::string("cpu-") + kernels.isa + (compute_bf16 ? "-bf16" : "")) {}
 
   std::string_view name() const override { return name_; }
   int num_host_threads() const override { return num_threads_; }
@@ -110,7 +120,8 @@ class CpuBackend final : public Backend {
     if (!info.ok()) return info.status();
     const int64_t n = info->out_features;
     const int64_t k = info->in_features;
-    const bool bf16 = info->dtype == DType::kBF16;
+    // The bf16 compute mode packs every weight as bf16 (f32 and f16 rounded here).
+    const bool bf16 = info->dtype == DType::kBF16 || compute_bf16_;
     const bool amx = bf16 && kernels_.amx_bf16;
     const int64_t num_panels = (n + cpu::kPanelCols - 1) / cpu::kPanelCols;
     const int64_t elem_bytes = bf16 ? 2 : 4;
@@ -137,16 +148,14 @@ class CpuBackend final : public Backend {
         if (amx) {
           // Block kb of 32 k: tile (col / 16), row (k % 32) / 2, pair slot col % 16, half k % 2.
           uint16_t* dst = static_cast<uint16_t*>(data.get()) + p * panel_elems + (col / 16) * 512 + (col % 16) * 2;
-          const uint16_t* src = w ? static_cast<const uint16_t*>(w->data) + src_row * w->strides[0] : nullptr;
           for (int64_t kk = 0; kk < kp; ++kk) {
-            dst[(kk / 32) * 1024 + ((kk % 32) / 2) * 32 + kk % 2] = src && kk < k ? src[kk] : 0;
+            dst[(kk / 32) * 1024 + ((kk % 32) / 2) * 32 + kk % 2] = w && kk < k ? Bf16Bits(*w, src_row, kk) : 0;
           }
         } else if (bf16) {
           // dword j of a k-row = (column j, column 16 + j): see cpu/kernels.h.
           uint16_t* dst = static_cast<uint16_t*>(data.get()) + p * panel_elems;
           const int slot = col < 16 ? 2 * col : 2 * (col - 16) + 1;
-          const uint16_t* src = w ? static_cast<const uint16_t*>(w->data) + src_row * w->strides[0] : nullptr;
-          for (int64_t kk = 0; kk < k; ++kk) dst[kk * cpu::kPanelCols + slot] = src ? src[kk] : 0;
+          for (int64_t kk = 0; kk < k; ++kk) dst[kk * cpu::kPanelCols + slot] = w ? Bf16Bits(*w, src_row, kk) : 0;
         } else {
           float* dst = static_cast<float*>(data.get()) + p * panel_elems;
           for (int64_t kk = 0; kk < k; ++kk) {
@@ -184,7 +193,8 @@ class CpuBackend final : public Backend {
     KVMESH_BACKEND_CHECK(x.dim(-1) == w.in_features() && out.dim(-1) == w.out_features());
     const int64_t m = x.num_elements() / w.in_features();
     KVMESH_BACKEND_CHECK(out.num_elements() == m * w.out_features());
-    kernels_.linear(x.data_as<const float>(), m, w.panels(), out.data_as<float>(), num_threads_);
+    (compute_bf16_ ? kernels_.linear_bf16 : kernels_.linear)(x.data_as<const float>(), m, w.panels(),
+                                                             out.data_as<float>(), num_threads_);
   }
 
   void Embedding(std::span<const int32_t> ids, const TensorView& table, const TensorView& out) override {
@@ -432,6 +442,7 @@ class CpuBackend final : public Backend {
 
   const cpu::KernelTable& kernels_;
   const int num_threads_;
+  const bool compute_bf16_;  // CpuBackendOptions::compute_dtype == kBF16
   const std::string name_;
 };
 
@@ -477,6 +488,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOption
   if (options.isa == "auto") {
     if (const char* env = std::getenv("KVMESH_CPU_ISA"); env != nullptr && env[0] != '\0') options.isa = env;
   }
+  if (options.compute_dtype != DType::kF32 && options.compute_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("CreateCpuBackend: compute_dtype must be f32 or bf16, not ",
+                                                   std::string(DTypeName(options.compute_dtype))));
+  }
   const cpu::KernelTable* kernels = nullptr;
   if (options.isa == "auto") {
     if (HasAmx()) {
@@ -510,7 +525,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOption
   } else {
     threads = omp_get_num_procs();
   }
-  return std::unique_ptr<Backend>(new CpuBackend(*kernels, threads));
+  return std::unique_ptr<Backend>(new CpuBackend(*kernels, threads, options.compute_dtype == DType::kBF16));
 }
 
 }  // namespace kvmesh::backend

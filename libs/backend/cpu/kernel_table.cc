@@ -18,6 +18,7 @@ const KernelTable& Avx2Kernels() {
       .isa = kIsaName,
       .amx_bf16 = false,
       .linear = &isa::Linear,
+      .linear_bf16 = &isa::LinearBf16,
       .embedding = &isa::Embedding,
       .rms_norm = &isa::RmsNorm,
       .rope = &isa::Rope,

@@ -65,6 +65,11 @@ struct KernelTable {
   // output element is one FMA chain over k = 0..K-1 in order, then + bias, so a
   // row's result does not depend on m or on its position in the batch.
   void (*linear)(const float* x, int64_t m, const PackedPanels& w, float* out, int num_threads);
+  // The bf16 compute mode (ops.h CpuBackendOptions::compute_dtype) for bf16 panels:
+  // each x rounded to the nearest bf16 first, then bf16 x bf16 products (exact in f32)
+  // summed in f32 in a fixed order (one FMA chain here, TDPBF16PS pairs on AMX), so a
+  // row's result still does not depend on m or on its position in the batch.
+  void (*linear_bf16)(const float* x, int64_t m, const PackedPanels& w, float* out, int num_threads);
   // out[t, :] = table[ids[t], :] widened. table row stride in elements.
   void (*embedding)(const int32_t* ids, int64_t t, const void* table, ElemType type, int64_t row_stride,
                     int64_t e, float* out, int num_threads);

@@ -10,6 +10,7 @@
 namespace kvmesh::backend::cpu::KVMESH_CPU_ISA {
 
 void Linear(const float* x, int64_t m, const PackedPanels& w, float* out, int num_threads);
+void LinearBf16(const float* x, int64_t m, const PackedPanels& w, float* out, int num_threads);
 void Embedding(const int32_t* ids, int64_t t, const void* table, ElemType type, int64_t row_stride, int64_t e,
                float* out, int num_threads);
 void RmsNorm(float* residual, const float* x, int64_t t, int64_t e, const void* weight, ElemType weight_type,

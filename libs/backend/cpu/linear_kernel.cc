@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <vector>
 
 #include "backend/cpu/kernels_isa.h"
 
@@ -305,6 +306,28 @@ void Linear(const float* x, int64_t m, const PackedPanels& w, float* out, int nu
   } else {
     LinearTyped<ElemType::kF32>(c, num_threads);
   }
+}
+
+// The bf16 compute mode: x rounded to bf16 into a per-thread buffer, then the same FMA
+// chain as Linear. A bf16 x bf16 product is exact in f32, so this is the bf16 dot
+// product with f32 accumulation, and batch invariant for the reason Linear is.
+// (No AVX512-BF16 VDPBF16PS kernel yet: it wants weights packed in k pairs.)
+void LinearBf16(const float* x, int64_t m, const PackedPanels& w, float* out, int num_threads) {
+  if (m <= 0) return;
+  thread_local std::vector<float> rounded;  // grow-only: no allocation per call once warm
+  const int64_t total = m * w.k;
+  if (static_cast<int64_t>(rounded.size()) < total) rounded.resize(static_cast<size_t>(total));
+  float* xr = rounded.data();
+  const int threads = total < (1 << 16) ? 1 : num_threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t row = 0; row < m; ++row) {
+    const float* src = x + row * w.k;
+    float* dst = xr + row * w.k;
+    int64_t i = 0;
+    for (; i + kLanes <= w.k; i += kLanes) Store(dst + i, RoundToBf16(Load(src + i)));
+    if (i < w.k) StorePartial(dst + i, RoundToBf16(LoadPartial(src + i, static_cast<int>(w.k - i))), static_cast<int>(w.k - i));
+  }
+  Linear(xr, m, w, out, num_threads);
 }
 
 }  // namespace kvmesh::backend::cpu::KVMESH_CPU_ISA

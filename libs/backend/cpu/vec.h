@@ -92,6 +92,14 @@ KVMESH_VEC_INLINE V Bf16Low(VI w) { return {_mm512_castsi512_ps(_mm512_slli_epi3
 KVMESH_VEC_INLINE V Bf16High(VI w) {
   return {_mm512_castsi512_ps(_mm512_and_si512(w.v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))))};
 }
+// Each lane rounded to the nearest bf16 (ties to even), kept as f32 (low 16 bits zero).
+// Finite inputs (activations); a value within half a bf16 ulp of FLT_MAX becomes inf.
+KVMESH_VEC_INLINE V RoundToBf16(V a) {
+  const __m512i bits = _mm512_castps_si512(a.v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  return {_mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u))))};
+}
 
 #else  // AVX2
 
@@ -150,6 +158,12 @@ KVMESH_VEC_INLINE VI LoadI(const uint16_t* p) { return {_mm256_load_si256(reinte
 KVMESH_VEC_INLINE V Bf16Low(VI w) { return {_mm256_castsi256_ps(_mm256_slli_epi32(w.v, 16))}; }
 KVMESH_VEC_INLINE V Bf16High(VI w) {
   return {_mm256_castsi256_ps(_mm256_and_si256(w.v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))))};
+}
+KVMESH_VEC_INLINE V RoundToBf16(V a) {  // as the AVX-512 one
+  const __m256i bits = _mm256_castps_si256(a.v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  return {_mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u))))};
 }
 
 #endif

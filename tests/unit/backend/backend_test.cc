@@ -275,6 +275,84 @@ TEST_P(BackendVsReferenceTest, LinearIsBatchInvariantBitwise) {
   }
 }
 
+// The bf16 compute mode (CpuBackendOptions::compute_dtype): weights packed as bf16
+// (f32 and f16 rounded), each activation rounded to bf16, the exact products summed in
+// f32. Checked against those products summed in double: one f32 accumulation of K
+// terms (pairs of them on AMX), so (K + 2) * 2^-24 * sum |bf16(x) bf16(w)| (+ the bias).
+TEST_P(BackendVsReferenceTest, Bf16ComputeModeLinearIsTheBf16ProductsSummedInF32) {
+  auto bf16 = CreateCpuBackend({.num_threads = GetParam().num_threads, .isa = GetParam().isa,
+                                .compute_dtype = DType::kBF16})
+                  .value();
+  EXPECT_EQ(bf16->name(), "cpu-" + GetParam().isa + "-bf16");
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int64_t k : {int64_t{37}, int64_t{513}}) {
+      const int64_t n = 77;
+      Tensor w = Random(dtype, {n, k}, rng_);
+      Tensor b = Random(DType::kF32, {n}, rng_);
+      auto packed = bf16->PackLinear({&w.view, 1}, {&b.view, 1}).value();
+      EXPECT_EQ(packed->dtype(), DType::kBF16) << DTypeName(dtype);
+      auto exact = backend_->PackLinear({&w.view, 1}, {&b.view, 1}).value();
+      for (int64_t m : {1, 9, 33}) {
+        const std::string what =
+            std::string(DTypeName(dtype)) + " M=" + std::to_string(m) + " K=" + std::to_string(k);
+        Tensor x = Random(DType::kF32, {m, k}, rng_);
+        Tensor got(DType::kF32, {m, n});
+        Tensor f32_mode(DType::kF32, {m, n});
+        bf16->Linear(x.view, *packed, got.view);
+        backend_->Linear(x.view, *exact, f32_mode.view);
+        int failures = 0;
+        int differ_from_f32_mode = 0;
+        for (int64_t t = 0; t < m; ++t) {
+          for (int64_t r = 0; r < n; ++r) {
+            double want = b.At(r);
+            double mag = std::fabs(b.At(r));
+            for (int64_t c = 0; c < k; ++c) {
+              const double p = static_cast<double>(RoundToBf16(x.At(t * k + c))) * RoundToBf16(w.At(r * k + c));
+              want += p;
+              mag += std::fabs(p);
+            }
+            const double bound = (k + 2) * std::ldexp(1.0, -24) * mag + 1e-30;
+            const float g = got.At(t * n + r);
+            differ_from_f32_mode += g != f32_mode.At(t * n + r);
+            if (!(std::fabs(g - want) <= bound) && ++failures <= 3) {
+              ADD_FAILURE() << what << " [" << t << ", " << r << "]: got " << g << ", want " << want << ", bound "
+                            << bound;
+            }
+          }
+        }
+        EXPECT_EQ(failures, 0) << what;
+        // Rounding x to bf16 changes sums: the mode is really on.
+        EXPECT_GT(differ_from_f32_mode, m * n / 2) << what;
+      }
+    }
+  }
+}
+
+TEST_P(BackendVsReferenceTest, Bf16ComputeModeLinearIsBatchInvariantBitwise) {
+  auto bf16 = CreateCpuBackend({.num_threads = GetParam().num_threads, .isa = GetParam().isa,
+                                .compute_dtype = DType::kBF16})
+                  .value();
+  auto one_thread = CreateCpuBackend({.num_threads = 1, .isa = GetParam().isa, .compute_dtype = DType::kBF16}).value();
+  const int64_t k = 203;
+  const int64_t n = 150;
+  Tensor w = Random(DType::kBF16, {n, k}, rng_);
+  auto packed = bf16->PackLinear({&w.view, 1}, {}).value();
+  const int64_t total = 300;
+  Tensor x = Random(DType::kF32, {total, k}, rng_);
+  Tensor full(DType::kF32, {total, n});
+  bf16->Linear(x.view, *packed, full.view);
+  for (int64_t m : {1, 2, 3, 8, 9, 16, 17, 31, 33, 64, 257}) {
+    for (int64_t offset : {int64_t{0}, int64_t{5}, total - m}) {
+      Backend* which = (m % 2 == 0) ? one_thread.get() : bf16.get();
+      TensorView xs = TensorView::Contiguous(x.f32() + offset * k, DType::kF32, {m, k});
+      Tensor part(DType::kF32, {m, n});
+      which->Linear(xs, *packed, part.view);
+      ASSERT_EQ(std::memcmp(part.f32(), full.f32() + offset * n, static_cast<size_t>(m * n) * 4), 0)
+          << "M=" << m << " offset=" << offset;
+    }
+  }
+}
+
 TEST_P(BackendVsReferenceTest, PackLinearRejectsMismatchedArguments) {
   for (Backend* backend : {backend_.get(), ref_.get()}) {
     Tensor a = Random(DType::kBF16, {8, 16}, rng_);
@@ -834,6 +912,10 @@ TEST(CpuBackendDeathTest, BlockOpsStopOnArgumentsOutsideTheirContract) {
 
 TEST(CpuBackendTest, UnknownIsaIsInvalidArgument) {
   EXPECT_EQ(CreateCpuBackend({.isa = "sse2"}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CpuBackendTest, AComputeDtypeOtherThanF32OrBf16IsInvalidArgument) {
+  EXPECT_EQ(CreateCpuBackend({.compute_dtype = DType::kF16}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
