@@ -275,7 +275,9 @@ struct CpuBackendOptions {
   int num_threads = 0;
   // "auto" picks AMX (AVX-512 + AMX-BF16 for bf16 Linear) when the CPU and OS
   // allow it, else AVX-512 when the CPU has it, else AVX2; "avx2" forces the
-  // fallback; "avx512" insists on AVX-512 (F/BW/VL/DQ) without AMX; "amx" insists on AMX.
+  // fallback; "avx512" insists on AVX-512 (F/BW/VL/DQ) without AMX; "amx" insists on AMX;
+  // "avx512bf16" is AVX-512 whose bf16-compute-mode Linear uses VDPBF16PS ("auto" takes
+  // it in that mode on AMD CPUs without AMX).
   // The environment variable KVMESH_CPU_ISA, when set, replaces "auto".
   std::string_view isa = "auto";
   // What Linear computes in. kF32 (the default): exact f32 activations times the
@@ -287,7 +289,7 @@ struct CpuBackendOptions {
 };
 // FailedPrecondition if the CPU lacks AVX2+FMA+F16C (or the ISA asked for);
 // InvalidArgument for an unknown `isa` or a compute_dtype other than f32 / bf16. The
-// backend's name() is "cpu-amx", "cpu-avx512" or "cpu-avx2", with "-bf16" in the
+// backend's name() is "cpu-amx", "cpu-avx512", "cpu-avx512bf16" or "cpu-avx2", with "-bf16" in the
 // bf16 compute mode. On AMX, bf16-weight Linear in f32 mode splits each f32
 // activation into three bf16 terms (its error is that of an f32 FMA chain, see
 // cpu/amx_linear_kernel.cc). Linear is batch invariant in both modes: a row's result

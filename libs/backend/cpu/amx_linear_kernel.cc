@@ -37,6 +37,7 @@
 #include <cstring>
 
 #include "backend/cpu/kernels_isa.h"
+#include "backend/cpu/panel_output.h"
 
 namespace kvmesh::backend::cpu {
 namespace amx {
@@ -130,16 +131,9 @@ void SplitRow(const float* x, int64_t k, int64_t kp, uint16_t* dst, int64_t term
   }
 }
 
-struct AmxCtx {
+struct AmxCtx : PanelCall {
   const char* a;     // split x: [blocks][terms][16 rows][kp] bf16
   int64_t a_stride;  // kp * 2 bytes (one split row)
-  int64_t kb;        // kp / 32
-  int64_t m;
-  int64_t n;
-  const char* panels;
-  int64_t panel_bytes;  // kp * 64
-  const float* bias;
-  float* out;
 };
 
 // Rows of block i (C tiles of columns 0..15 and 16..31) -> out = C + bias,
@@ -147,27 +141,8 @@ struct AmxCtx {
 KVMESH_VEC_INLINE void StoreBlock(const AmxCtx& c, const float (*c0)[16], const float (*c1)[16], int64_t i,
                                   int64_t col0) {
   const int rows = static_cast<int>(Min<int64_t>(kBlockRows, c.m - i * kBlockRows));
-  const int64_t cols = Min<int64_t>(32, c.n - col0);
-  const __mmask16 mask0 = cols >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << cols) - 1u);
-  const __mmask16 mask1 = cols >= 32 ? __mmask16{0xffff}
-                          : cols <= 16 ? __mmask16{0}
-                                       : static_cast<__mmask16>((1u << (cols - 16)) - 1u);
-  __m512 b0 = _mm512_setzero_ps();
-  __m512 b1 = _mm512_setzero_ps();
-  if (c.bias != nullptr) {  // the bias is padded to whole panels
-    b0 = _mm512_loadu_ps(c.bias + col0);
-    b1 = _mm512_loadu_ps(c.bias + col0 + 16);
-  }
   for (int r = 0; r < rows; ++r) {
-    float* o = c.out + (i * kBlockRows + r) * c.n + col0;
-    __m512 v0 = _mm512_load_ps(c0[r]);
-    __m512 v1 = _mm512_load_ps(c1[r]);
-    if (c.bias != nullptr) {
-      v0 = _mm512_add_ps(v0, b0);
-      v1 = _mm512_add_ps(v1, b1);
-    }
-    _mm512_mask_storeu_ps(o, mask0, v0);
-    if (mask1 != 0) _mm512_mask_storeu_ps(o + 16, mask1, v1);
+    StorePanelRow(c.out + (i * kBlockRows + r) * c.n, _mm512_load_ps(c0[r]), _mm512_load_ps(c1[r]), c.bias, col0, c.n);
   }
 }
 
@@ -367,30 +342,9 @@ void LinearAmx(const float* x, int64_t m, const PackedPanels& w, float* out, int
       }
     }
   }
-  const AmxCtx c = {
-      .a = reinterpret_cast<const char*>(a),
-      .a_stride = kp * 2,
-      .kb = kp / kAmxK,
-      .m = m,
-      .n = w.n,
-      .panels = static_cast<const char*>(w.data),
-      .panel_bytes = kp * kPanelCols * 2,
-      .bias = w.bias,
-      .out = out,
-  };
-  const int64_t panels = w.num_panels;
-  const int64_t work = m * w.n * w.k;
-  const int threads = work < (1 << 16) ? 1 : static_cast<int>(Min<int64_t>(num_threads, panels));
-  if (threads <= 1) {
-    AmxRange<kTerms>(c, blocks, 0, panels);
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t nt = omp_get_num_threads();
-    const int64_t tid = omp_get_thread_num();
-    AmxRange<kTerms>(c, blocks, panels * tid / nt, panels * (tid + 1) / nt);
-  }
+  const AmxCtx c{PanelCallOf(w, m, out), reinterpret_cast<const char*>(a), kp * 2};
+  ForEachPanelRange(w.num_panels, m * w.n * w.k, num_threads,
+                    [&](int64_t p_begin, int64_t p_end) { AmxRange<kTerms>(c, blocks, p_begin, p_end); });
 }
 
 void Linear(const float* x, int64_t m, const PackedPanels& w, float* out, int num_threads) {

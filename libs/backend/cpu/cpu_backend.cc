@@ -122,7 +122,8 @@ class CpuBackend final : public Backend {
     const int64_t k = info->in_features;
     // The bf16 compute mode packs every weight as bf16 (f32 and f16 rounded here).
     const bool bf16 = info->dtype == DType::kBF16 || compute_bf16_;
-    const bool amx = bf16 && kernels_.amx_bf16;
+    // The AMX tile layout (k pairs per column): for AMX, and for VDPBF16PS in the bf16 mode.
+    const bool amx = bf16 && (kernels_.amx_bf16 || (compute_bf16_ && kernels_.bf16_pairs_in_compute_mode));
     const int64_t num_panels = (n + cpu::kPanelCols - 1) / cpu::kPanelCols;
     const int64_t elem_bytes = bf16 ? 2 : 4;
     // AMX panels pad K with zeros to whole 32-k blocks (cpu/kernels.h).
@@ -461,6 +462,19 @@ bool HasAvx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
+bool IsAmd() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u;  // "AuthenticAMD"
+}
+
+// AVX-512 and cpuid AVX512_BF16 (leaf 7, subleaf 1, EAX bit 5): VDPBF16PS.
+bool HasAvx512Bf16() {
+  if (!HasAvx512()) return false;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && ((eax >> 5) & 1u) != 0;
+}
+
 // AVX-512, cpuid AMX-TILE and AMX-BF16, and the kernel's permission to use
 // tile data (Linux >= 5.16: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA),
 // process-wide, asked once). False on any failure, so the AVX-512 table runs.
@@ -507,17 +521,28 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOption
     if (HasAvx2()) kernels = &cpu::Avx2Kernels();
   } else if (options.isa == "amx") {
     if (HasAmx()) kernels = &cpu::AmxKernels();
+  } else if (options.isa == "avx512bf16") {
+    if (HasAvx512Bf16()) kernels = &cpu::Avx512Bf16Kernels();
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("CreateCpuBackend: unknown isa \"", absl::string_view(options.isa.data(), options.isa.size()),
-                     "\" (want auto, amx, avx512 or avx2)"));
+                     "\" (want auto, amx, avx512, avx512bf16 or avx2)"));
   }
   if (kernels == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "CreateCpuBackend: this CPU lacks ",
-        options.isa == "avx512" ? "AVX-512 (F/BW/VL/DQ)"
+        options.isa == "avx512"       ? "AVX-512 (F/BW/VL/DQ)"
+        : options.isa == "avx512bf16" ? "AVX-512 + AVX512_BF16"
         : options.isa == "amx"  ? "AVX-512 + AMX-BF16 (or the kernel denied AMX tile data)"
                                 : "AVX2+FMA+F16C"));
+  }
+  // The bf16 compute mode on AVX-512 without AMX: VDPBF16PS on AMD only. Intel issues
+  // it on one port, at the f32 FMA's rate of products: measured 0.6x of the FMA path
+  // on Sapphire Rapids (backend_bench --isa avx512bf16, bf16c column); Zen 4 issues
+  // it at its FMA rate with twice the products per instruction.
+  if (options.isa == "auto" && options.compute_dtype == DType::kBF16 && kernels == &cpu::Avx512Kernels() &&
+      HasAvx512Bf16() && IsAmd()) {
+    kernels = &cpu::Avx512Bf16Kernels();
   }
   int threads = options.num_threads;
   if (threads > 0) {

@@ -17,6 +17,7 @@ const KernelTable& Avx2Kernels() {
   static constexpr KernelTable kTable = {
       .isa = kIsaName,
       .amx_bf16 = false,
+      .bf16_pairs_in_compute_mode = false,
       .linear = &isa::Linear,
       .linear_bf16 = &isa::LinearBf16,
       .embedding = &isa::Embedding,

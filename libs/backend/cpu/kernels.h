@@ -61,6 +61,9 @@ struct KernelTable {
   const char* isa;
   // Pack bf16 linear weights as kBF16Amx (else kBF16) for `linear`.
   bool amx_bf16;
+  // In the bf16 compute mode, pack every linear weight as kBF16Amx for `linear_bf16`
+  // (its VDPBF16PS reads the same k pairs as an AMX B tile).
+  bool bf16_pairs_in_compute_mode;
   // out[m, :] = x[m, :] . W^T (+ bias). x: [m, k] f32; out: [m, n] f32. Every
   // output element is one FMA chain over k = 0..K-1 in order, then + bias, so a
   // row's result does not depend on m or on its position in the batch.
@@ -100,5 +103,8 @@ const KernelTable& Avx2Kernels();
 // CPU has AVX-512 and AMX-BF16 and the process may use AMX tile data
 // (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA succeeded).
 const KernelTable& AmxKernels();
+// The AVX-512 table whose bf16-compute-mode Linear uses VDPBF16PS. Call only when the
+// CPU has AVX-512 and AVX512_BF16.
+const KernelTable& Avx512Bf16Kernels();
 
 }  // namespace kvmesh::backend::cpu

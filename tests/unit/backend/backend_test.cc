@@ -880,7 +880,8 @@ TEST_P(BackendVsReferenceTest, HostBackendsHaveNoQueueAndReserveNoWorkspace) {
 
 INSTANTIATE_TEST_SUITE_P(Isas, BackendVsReferenceTest,
                          ::testing::Values(BackendCase{"avx512", 0}, BackendCase{"avx2", 0}, BackendCase{"avx512", 1},
-                                           BackendCase{"avx2", 3}, BackendCase{"amx", 0}, BackendCase{"amx", 1}),
+                                           BackendCase{"avx2", 3}, BackendCase{"amx", 0}, BackendCase{"amx", 1},
+                                           BackendCase{"avx512bf16", 0}, BackendCase{"avx512bf16", 1}),
                          [](const ::testing::TestParamInfo<BackendCase>& info) {
                            return info.param.isa + "_threads" + std::to_string(info.param.num_threads);
                          });
