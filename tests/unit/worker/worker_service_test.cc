@@ -324,7 +324,10 @@ TEST(WorkerServiceTest, AClientLeavingMidUcxPrefillReportsNoPeerUnreachable) {
   grpc::ClientContext context;
   auto reader = decode.stub->Generate(&context, GenerateRequest("r", Prompt(10, 6), prefill.server->address()));
   ASSERT_EQ(prefill.service.prefill.received.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  EXPECT_EQ(ucx->num_open_leases(), 1) << "the decode worker offered no UCX lease";
+  // The lease is registered on the transport's thread: wait for it (the offer is sure
+  // once the count shows it; a check at once raced that thread on a loaded machine).
+  for (int i = 0; i < 1000 && ucx->num_open_leases() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(ucx->num_open_leases(), 1) << "the decode worker offered no UCX lease";
   context.TryCancel();
   EXPECT_EQ(prefill.service.prefill.cancelled.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_EQ(decode.UsedBlocksEventually(), 0);
