@@ -271,7 +271,8 @@ class Backend {
 std::unique_ptr<Backend> CreateReferenceBackend();
 
 struct CpuBackendOptions {
-  // Threads for the kernels; <= 0 means one per core.
+  // Threads for the kernels; <= 0: one per CPU this process can keep busy (its affinity
+  // mask, capped by its cgroup CPU quota, e.g. Kubernetes limits.cpu; core/cpu_quota.h).
   int num_threads = 0;
   // "auto" picks AMX (AVX-512 + AMX-BF16 for bf16 Linear) when the CPU and OS
   // allow it, else AVX-512 when the CPU has it, else AVX2; "avx2" forces the

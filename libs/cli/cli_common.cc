@@ -34,7 +34,9 @@ ABSL_FLAG(std::string, chat_template, "",
 ABSL_FLAG(std::string, backend, "cpu", "Backend for the model ops: cpu or reference (the slow scalar oracle).");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the model runs: cpu, or cuda (GPU 0; cuda:N for GPU N): weights, KV cache and every op on the GPU.");
-ABSL_FLAG(int, threads, 0, "Kernel threads; 0 means one per core.");
+ABSL_FLAG(int, threads, 0,
+          "Kernel threads; 0: one per CPU this process may use (its affinity mask, capped by its cgroup CPU quota, "
+          "e.g. Kubernetes limits.cpu).");
 ABSL_FLAG(std::string, compute_dtype, "f32",
           "What the CPU backend's matrix products compute in: f32 (exact f32 activations; the default) or bf16 "
           "(activations rounded to bf16 into bf16 dot products with f32 sums, weights packed as bf16: the "

@@ -9,6 +9,7 @@
 #include "comm/tcp_store_client.h"
 #include "comm/tcp_store_server.h"
 #include "comm/timed_communicator.h"
+#include "core/cpu_quota.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
 #include "kv/kv_layout.h"
@@ -128,8 +129,7 @@ absl::Status TensorParallelRunner::SetUpRank(int32_t r, const std::string& model
                                              const std::string& store_address, int32_t num_blocks) {
   Rank& rank = *ranks_[r];
   const int32_t n = options_.tensor_parallel_size;
-  const int total = options_.total_threads > 0 ? options_.total_threads
-                                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int total = options_.total_threads > 0 ? options_.total_threads : UsableCpus();
   auto backend = backend::CreateCpuBackend(
       {.num_threads = std::max(1, total / n), .isa = options_.isa, .compute_dtype = options_.compute_dtype});
   if (!backend.ok()) return backend.status();

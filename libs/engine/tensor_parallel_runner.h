@@ -54,7 +54,7 @@ struct TensorParallelRunnerOptions {
   int64_t kv_cache_bytes = 0;
   int32_t num_blocks = 0;
   DType kv_cache_dtype = DType::kF32;  // PagedModelRunnerOptions::kv_cache_dtype
-  // Kernel threads of all ranks together; <= 0: one per core.
+  // Kernel threads of all ranks together; <= 0: UsableCpus() (core/cpu_quota.h).
   int total_threads = 0;
   std::string isa = "auto";  // CpuBackendOptions::isa
   DType compute_dtype = DType::kF32;  // CpuBackendOptions::compute_dtype

@@ -32,6 +32,7 @@
 #include "backend/internal/block_pools.h"
 #include "backend/internal/linear_parts.h"
 #include "backend/ops.h"
+#include "core/cpu_quota.h"
 #include "core/dtype.h"
 #include "core/greedy_argmax.h"
 #include "core/tensor_view.h"
@@ -544,12 +545,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOption
       HasAvx512Bf16() && IsAmd()) {
     kernels = &cpu::Avx512Bf16Kernels();
   }
-  int threads = options.num_threads;
-  if (threads > 0) {
-    omp_set_num_threads(threads);
-  } else {
-    threads = omp_get_num_procs();
-  }
+  // Default: the CPUs this process can keep busy (its cgroup quota caps the affinity
+  // mask, core/cpu_quota.h), not OpenMP's default of every CPU in the mask.
+  const int threads = options.num_threads > 0 ? options.num_threads : UsableCpus();
+  omp_set_num_threads(threads);
   return std::unique_ptr<Backend>(new CpuBackend(*kernels, threads, options.compute_dtype == DType::kBF16));
 }
 
