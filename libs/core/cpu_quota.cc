@@ -5,7 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <sstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -29,17 +30,20 @@ std::optional<std::string> Read(const std::string& path) {
 // The quota this process runs under, if any: cgroup v2 (its own cgroup, as the cgroup
 // namespace of a container shows it, then the mount's root), else cgroup v1.
 std::optional<double> CgroupCpuQuota() {
-  if (std::optional<std::string> self = Read("/proc/self/cgroup"); self.has_value()) {
-    if (std::optional<std::string> path = CgroupV2PathFromProcSelfCgroup(*self); path.has_value()) {
-      for (const std::string& dir : {"/sys/fs/cgroup" + *path, std::string("/sys/fs/cgroup")}) {
-        if (std::optional<std::string> max = Read(dir + "/cpu.max"); max.has_value()) return CpuQuotaFromCpuMax(*max);
-      }
+  const std::string self = Read("/proc/self/cgroup").value_or("");
+  if (std::optional<std::string> path = CgroupV2PathFromProcSelfCgroup(self); path.has_value()) {
+    for (const std::string& dir : {"/sys/fs/cgroup" + *path, std::string("/sys/fs/cgroup")}) {
+      if (std::optional<std::string> max = Read(dir + "/cpu.max"); max.has_value()) return CpuQuotaFromCpuMax(*max);
     }
   }
-  for (const char* dir : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
-    std::optional<std::string> quota = Read(std::string(dir) + "/cpu.cfs_quota_us");
-    std::optional<std::string> period = Read(std::string(dir) + "/cpu.cfs_period_us");
-    if (quota.has_value() && period.has_value()) return CpuQuotaFromCfs(*quota, *period);
+  const std::string v1 = CgroupV1CpuPathFromProcSelfCgroup(self).value_or("/");
+  for (const char* mount : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"}) {
+    // Its own cgroup (a container's namespace shows it as "/"), then the mount's root.
+    for (const std::string& dir : {mount + v1, std::string(mount)}) {
+      std::optional<std::string> quota = Read(dir + "/cpu.cfs_quota_us");
+      std::optional<std::string> period = Read(dir + "/cpu.cfs_period_us");
+      if (quota.has_value() && period.has_value()) return CpuQuotaFromCfs(*quota, *period);
+    }
   }
   return std::nullopt;
 }
@@ -67,6 +71,17 @@ std::optional<double> CpuQuotaFromCfs(const std::string& quota_us, const std::st
 std::optional<std::string> CgroupV2PathFromProcSelfCgroup(const std::string& proc_self_cgroup) {
   for (absl::string_view line : absl::StrSplit(proc_self_cgroup, '\n')) {
     if (absl::ConsumePrefix(&line, "0::")) return std::string(absl::StripTrailingAsciiWhitespace(line));
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> CgroupV1CpuPathFromProcSelfCgroup(const std::string& proc_self_cgroup) {
+  for (absl::string_view line : absl::StrSplit(proc_self_cgroup, '\n')) {
+    const std::vector<absl::string_view> fields = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (fields.size() != 3) continue;
+    for (absl::string_view controller : absl::StrSplit(fields[1], ',')) {
+      if (controller == "cpu") return std::string(absl::StripTrailingAsciiWhitespace(fields[2]));
+    }
   }
   return std::nullopt;
 }

@@ -26,4 +26,8 @@ std::optional<double> CpuQuotaFromCfs(const std::string& quota_us, const std::st
 // without one (cgroup v1 only).
 std::optional<std::string> CgroupV2PathFromProcSelfCgroup(const std::string& proc_self_cgroup);
 
+// The cgroup v1 path of this process in the hierarchy with the cpu controller
+// ("N:cpu,cpuacct:<path>"); nullopt without one.
+std::optional<std::string> CgroupV1CpuPathFromProcSelfCgroup(const std::string& proc_self_cgroup);
+
 }  // namespace kvmesh

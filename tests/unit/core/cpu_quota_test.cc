@@ -31,6 +31,13 @@ TEST(CpuQuotaTest, TheV2PathIsTheZeroHierarchyLine) {
   EXPECT_EQ(CgroupV2PathFromProcSelfCgroup("12:cpu,cpuacct:/docker/abc\n11:memory:/docker/abc\n"), std::nullopt);
 }
 
+TEST(CpuQuotaTest, TheV1PathIsTheCpuControllersLine) {
+  EXPECT_EQ(CgroupV1CpuPathFromProcSelfCgroup("4:memory:/m\n2:cpu,cpuacct:/kubepods/pod1/abc\n0::/\n"),
+            "/kubepods/pod1/abc");
+  EXPECT_EQ(CgroupV1CpuPathFromProcSelfCgroup("1:cpu:/\n"), "/");
+  EXPECT_EQ(CgroupV1CpuPathFromProcSelfCgroup("2:cpuacct:/x\n3:cpuset:/y\n0::/\n"), std::nullopt);
+}
+
 TEST(CpuQuotaTest, UsableCpusIsAtLeastOneAndAtMostTheAffinityMask) {
   cpu_set_t set;
   CPU_ZERO(&set);
