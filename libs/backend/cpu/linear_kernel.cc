@@ -310,8 +310,8 @@ void Linear(const float* x, int64_t m, const PackedPanels& w, float* out, int nu
 
 // The bf16 compute mode: x rounded to bf16 into a per-thread buffer, then the same FMA
 // chain as Linear. A bf16 x bf16 product is exact in f32, so this is the bf16 dot
-// product with f32 accumulation, and batch invariant for the reason Linear is.
-// (No AVX512-BF16 VDPBF16PS kernel yet: it wants weights packed in k pairs.)
+// product with f32 accumulation, and batch invariant for the reason Linear is. (AMX and
+// VDPBF16PS have their own: amx_linear_kernel.cc, bf16_dot_linear_kernel.cc.)
 void LinearBf16(const float* x, int64_t m, const PackedPanels& w, float* out, int num_threads) {
   if (m <= 0) return;
   thread_local std::vector<float> rounded;  // grow-only: no allocation per call once warm
