@@ -36,7 +36,8 @@ ABSL_FLAG(int, max_num_batched_tokens, 2048, "Scheduler: tokens per engine step 
 KVMESH_FLAG_RANGE(max_num_batched_tokens, 1, 1 << 24);
 ABSL_FLAG(int, tensor_parallel_size, 1,
           "Split the model over this many rank threads (tensor parallelism; heads, MLP and vocabulary must divide). "
-          "The KV budget is the group's total; --threads is shared among the ranks.");
+          "On --device cpu the ranks share --threads and talk over Gloo; on --device cuda:N rank r drives GPU N + r "
+          "and they talk over NCCL. The KV budget is the group's total (a memory fraction is each GPU's).");
 KVMESH_FLAG_RANGE(tensor_parallel_size, 1, 64);
 ABSL_DECLARE_FLAG(int, threads);  // cli_common.cc
 ABSL_FLAG(int, max_model_len, 0, "Context length (prompt + completion); 0: the model's max_position_embeddings.");
@@ -106,8 +107,14 @@ absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model, 
   if (max_model_len_flag > context)
     return absl::InvalidArgumentError("--max-model-len exceeds the model's max_position_embeddings");
   const int32_t max_model_len = max_model_len_flag > 0 ? max_model_len_flag : static_cast<int32_t>(context);
+  auto on_group_failure = [](const absl::Status& status) {
+    KVMESH_LOG(kError) << "stopping: a tensor-parallel rank failed and the group cannot continue"
+                       << LogKv("error", status.message());
+    // Process-directed (not raise()): the commands take SIGTERM with sigwait on their
+    // main thread, and every other thread blocks it.
+    kill(getpid(), SIGTERM);
+  };
   if (cuda_device >= 0) {
-    if (tp != 1) return absl::InvalidArgumentError("--tensor-parallel-size > 1 is not available with --device cuda yet");
     engine::CudaModelRunnerOptions cuda{
         .block_size_tokens = absl::GetFlag(FLAGS_block_size),
         .kv_cache_dtype = kv_dtype,
@@ -119,12 +126,30 @@ absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model, 
     };
     // A memory fraction is of the GPU's free memory (vLLM's gpu_memory_utilization, of
     // what the weights left), not of the host's.
-    if (const double fraction = absl::GetFlag(FLAGS_kv_cache_memory_fraction); fraction != 0) {
-      cuda.kv_cache_memory_fraction = fraction;
+    const double fraction = absl::GetFlag(FLAGS_kv_cache_memory_fraction);
+    if (tp == 1) {
+      if (fraction != 0) {
+        cuda.kv_cache_memory_fraction = fraction;
+      } else {
+        cuda.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+      }
+      KVMESH_ASSIGN_OR_RETURN(out.runner, engine::CreateCudaModelRunner(model, cuda));
     } else {
-      cuda.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+      // One rank per GPU from cuda_device on; rank 0 runs on the shard already loaded
+      // there (LoadModelFromFlags loads rank 0's slice under --tensor-parallel-size).
+      engine::TensorParallelRunnerOptions tp_options{
+          .tensor_parallel_size = tp,
+          .block_size_tokens = absl::GetFlag(FLAGS_block_size),
+          .kv_cache_bytes = fraction != 0 ? 0 : absl::GetFlag(FLAGS_kv_cache_bytes),
+          .kv_cache_memory_fraction = fraction,
+          .kv_cache_dtype = kv_dtype,
+          .cuda_device = cuda_device,
+          .cuda = cuda,
+          .rank0_model = &model,
+      };
+      tp_options.on_group_failure = on_group_failure;
+      KVMESH_ASSIGN_OR_RETURN(out.runner, engine::TensorParallelRunner::Create(model.model_dir(), tp_options));
     }
-    KVMESH_ASSIGN_OR_RETURN(out.runner, engine::CreateCudaModelRunner(model, cuda));
   } else if (tp == 1) {
     KVMESH_ASSIGN_OR_RETURN(out.runner, engine::PagedModelRunner::Create(
                                             model, {.block_size_tokens = absl::GetFlag(FLAGS_block_size),
@@ -139,13 +164,7 @@ absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model, 
         .total_threads = absl::GetFlag(FLAGS_threads),
     };
     KVMESH_ASSIGN_OR_RETURN(tp_options.compute_dtype, ComputeDTypeFromFlags());
-    tp_options.on_group_failure = [](const absl::Status& status) {
-      KVMESH_LOG(kError) << "stopping: a tensor-parallel rank failed and the group cannot continue"
-                         << LogKv("error", status.message());
-      // Process-directed (not raise()): the commands take SIGTERM with sigwait on their
-      // main thread, and every other thread blocks it.
-      kill(getpid(), SIGTERM);
-    };
+    tp_options.on_group_failure = on_group_failure;
     KVMESH_ASSIGN_OR_RETURN(out.runner, engine::TensorParallelRunner::Create(model.model_dir(), tp_options));
   }
   out.options.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);

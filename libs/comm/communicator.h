@@ -12,6 +12,15 @@
 // returns FailedPrecondition naming the first error, so a caller cannot run on with
 // ranks out of step. InvalidArgument for an unsupported dtype or a bad root.
 //
+// Ordering: by default a collective has completed when its call returns. A device
+// communicator may instead be made over a device queue (a CUDA stream: the backend's
+// queue(), NcclCommunicatorOptions::queue): each collective is then queued there behind
+// the work already queued (and recorded by a graph capture in progress), and the call
+// returns once it is queued. Its completion and its errors then come through
+// AwaitQueue, which the caller uses wherever it would otherwise wait on that queue: a
+// peer that is gone or stuck turns the wait into an error within the timeout instead of
+// a hang.
+//
 // Thread-safety: not thread-safe; each rank's communicator is used by that rank's
 // thread only.
 #pragma once
@@ -44,8 +53,22 @@ class Communicator {
   // data on every rank = data on `root`. Any dtype.
   virtual absl::Status Broadcast(void* data, int64_t count, DType dtype, int root) = 0;
 
-  // Returns once every rank has called Barrier.
+  // Returns once every rank has called Barrier (queued: once every rank's queue got there).
   virtual absl::Status Barrier() = 0;
+
+  // The device queue collectives are queued on (see "Ordering"), or nullptr when each
+  // completes within its call.
+  virtual void* queue() const { return nullptr; }
+
+  // Waits until queue() has run everything queued on it before `event` (a CUDA event
+  // recorded on it; nullptr: everything queued so far), watching the group as a
+  // collective does: DeadlineExceeded after the timeout, Unavailable when a peer's
+  // failure surfaces; either breaks the group (and releases the queue's stuck
+  // collectives). OK at once where queue() is nullptr.
+  virtual absl::Status AwaitQueue(void* event) {
+    (void)event;
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace kvmesh::comm

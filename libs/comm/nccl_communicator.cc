@@ -55,9 +55,10 @@ absl::StatusOr<ncclDataType_t> NcclType(DType dtype) {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(const NcclCommunicatorOptions& options, ncclComm_t comm, cudaStream_t stream)
+  // `stream`: the caller's queue (not owned) when `queued`, else the communicator's own.
+  NcclCommunicator(const NcclCommunicatorOptions& options, ncclComm_t comm, cudaStream_t stream, bool queued)
       : rank_(options.rank), world_size_(options.world_size), device_(options.device), timeout_(options.timeout),
-        comm_(comm), stream_(stream) {}
+        comm_(comm), stream_(stream), queued_(queued) {}
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
     if (comm_ != nullptr) {
@@ -73,7 +74,7 @@ class NcclCommunicator : public Communicator {
       }
     }
     if (barrier_buffer_ != nullptr) cudaFree(barrier_buffer_);
-    cudaStreamDestroy(stream_);
+    if (!queued_) cudaStreamDestroy(stream_);
   }
 
   int rank() const override { return rank_; }
@@ -100,7 +101,17 @@ class NcclCommunicator : public Communicator {
       if (cudaError_t e = cudaMalloc(&barrier_buffer_, sizeof(float)); e != cudaSuccess)
         return CudaError("barrier buffer", e);
     }
-    return Run("barrier", [&] { return ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclFloat32, ncclSum, comm_, stream_); });
+    KVMESH_RETURN_IF_ERROR(
+        Run("barrier", [&] { return ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclFloat32, ncclSum, comm_, stream_); }));
+    return queued_ ? AwaitQueue(nullptr) : absl::OkStatus();
+  }
+  void* queue() const override { return queued_ ? stream_ : nullptr; }
+  absl::Status AwaitQueue(void* event) override {
+    if (!queued_) return absl::OkStatus();
+    if (!broken_.ok())
+      return absl::FailedPreconditionError(absl::StrCat("communicator group is broken: ", broken_.message()));
+    cudaSetDevice(device_);
+    return Await("queued work", static_cast<cudaEvent_t>(event), absl::Now() + timeout_);
   }
 
   // Polls `comm`'s async state until it leaves ncclInProgress or `deadline` passes.
@@ -122,11 +133,22 @@ class NcclCommunicator : public Communicator {
     const absl::Time deadline = absl::Now() + timeout_;
     ncclResult_t r = enqueue();
     if (r == ncclInProgress) r = WaitAsync(comm_, deadline);
-    if (r != ncclSuccess && r != ncclInProgress) return Fail(NcclError(what, r, comm_));
-    // The collective is queued on the stream: wait for it, watching for peer errors.
+    if (r == ncclInProgress) {
+      return Fail(absl::DeadlineExceededError(absl::StrCat("nccl ", what, " could not be queued within ",
+                                                           absl::FormatDuration(timeout_))));
+    }
+    if (r != ncclSuccess) return Fail(NcclError(what, r, comm_));
+    // Queued on the caller's stream: it completes there (AwaitQueue). NOTE: no stream
+    // query here, which would also end a graph capture in progress.
+    if (queued_) return absl::OkStatus();
+    return Await(what, /*event=*/nullptr, deadline);
+  }
+  // Polls `event` (nullptr: the stream) until the work before it has run, watching for
+  // peer errors; fails (and breaks the group) on an error or at `deadline`.
+  absl::Status Await(const char* what, cudaEvent_t event, absl::Time deadline) {
     while (true) {
-      const cudaError_t e = cudaStreamQuery(stream_);
-      if (e == cudaSuccess) break;
+      const cudaError_t e = event != nullptr ? cudaEventQuery(event) : cudaStreamQuery(stream_);
+      if (e == cudaSuccess) return absl::OkStatus();
       if (e != cudaErrorNotReady) return Fail(CudaError(what, e));
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
@@ -138,7 +160,6 @@ class NcclCommunicator : public Communicator {
       }
       std::this_thread::yield();
     }
-    return absl::OkStatus();
   }
   absl::Status Fail(absl::Status status) {
     broken_ = status;
@@ -154,6 +175,7 @@ class NcclCommunicator : public Communicator {
   const absl::Duration timeout_;
   ncclComm_t comm_;
   cudaStream_t stream_;
+  const bool queued_;
   void* barrier_buffer_ = nullptr;
   absl::Status broken_;
 };
@@ -204,12 +226,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const NcclC
     if (comm != nullptr) ncclCommAbort(comm);
     return status;
   }
+  if (options.queue != nullptr) {
+    return std::unique_ptr<Communicator>(
+        new NcclCommunicator(options, comm, static_cast<cudaStream_t>(options.queue), /*queued=*/true));
+  }
   cudaStream_t stream = nullptr;
   if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
     ncclCommAbort(comm);
     return CudaError("cudaStreamCreate", e);
   }
-  return std::unique_ptr<Communicator>(new NcclCommunicator(options, comm, stream));
+  return std::unique_ptr<Communicator>(new NcclCommunicator(options, comm, stream, /*queued=*/false));
 }
 
 #endif  // KVMESH_HAVE_NCCL

@@ -6,8 +6,11 @@
 // the others read it. The communicator is non-blocking (ncclConfig_t.blocking = 0) so
 // that every step can be bounded: initialisation and each collective are polled until
 // done or the timeout passes, and then the communicator is aborted (ncclCommAbort) and
-// DeadlineExceeded returned, never a hang. Collectives run on the communicator's own
-// stream and are complete when the call returns.
+// DeadlineExceeded returned, never a hang. Without a queue, collectives run on the
+// communicator's own stream and are complete when the call returns; with one (the
+// backend's stream, as a GPU rank's forward pass uses it) they are queued on it behind
+// the ops already there, may be captured into a CUDA graph, and complete through
+// AwaitQueue (communicator.h, "Ordering").
 //
 // Thread-safety: not thread-safe (one rank thread); the calling thread's current CUDA
 // device is set to `device` on every call.
@@ -29,6 +32,9 @@ struct NcclCommunicatorOptions {
   int device = 0;  // CUDA device index of this rank
   std::string group_name = "tp";
   absl::Duration timeout = absl::Seconds(60);
+  // A cudaStream_t on `device` to queue collectives on (not owned), or nullptr for the
+  // communicator's own stream and collectives complete on return.
+  void* queue = nullptr;
 };
 
 // Unimplemented without NCCL in the build; FailedPrecondition without a usable GPU;

@@ -1,6 +1,8 @@
 // TimedCommunicator: a Communicator that forwards to another and adds up the wall time
 // spent inside its collectives, so that a step's communication share can be reported.
-// The time includes waiting for the slowest peer to arrive, not only the transfer.
+// The time includes waiting for the slowest peer to arrive, not only the transfer. For a
+// communicator that only queues its collectives (Communicator::queue()) it is the time
+// to queue them: their run time is the device's, inside AwaitQueue (not counted).
 //
 // Thread-safety: as the wrapped communicator (one rank thread); total_seconds() may be
 // read from any thread.
@@ -33,6 +35,8 @@ class TimedCommunicator : public Communicator {
   absl::Status Barrier() override {
     return Timed([&] { return inner_->Barrier(); });
   }
+  void* queue() const override { return inner_->queue(); }
+  absl::Status AwaitQueue(void* event) override { return inner_->AwaitQueue(event); }
 
   // Seconds spent in collectives since construction, and how many ran.
   double total_seconds() const { return static_cast<double>(total_ns_.load(std::memory_order_relaxed)) * 1e-9; }

@@ -18,6 +18,10 @@
 #include "engine/model_runner.h"
 #include "kv/kv_types.h"
 
+namespace kvmesh::comm {
+class Communicator;
+}  // namespace kvmesh::comm
+
 namespace kvmesh::engine {
 
 struct CudaModelRunnerOptions {
@@ -51,12 +55,24 @@ struct CudaModelRunnerOptions {
 };
 
 // `model` must have been loaded on the CUDA backend (cli: --device cuda) and outlive the
-// runner. FailedPrecondition in a build without CUDA, or for a model on another backend
-// or sharded for tensor parallelism; InvalidArgument for bad sizes or a head_dim the
-// attention kernels are not built for (64 and 128 are); ResourceExhausted
-// when the device cannot hold the pool, or the host its mirror (host_kv_mirror).
+// runner. Under tensor parallelism `model` is this rank's shard (LlamaModelOptions) and
+// `comm` (outliving the runner) is the rank's NCCL communicator, made to queue its
+// collectives on the model's backend stream (NcclCommunicatorOptions::queue =
+// Backend::queue()); a TensorParallelRunner drives one such runner per GPU.
+// FailedPrecondition in a build without CUDA, for a model on another backend, or a
+// communicator that does not queue on that stream; InvalidArgument for bad sizes, a
+// shard that does not match `comm` or a head_dim the attention kernels are not built for
+// (64 and 128 are); ResourceExhausted when the device cannot hold the pool, or the host
+// its mirror (host_kv_mirror).
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& model,
-                                                                   const CudaModelRunnerOptions& options);
+                                                                   const CudaModelRunnerOptions& options,
+                                                                   comm::Communicator* comm = nullptr);
+
+// How many blocks CreateCudaModelRunner(model, options) would give its pool, measured
+// now on the model's GPU (a memory fraction is of its free memory). A tensor-parallel
+// group sizes every rank's pool to the smallest of its ranks' counts. Errors as
+// CreateCudaModelRunner's for the sizes.
+absl::StatusOr<int32_t> CudaKvPoolBlocks(const LlamaModel& model, const CudaModelRunnerOptions& options);
 
 // Memory for a CUDA worker's host KV tier (EngineKvTierOptions::host_allocate): pinned
 // with cudaHostAlloc (portable, so any context's kernels read it in place), or with

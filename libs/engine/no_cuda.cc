@@ -4,10 +4,19 @@
 
 namespace kvmesh::engine {
 
+namespace {
+constexpr char kNoCuda[] =
+    "this kvmesh was built without CUDA (no nvcc at configure time); rebuild with -DKVMESH_CUDA=ON for --device cuda";
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& /*model*/,
-                                                                   const CudaModelRunnerOptions& /*options*/) {
-  return absl::FailedPreconditionError(
-      "this kvmesh was built without CUDA (no nvcc at configure time); rebuild with -DKVMESH_CUDA=ON for --device cuda");
+                                                                   const CudaModelRunnerOptions& /*options*/,
+                                                                   comm::Communicator* /*comm*/) {
+  return absl::FailedPreconditionError(kNoCuda);
+}
+
+absl::StatusOr<int32_t> CudaKvPoolBlocks(const LlamaModel& /*model*/, const CudaModelRunnerOptions& /*options*/) {
+  return absl::FailedPreconditionError(kNoCuda);
 }
 
 absl::StatusOr<CudaHostTierMemory> MakeCudaHostTierMemory(int /*device*/, bool /*managed*/) {

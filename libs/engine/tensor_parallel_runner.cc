@@ -6,12 +6,14 @@
 #include "absl/strings/str_cat.h"
 #include "backend/ops.h"
 #include "comm/gloo_communicator.h"
+#include "comm/nccl_communicator.h"
 #include "comm/tcp_store_client.h"
 #include "comm/tcp_store_server.h"
 #include "comm/timed_communicator.h"
 #include "core/cpu_quota.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
+#include "engine/paged_model_runner.h"
 #include "kv/kv_layout.h"
 #include "model/model_config.h"
 #include "model/tensor_parallel_shard.h"
@@ -44,15 +46,20 @@ absl::Status CombineRankErrors(const std::string& what, const std::vector<absl::
 }  // namespace
 
 // One rank's resources. Followers' fields marked (mu_) are shared with the driver.
+// Declared in destruction order's reverse: the runner goes first, the backend last.
 struct TensorParallelRunner::Rank {
-  std::unique_ptr<backend::Backend> backend;
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<backend::Backend> backend;  // null when rank 0 runs on rank0_model
+  std::unique_ptr<LlamaModel> owned_model;
+  LlamaModel* model = nullptr;                // owned_model, or rank0_model
   std::unique_ptr<comm::TcpStoreClient> store;
   std::unique_ptr<comm::TimedCommunicator> comm;
-  std::unique_ptr<PagedModelRunner> runner;
+  std::unique_ptr<ModelRunner> runner;
+  std::optional<kv::KvLayout> layout;         // the runner's pool
   std::thread thread;
   bool set_up = false;          // (mu_) SetUpRank finished
   absl::Status setup_status;    // (mu_)
+  bool sized = false;           // (mu_) AgreeOnPoolBlocks posted
+  absl::StatusOr<int32_t> pool_blocks = 0;  // (mu_) what it posted
   int64_t done_step = 0;        // (mu_) last step this follower finished
   absl::Status step_status;     // (mu_) its result
   int32_t layers_written = 0;   // (mu_) layers of the current step whose KV it wrote (streamed steps)
@@ -63,12 +70,31 @@ TensorParallelRunner::TensorParallelRunner(const TensorParallelRunnerOptions& op
 absl::StatusOr<std::unique_ptr<TensorParallelRunner>> TensorParallelRunner::Create(
     const std::string& model_dir, const TensorParallelRunnerOptions& options) {
   const int32_t n = options.tensor_parallel_size;
-  // 1. Shapes that cannot be split fail here, before any thread or socket exists.
+  const bool on_gpus = options.cuda_device >= 0;
+  // 1. Shapes that cannot be split, and devices that are not there, fail here, before
+  // any thread or socket exists.
   KVMESH_ASSIGN_OR_RETURN(const model::ModelConfig config, model::LoadModelConfig(model_dir));
   KVMESH_ASSIGN_OR_RETURN(const model::TensorParallelShard shard0, model::ComputeTensorParallelShard(config, 0, n));
   int32_t num_blocks = options.num_blocks;
-  if ((options.kv_cache_bytes > 0) == (num_blocks > 0))
-    return absl::InvalidArgumentError("tensor-parallel runner: set exactly one of kv_cache_bytes and num_blocks");
+  const int sizings = (options.kv_cache_bytes > 0) + (num_blocks > 0) + (options.kv_cache_memory_fraction > 0);
+  if (sizings != 1)
+    return absl::InvalidArgumentError(
+        "tensor-parallel runner: set exactly one of kv_cache_bytes, num_blocks and kv_cache_memory_fraction");
+  if (options.kv_cache_memory_fraction > 0 && !on_gpus)
+    return absl::InvalidArgumentError("tensor-parallel runner: kv_cache_memory_fraction sizes GPU ranks' pools only");
+  if (on_gpus) {
+    const int visible = comm::NumCudaDevices();
+    if (options.cuda_device + n > visible)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor parallelism over ", n, " GPUs needs CUDA devices ", options.cuda_device, "..",
+          options.cuda_device + n - 1, " (one per rank); ", visible,
+          " visible (a build without CUDA sees none): lower --tensor-parallel-size or check CUDA_VISIBLE_DEVICES"));
+    if (options.rank0_model != nullptr &&
+        (options.rank0_model->shard().size != n || options.rank0_model->shard().rank != 0))
+      return absl::InvalidArgumentError(absl::StrCat("rank0_model is rank ", options.rank0_model->shard().rank,
+                                                     " of ", options.rank0_model->shard().size, ", not rank 0 of ",
+                                                     n));
+  }
   if (options.kv_cache_bytes > 0) {
     const kv::KvLayoutOptions per_rank{.num_layers = static_cast<int32_t>(config.num_hidden_layers),
                                        .num_kv_heads = static_cast<int32_t>(shard0.num_kv_heads),
@@ -103,6 +129,7 @@ absl::StatusOr<std::unique_ptr<TensorParallelRunner>> TensorParallelRunner::Crea
     });
   }
   absl::Status status;
+  // NOTE: rank 0 too: it must meet the others at the pool-size agreement.
   std::thread([&] { status = tp->SetUpRank(0, model_dir, address, num_blocks); }).join();
   {
     std::unique_lock<std::mutex> lock(tp->mu_);
@@ -127,33 +154,112 @@ absl::StatusOr<std::unique_ptr<TensorParallelRunner>> TensorParallelRunner::Crea
 
 absl::Status TensorParallelRunner::SetUpRank(int32_t r, const std::string& model_dir,
                                              const std::string& store_address, int32_t num_blocks) {
+  absl::Status shard = SetUpRankShard(r, model_dir, store_address);
+  absl::StatusOr<int32_t> blocks = num_blocks;
+  if (!shard.ok()) {
+    blocks = shard;
+  } else if (num_blocks == 0) {
+    // A fraction of this GPU's memory left free by its shard.
+    CudaModelRunnerOptions sizing = options_.cuda;
+    sizing.block_size_tokens = options_.block_size_tokens;
+    sizing.kv_cache_dtype = options_.kv_cache_dtype;
+    sizing.kv_cache_bytes = 0;
+    sizing.num_blocks = 0;
+    sizing.kv_cache_memory_fraction = options_.kv_cache_memory_fraction;
+    blocks = CudaKvPoolBlocks(*ranks_[r]->model, sizing);
+  }
+  KVMESH_ASSIGN_OR_RETURN(const int32_t agreed, AgreeOnPoolBlocks(r, std::move(blocks)));
+  return SetUpRankRunner(r, agreed);
+}
+
+absl::Status TensorParallelRunner::SetUpRankShard(int32_t r, const std::string& model_dir,
+                                                  const std::string& store_address) {
   Rank& rank = *ranks_[r];
   const int32_t n = options_.tensor_parallel_size;
-  const int total = options_.total_threads > 0 ? options_.total_threads : UsableCpus();
-  auto backend = backend::CreateCpuBackend(
-      {.num_threads = std::max(1, total / n), .isa = options_.isa, .compute_dtype = options_.compute_dtype});
-  if (!backend.ok()) return backend.status();
-  rank.backend = std::move(backend).value();
-  LlamaModelOptions model_options{.tensor_parallel_rank = r, .tensor_parallel_size = n};
-  if (r == 0) model_options.on_progress = options_.on_progress;
-  auto model = LlamaModel::Load(model_dir, *rank.backend, model_options);
-  if (!model.ok()) return model.status();
-  rank.model = std::move(model).value();
+  const bool on_gpus = options_.cuda_device >= 0;
+  if (on_gpus && r == 0 && options_.rank0_model != nullptr) {
+    rank.model = options_.rank0_model;
+  } else {
+    absl::StatusOr<std::unique_ptr<backend::Backend>> backend;
+    if (on_gpus) {
+      backend = backend::CreateCudaBackend(options_.cuda_device + r);
+    } else {
+      const int total = options_.total_threads > 0 ? options_.total_threads : UsableCpus();
+      backend = backend::CreateCpuBackend(
+          {.num_threads = std::max(1, total / n), .isa = options_.isa, .compute_dtype = options_.compute_dtype});
+    }
+    if (!backend.ok()) return backend.status();
+    rank.backend = std::move(backend).value();
+    LlamaModelOptions model_options{.tensor_parallel_rank = r, .tensor_parallel_size = n};
+    if (r == 0) model_options.on_progress = options_.on_progress;
+    auto model = LlamaModel::Load(model_dir, *rank.backend, model_options);
+    if (!model.ok()) return model.status();
+    rank.owned_model = std::move(model).value();
+    rank.model = rank.owned_model.get();
+  }
   auto store = comm::TcpStoreClient::Connect(store_address, options_.comm_timeout);
   if (!store.ok()) return store.status();
   rank.store = std::move(store).value();
-  auto comm = comm::GlooCommunicator::Create(
-      {.rank = r, .world_size = n, .group_name = "tp", .hostname = "127.0.0.1", .timeout = options_.comm_timeout},
-      *rank.store);
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> comm;
+  if (on_gpus) {
+    // Queued on the backend's stream: ordered with the ops, captured with the graphs.
+    comm = comm::CreateNcclCommunicator({.rank = r,
+                                         .world_size = n,
+                                         .device = options_.cuda_device + r,
+                                         .group_name = "tp",
+                                         .timeout = options_.comm_timeout,
+                                         .queue = rank.model->backend().queue()},
+                                        *rank.store);
+  } else {
+    comm = comm::GlooCommunicator::Create(
+        {.rank = r, .world_size = n, .group_name = "tp", .hostname = "127.0.0.1", .timeout = options_.comm_timeout},
+        *rank.store);
+  }
   if (!comm.ok()) return comm.status();
   rank.comm = std::make_unique<comm::TimedCommunicator>(std::move(comm).value());
-  auto runner = PagedModelRunner::Create(
-      *rank.model,
-      {.block_size_tokens = options_.block_size_tokens, .num_blocks = num_blocks,
-       .kv_cache_dtype = options_.kv_cache_dtype},
-      rank.comm.get());
-  if (!runner.ok()) return runner.status();
-  rank.runner = std::move(runner).value();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> TensorParallelRunner::AgreeOnPoolBlocks(int32_t r, absl::StatusOr<int32_t> blocks) {
+  std::unique_lock<std::mutex> lock(mu_);
+  ranks_[r]->sized = true;
+  ranks_[r]->pool_blocks = std::move(blocks);
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return std::all_of(ranks_.begin(), ranks_.end(), [](const auto& rank) { return rank->sized; }); });
+  if (!ranks_[r]->pool_blocks.ok()) return ranks_[r]->pool_blocks.status();
+  int32_t smallest = INT32_MAX;
+  for (const auto& rank : ranks_) {
+    if (!rank->pool_blocks.ok()) return absl::FailedPreconditionError("another rank failed to start");
+    smallest = std::min(smallest, *rank->pool_blocks);
+  }
+  if (smallest < 1)
+    return absl::ResourceExhaustedError("the KV budget leaves a rank's GPU no room for one block of its pool");
+  return smallest;
+}
+
+absl::Status TensorParallelRunner::SetUpRankRunner(int32_t r, int32_t num_blocks) {
+  Rank& rank = *ranks_[r];
+  if (options_.cuda_device >= 0) {
+    CudaModelRunnerOptions cuda = options_.cuda;
+    cuda.block_size_tokens = options_.block_size_tokens;
+    cuda.kv_cache_dtype = options_.kv_cache_dtype;
+    cuda.kv_cache_bytes = 0;
+    cuda.kv_cache_memory_fraction = 0;
+    cuda.num_blocks = num_blocks;
+    auto runner = CreateCudaModelRunner(*rank.model, cuda, rank.comm.get());
+    if (!runner.ok()) return runner.status();
+    rank.runner = std::move(runner).value();
+  } else {
+    auto runner = PagedModelRunner::Create(
+        *rank.model,
+        {.block_size_tokens = options_.block_size_tokens, .num_blocks = num_blocks,
+         .kv_cache_dtype = options_.kv_cache_dtype},
+        rank.comm.get());
+    if (!runner.ok()) return runner.status();
+    rank.runner = std::move(runner).value();
+  }
+  rank.layout = rank.runner->kv_pool_layout();
+  if (!rank.layout.has_value()) return absl::InternalError("a rank's runner reports no KV pool layout");
   return absl::OkStatus();
 }
 
@@ -237,6 +343,7 @@ absl::StatusOr<ModelOutput> TensorParallelRunner::Execute(const ModelBatch& batc
     plan_.swap_in = batch.swap_in;
     plan_.block_copies = batch.block_copies;
     plan_.released_seq_ids = batch.released_seq_ids;  // every rank keeps its own tables
+    plan_.layer_kv_read_blocks = batch.layer_kv_read_blocks;  // what GPU ranks mirror per layer
     plan_streams_layers_ = static_cast<bool>(batch.on_layer_kv_written);
     for (auto& rank : ranks_) rank->layers_written = 0;
     step = ++step_;
@@ -299,8 +406,35 @@ void TensorParallelRunner::WaitForLayerOnEveryRank(int32_t layer, int64_t step) 
 
 std::vector<kv::KvStorage*> TensorParallelRunner::kv_rank_storages() {
   std::vector<kv::KvStorage*> storages;
-  for (auto& rank : ranks_) storages.push_back(rank->runner->kv_storage());
+  for (auto& rank : ranks_) {
+    const std::vector<kv::KvStorage*> own = rank->runner->kv_rank_storages();
+    if (own.size() != 1) return {};  // a GPU rank without a host mirror
+    storages.push_back(own[0]);
+  }
   return storages;
+}
+
+absl::Status TensorParallelRunner::ForEachRank(const std::string& what,
+                                               const std::function<absl::Status(int32_t)>& fn) {
+  const int32_t n = tensor_parallel_size();
+  std::vector<absl::Status> statuses(n);
+  std::vector<std::thread> threads;
+  for (int32_t r = 1; r < n; ++r) threads.emplace_back([&, r] { statuses[r] = fn(r); });
+  statuses[0] = fn(0);
+  for (std::thread& t : threads) t.join();
+  return CombineRankErrors(what, statuses);
+}
+
+absl::Status TensorParallelRunner::CopyKvToHostMirror(std::span<const int32_t> blocks) {
+  if (!group_status_.ok()) return group_status_;
+  return ForEachRank("copying KV into the ranks' host mirrors",
+                     [&](int32_t r) { return ranks_[r]->runner->CopyKvToHostMirror(blocks); });
+}
+
+absl::Status TensorParallelRunner::CopyKvFromHostMirror(std::span<const int32_t> blocks) {
+  if (!group_status_.ok()) return group_status_;
+  return ForEachRank("copying KV from the ranks' host mirrors",
+                     [&](int32_t r) { return ranks_[r]->runner->CopyKvFromHostMirror(blocks); });
 }
 
 absl::Status TensorParallelRunner::health() const { return group_status_; }
@@ -311,14 +445,21 @@ double TensorParallelRunner::communication_seconds(int32_t rank) const {
 int32_t TensorParallelRunner::vocab_size() const { return ranks_[0]->runner->vocab_size(); }
 int32_t TensorParallelRunner::block_size_tokens() const { return ranks_[0]->runner->block_size_tokens(); }
 int32_t TensorParallelRunner::num_blocks() const { return ranks_[0]->runner->num_blocks(); }
-const kv::KvStorage& TensorParallelRunner::rank_storage(int32_t rank) const { return ranks_[rank]->runner->storage(); }
+bool TensorParallelRunner::all_position_logits() const { return ranks_[0]->runner->all_position_logits(); }
+bool TensorParallelRunner::returns_argmax() const { return ranks_[0]->runner->returns_argmax(); }
+int64_t TensorParallelRunner::kv_swap_bytes_per_block() const { return ranks_[0]->runner->kv_swap_bytes_per_block(); }
+KvSlotShape TensorParallelRunner::kv_slot_shape() const { return ranks_[0]->runner->kv_slot_shape(); }
+const kv::KvLayout& TensorParallelRunner::rank_layout(int32_t rank) const { return *ranks_[rank]->layout; }
 const LlamaModel& TensorParallelRunner::rank_model(int32_t rank) const { return *ranks_[rank]->model; }
 
 std::string TensorParallelRunner::DescribeSharding() const {
   const LlamaModel& model = *ranks_[0]->model;
   const model::TensorParallelShard& s = model.shard();
-  const kv::KvLayout& layout = ranks_[0]->runner->storage().layout();
-  return absl::StrCat("tensor parallel: ", s.size, " ranks; per rank ", s.num_heads, "/",
+  const kv::KvLayout& layout = rank_layout(0);
+  const std::string where = options_.cuda_device < 0
+                                ? std::string("CPU")
+                                : absl::StrCat("GPUs ", options_.cuda_device, "..", options_.cuda_device + s.size - 1);
+  return absl::StrCat("tensor parallel: ", s.size, " ranks on ", where, "; per rank ", s.num_heads, "/",
                       model.config().num_attention_heads, " query heads, ", s.num_kv_heads, "/",
                       model.config().num_key_value_heads, " KV heads",
                       s.kv_head_replication > 1 ? absl::StrCat(" (each KV head replicated on ", s.kv_head_replication,

@@ -143,6 +143,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
 }
 
 CudaBackend::~CudaBackend() {
+  // The destroying thread may be on another GPU (a tensor-parallel group's teardown).
+  cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);

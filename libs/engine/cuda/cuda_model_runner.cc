@@ -18,6 +18,12 @@
 // past a sequence's length exit at once). A bucket is captured after its first eager run,
 // which also sizes every scratch buffer, so nothing allocates during capture.
 //
+// Under tensor parallelism (a TensorParallelRunner's GPU rank) the model is this rank's
+// shard and the forward pass's collectives are queued by the NCCL communicator on the
+// backend's stream, behind the ops and inside the decode graphs; every wait on that
+// stream after the pass goes through the communicator (AwaitStream), so a lost peer
+// ends the step with an error within its timeout instead of hanging it.
+//
 // A prefill or decode worker's runner keeps a host mirror of the pool (host_kv_mirror):
 // the KV transports read and write that, and blocks cross PCIe as whole runs of
 // consecutive ids, every layer of a run in one 2D copy (the pool and the mirror share
@@ -39,6 +45,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
+#include "comm/communicator.h"
 #include "core/cuda_memory.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
@@ -66,9 +73,12 @@ struct ForwardShape {
 
 class CudaModelRunner : public ModelRunner {
  public:
-  CudaModelRunner(LlamaModel& model, int device, kv::KvLayout layout, const CudaModelRunnerOptions& options)
+  CudaModelRunner(LlamaModel& model, int device, kv::KvLayout layout, const CudaModelRunnerOptions& options,
+                  comm::Communicator* comm)
       : model_(model),
         be_(model.backend()),
+        comm_(comm),
+        world_size_(comm != nullptr ? comm->world_size() : 1),
         stream_(static_cast<cudaStream_t>(be_.queue())),
         device_(device),
         layout_(layout),
@@ -79,6 +89,8 @@ class CudaModelRunner : public ModelRunner {
                  .max_rows = static_cast<int32_t>(2 * options.max_num_seqs),
                  .max_blocks_per_row = max_blocks_per_seq_}) {}
   ~CudaModelRunner() override {
+    // A tensor-parallel group is torn down from one thread: free on this rank's GPU.
+    cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     for (auto& [key, g] : graphs_) {
       if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
@@ -94,12 +106,11 @@ class CudaModelRunner : public ModelRunner {
   absl::StatusOr<ModelOutput> Execute(const ModelBatch& batch) override;
   bool returns_argmax() const override { return true; }
   bool keeps_block_tables() const override { return true; }
-  // A host-tier slot holds a block's every layer, layer-major (model_runner.h).
-  int64_t kv_swap_bytes_per_block() const override {
-    return static_cast<int64_t>(layout_.num_layers()) * layout_.BlockBytes();
-  }
+  // A host-tier slot holds a block's every layer, layer-major, and under tensor
+  // parallelism every rank's share of them, rank-major (model_runner.h).
+  int64_t kv_swap_bytes_per_block() const override { return RankSwapBytes() * world_size_; }
   KvSlotShape kv_slot_shape() const override {
-    return {.num_layers = layout_.num_layers(),
+    return {.num_layers = layout_.num_layers() * world_size_,
             .block_bytes = layout_.BlockBytes(),
             .dtype = static_cast<int32_t>(layout_.dtype())};
   }
@@ -116,6 +127,12 @@ class CudaModelRunner : public ModelRunner {
     bool capture_failed = false;  // this bucket runs eagerly
   };
 
+  // This rank's share of a host-tier slot.
+  int64_t RankSwapBytes() const { return static_cast<int64_t>(layout_.num_layers()) * layout_.BlockBytes(); }
+  // Waits for the backend's stream up to `event` (nullptr: all of it): through the
+  // communicator when its collectives are queued there (bounded by its timeout), then
+  // for the stream's own errors.
+  absl::Status AwaitStream(const char* what, cudaEvent_t event = nullptr);
   absl::Status UploadWeights();
   absl::Status CreateMirror();
   // `blocks` as runs of consecutive ids (sorted, each block once); InvalidArgument for a
@@ -168,6 +185,8 @@ class CudaModelRunner : public ModelRunner {
   // captures are ordered on it with the ops.
   LlamaModel& model_;
   backend::Backend& be_;
+  comm::Communicator* const comm_;  // nullptr without tensor parallelism
+  const int32_t world_size_;
   const cudaStream_t stream_;
   const int device_;
   const kv::KvLayout layout_;
@@ -242,18 +261,21 @@ absl::Status CudaModelRunner::UploadWeights() {
 absl::Status CudaModelRunner::Init() {
   const model::ModelConfig& c = model_.config();
   const int64_t t = options_.max_num_tokens, s = options_.max_num_seqs;
-  const int64_t e = c.hidden_size, d = c.head_dim, h = c.num_attention_heads, hkv = c.num_key_value_heads;
-  const int64_t inter = c.intermediate_size, vocab = c.vocab_size;
+  // This rank's heads, MLP rows and embedding rows (all of them without TP); the logits
+  // are the whole vocabulary's (the pass gathers every rank's).
+  const model::TensorParallelShard& shard = model_.shard();
+  const int64_t e = c.hidden_size, d = c.head_dim, h = shard.num_heads, hkv = shard.num_kv_heads;
+  const int64_t inter = shard.intermediate_size, vocab = c.vocab_size;
   KVMESH_RETURN_IF_ERROR(UploadWeights());
   ForwardWeights weights{
-      .embed_tokens = TensorView::Contiguous(embed_.get(), model_.weights().embed_tokens.dtype, {vocab, e}),
+      .embed_tokens = TensorView::Contiguous(embed_.get(), model_.weights().embed_tokens.dtype, {shard.vocab_size, e}),
       .final_norm = TensorView::Contiguous(final_norm_.get(), DType::kF32, {e}),
       .rope_inv_freq = {inv_freq_.as<float>(), static_cast<size_t>(d / 2)}};
   for (size_t l = 0; l < input_norms_.size(); ++l) {
     weights.input_norms.push_back(TensorView::Contiguous(input_norms_[l].get(), DType::kF32, {e}));
     weights.post_norms.push_back(TensorView::Contiguous(post_norms_[l].get(), DType::kF32, {e}));
   }
-  forward_ = std::make_unique<ForwardPass>(model_, std::move(weights), /*comm=*/nullptr);
+  forward_ = std::make_unique<ForwardPass>(model_, std::move(weights), comm_);
   KVMESH_ASSIGN_OR_RETURN(pool_, AllocateDevice(static_cast<size_t>(layout_.TotalBytes()), "the KV pool"));
   // Zeroed so that padded graph rows, which read block 0, read finite numbers.
   KVMESH_RETURN_IF_CUDA_ERROR(cudaMemset(pool_.get(), 0, pool_.bytes()), "clearing the KV pool");
@@ -410,6 +432,8 @@ absl::StatusOr<double> CudaModelRunner::RunSwaps(const std::vector<KvBlockSwap>&
   // (ops.h); RunBlockCopies reuses it, so the swaps are waited for below.
   const size_t capacity = (meta_layout_.total - meta_layout_.block_copies) / (2 * sizeof(int32_t));
   int32_t* pairs = HostMeta<int32_t>(meta_layout_.block_copies);
+  // Under TP the slot holds every rank's heads; this rank's share is at rank * its size.
+  const int64_t offset = comm_ != nullptr ? comm_->rank() * RankSwapBytes() : 0;
   for (size_t begin = 0; begin < swaps.size(); begin += capacity) {
     if (begin > 0) KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream_), "swapping KV blocks");
     const size_t n = std::min(capacity, swaps.size() - begin);
@@ -421,7 +445,7 @@ absl::StatusOr<double> CudaModelRunner::RunSwaps(const std::vector<KvBlockSwap>&
       pairs[2 * i] = to_host ? swap.block : 0;
       pairs[2 * i + 1] = to_host ? 0 : swap.block;
       // A slot (every layer of one block) is a pool of one block per layer.
-      const backend::Backend::BlockPool slot{.data = swap.host,
+      const backend::Backend::BlockPool slot{.data = swap.host + offset,
                                              .num_layers = pool.num_layers,
                                              .layer_bytes = pool.block_bytes,
                                              .block_bytes = pool.block_bytes};
@@ -485,6 +509,12 @@ absl::Status CudaModelRunner::Forward(const ForwardShape& f, const std::vector<k
     };
   }
   return forward_->Run(step);
+}
+
+absl::Status CudaModelRunner::AwaitStream(const char* what, cudaEvent_t event) {
+  if (comm_ != nullptr) KVMESH_RETURN_IF_ERROR(comm_->AwaitQueue(event));
+  KVMESH_RETURN_IF_CUDA_ERROR(event != nullptr ? cudaEventSynchronize(event) : cudaStreamSynchronize(stream_), what);
+  return absl::OkStatus();
 }
 
 absl::Status CudaModelRunner::Capture(const ForwardShape& shape, Graph* graph) {
@@ -590,7 +620,7 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
       // The capture records the same work without running it (this step's result is the
       // eager run's).
       KVMESH_RETURN_IF_ERROR(be_.TakeError());
-      KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "a decode step");
+      KVMESH_RETURN_IF_ERROR(AwaitStream("a decode step"));
       if (absl::Status captured = Capture(shape, graph); !captured.ok()) {
         // A bucket that cannot be captured runs eagerly from now on: slower, not wrong.
         graph->capture_failed = true;
@@ -604,7 +634,7 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
     // Each layer's hook once its blocks are in the mirror, while later layers compute.
     KVMESH_RETURN_IF_ERROR(be_.TakeError());
     for (size_t l = 0; l < layer_mirrored_.size(); ++l) {
-      KVMESH_RETURN_IF_CUDA_ERROR(cudaEventSynchronize(layer_mirrored_[l]), "copying a layer's KV into the host mirror");
+      KVMESH_RETURN_IF_ERROR(AwaitStream("copying a layer's KV into the host mirror", layer_mirrored_[l]));
       batch.on_layer_kv_written(static_cast<int32_t>(l));
     }
   }
@@ -630,7 +660,7 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
                                                 cudaMemcpyDeviceToHost, stream),
                                 "copying greedy tokens to the host");
   }
-  KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(stream), "a model step on the GPU");
+  KVMESH_RETURN_IF_ERROR(AwaitStream("a model step on the GPU"));
   KVMESH_RETURN_IF_ERROR(be_.TakeError());
   output.logits.resize(logits_rows.size() * static_cast<size_t>(vocab));
   for (size_t i = 0; i < logits_rows.size(); ++i) {
@@ -643,17 +673,76 @@ absl::StatusOr<ModelOutput> CudaModelRunner::Execute(const ModelBatch& batch) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& model,
-                                                                   const CudaModelRunnerOptions& options) {
-  // The CUDA backend is the one whose ops take device memory and run on a CUDA stream.
+namespace {
+
+// The pool's shape for `model` (this rank's KV heads, with their replication under TP)
+// and its size by exactly one of options' bytes, fraction of the device's free memory
+// (measured now) or blocks.
+absl::StatusOr<kv::KvLayoutOptions> PoolLayoutOptions(const LlamaModel& model, const CudaModelRunnerOptions& options) {
+  const int sizings = (options.kv_cache_bytes > 0) + (options.kv_cache_memory_fraction > 0) + (options.num_blocks > 0);
+  if (sizings != 1)
+    return absl::InvalidArgumentError("size the CUDA KV pool by exactly one of bytes, memory fraction or blocks");
+  if (options.kv_cache_dtype != DType::kF32 && options.kv_cache_dtype != DType::kBF16 &&
+      options.kv_cache_dtype != DType::kFP8E4M3)
+    return absl::InvalidArgumentError("the CUDA KV cache holds f32, bf16 or fp8");
+  const model::ModelConfig& c = model.config();
+  kv::KvLayoutOptions layout{
+      .num_layers = static_cast<int32_t>(c.num_hidden_layers),
+      .num_kv_heads = static_cast<int32_t>(model.shard().num_kv_heads),
+      .kv_head_replication = model.shard().kv_head_replication,
+      .head_dim = static_cast<int32_t>(c.head_dim),
+      .block_size_tokens = options.block_size_tokens,
+      .dtype = options.kv_cache_dtype,
+      .budget_bytes = options.kv_cache_bytes,
+      .num_blocks = options.num_blocks,
+  };
+  if (options.kv_cache_memory_fraction > 0) {
+    if (options.kv_cache_memory_fraction >= 1)
+      return absl::InvalidArgumentError("the KV memory fraction must be in (0, 1)");
+    size_t free_bytes = 0, total_bytes = 0;
+    KVMESH_RETURN_IF_CUDA_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    layout.budget_bytes = static_cast<int64_t>(options.kv_cache_memory_fraction * static_cast<double>(free_bytes));
+  }
+  return layout;
+}
+
+// The CUDA backend is the one whose ops take device memory and run on a CUDA stream.
+absl::StatusOr<int> CudaDeviceOf(const LlamaModel& model) {
   const auto stream = static_cast<cudaStream_t>(model.backend().queue());
   if (model.backend().uses_host_memory() || stream == nullptr)
     return absl::FailedPreconditionError(absl::StrCat("the CUDA runner needs a model loaded on the CUDA backend, not ",
                                                       std::string(model.backend().name())));
   int device = 0;
   KVMESH_RETURN_IF_CUDA_ERROR(cudaStreamGetDevice(stream, &device), "finding the CUDA backend's GPU");
-  if (model.shard().size != 1)
-    return absl::FailedPreconditionError("tensor parallelism is not available on --device cuda yet");
+  return device;
+}
+
+}  // namespace
+
+absl::StatusOr<int32_t> CudaKvPoolBlocks(const LlamaModel& model, const CudaModelRunnerOptions& options) {
+  KVMESH_ASSIGN_OR_RETURN(const int device, CudaDeviceOf(model));
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(device), "selecting the model's GPU");
+  KVMESH_ASSIGN_OR_RETURN(const kv::KvLayoutOptions layout, PoolLayoutOptions(model, options));
+  if (layout.num_blocks > 0) return layout.num_blocks;
+  return kv::NumBlocksForBudget(layout, layout.budget_bytes);
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& model,
+                                                                   const CudaModelRunnerOptions& options,
+                                                                   comm::Communicator* comm) {
+  KVMESH_ASSIGN_OR_RETURN(const int device, CudaDeviceOf(model));
+  KVMESH_RETURN_IF_CUDA_ERROR(cudaSetDevice(device), "selecting the model's GPU");
+  const model::TensorParallelShard& shard = model.shard();
+  const int world = comm != nullptr ? comm->world_size() : 1;
+  if (world != shard.size || (comm != nullptr && comm->rank() != shard.rank))
+    return absl::InvalidArgumentError(absl::StrCat("model shard is rank ", shard.rank, " of ", shard.size,
+                                                   " but the communicator's group has ", world, " ranks"));
+  // NOTE: on their own stream the collectives would race the ops that write their
+  // buffers, and a graph capture would miss them.
+  if (comm != nullptr && comm->queue() != model.backend().queue())
+    return absl::FailedPreconditionError(
+        "the CUDA runner's communicator must queue its collectives on the backend's stream "
+        "(NcclCommunicatorOptions::queue = Backend::queue())");
   const model::ModelConfig& c = model.config();
   // NOTE: the paged-attention kernels are instantiated for these head sizes only; any
   // other would fail at its first launch (cudaErrorInvalidValue) instead of here.
@@ -665,30 +754,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCudaModelRunner(LlamaModel& m
       options.max_num_seqs > options.max_num_tokens)
     return absl::InvalidArgumentError(
         "the CUDA runner needs max_num_tokens >= max_num_seqs >= 1 and max_model_len >= 1");
-  const int sizings = (options.kv_cache_bytes > 0) + (options.kv_cache_memory_fraction > 0) + (options.num_blocks > 0);
-  if (sizings != 1)
-    return absl::InvalidArgumentError("size the CUDA KV pool by exactly one of bytes, memory fraction or blocks");
-  kv::KvLayoutOptions layout{
-      .num_layers = static_cast<int32_t>(c.num_hidden_layers),
-      .num_kv_heads = static_cast<int32_t>(c.num_key_value_heads),
-      .head_dim = static_cast<int32_t>(c.head_dim),
-      .block_size_tokens = options.block_size_tokens,
-      .dtype = options.kv_cache_dtype,
-      .budget_bytes = options.kv_cache_bytes,
-      .num_blocks = options.num_blocks,
-  };
-  if (options.kv_cache_dtype != DType::kF32 && options.kv_cache_dtype != DType::kBF16 &&
-      options.kv_cache_dtype != DType::kFP8E4M3)
-    return absl::InvalidArgumentError("the CUDA KV cache holds f32, bf16 or fp8");
-  if (options.kv_cache_memory_fraction > 0) {
-    if (options.kv_cache_memory_fraction >= 1)
-      return absl::InvalidArgumentError("the KV memory fraction must be in (0, 1)");
-    size_t free_bytes = 0, total_bytes = 0;
-    KVMESH_RETURN_IF_CUDA_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
-    layout.budget_bytes = static_cast<int64_t>(options.kv_cache_memory_fraction * static_cast<double>(free_bytes));
-  }
+  KVMESH_ASSIGN_OR_RETURN(const kv::KvLayoutOptions layout, PoolLayoutOptions(model, options));
   KVMESH_ASSIGN_OR_RETURN(kv::KvLayout kv_layout, kv::KvLayout::Create(layout));
-  auto runner = std::make_unique<CudaModelRunner>(model, device, kv_layout, options);
+  auto runner = std::make_unique<CudaModelRunner>(model, device, kv_layout, options, comm);
   KVMESH_RETURN_IF_ERROR(runner->Init());
   return runner;
 }

@@ -20,28 +20,21 @@
 
 #include <gtest/gtest.h>
 
+#include "comm/nccl_communicator.h"
 #include "engine/engine.h"
 #include "engine/paged_model_runner.h"
+#include "runner_test_util.h"
 
 namespace kvmesh::engine {
 namespace {
+
+using testing_util::WithinDeadline;
 
 constexpr int32_t kBlockSize = 16;
 constexpr int32_t kNumBlocks = 128;
 
 std::string ModelDir(const std::string& name) { return std::string(KVMESH_BINARY_DIR) + "/models/" + name; }
 
-// Runs `fn` and aborts the test binary with a message if it takes longer than `limit`:
-// a hang must show up as a failure, not as a stuck CI job.
-template <typename Fn>
-auto WithinDeadline(absl::Duration limit, const char* what, Fn&& fn) {
-  auto future = std::async(std::launch::async, std::forward<Fn>(fn));
-  if (future.wait_for(absl::ToChronoMilliseconds(limit)) != std::future_status::ready) {
-    std::fprintf(stderr, "FATAL: %s did not return within %s (hang)\n", what, absl::FormatDuration(limit).c_str());
-    std::abort();
-  }
-  return future.get();
-}
 
 std::unique_ptr<TensorParallelRunner> MakeTp(const std::string& model, int32_t tp,
                                              TensorParallelRunnerOptions options = {}) {
@@ -133,39 +126,6 @@ std::vector<std::vector<int32_t>> GenerateGreedy(ModelRunner& runner, const std:
   return tokens;
 }
 
-// One step mixing prefill chunks (one continuing a cached prefix) and decodes, with
-// logits wanted for every sequence.
-ModelBatch MixedBatch(int32_t vocab) {
-  std::mt19937 rng(9);
-  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
-  ModelBatch batch;
-  int32_t next_block = 0;
-  for (int32_t len : {1, 7, 16, 33, 50}) {
-    SequenceChunk c;
-    for (int32_t i = 0; i < len; ++i) c.token_ids.push_back(token(rng));
-    for (int32_t b = 0; b < (len + kBlockSize - 1) / kBlockSize; ++b) c.block_table.push_back(next_block++);
-    c.compute_logits = true;
-    batch.chunks.push_back(std::move(c));
-  }
-  return batch;
-}
-
-// Then each sequence decodes one token on top of what the first step cached.
-ModelBatch DecodeAfter(const ModelBatch& first, int32_t vocab) {
-  ModelBatch batch;
-  int32_t next_block = 64;
-  for (const SequenceChunk& f : first.chunks) {
-    SequenceChunk c;
-    c.start_position = static_cast<int32_t>(f.token_ids.size());
-    c.token_ids = {(c.start_position * 31) % vocab};
-    c.block_table = f.block_table;
-    if (c.start_position % kBlockSize == 0) c.block_table.push_back(next_block++);
-    c.compute_logits = true;
-    batch.chunks.push_back(std::move(c));
-  }
-  return batch;
-}
-
 float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   float worst = 0;
@@ -188,8 +148,9 @@ TEST_P(TensorParallelEquivalenceTest, LogitsWithin1e3OfOneRank) {
   ASSERT_NE(tp, nullptr);
   ASSERT_EQ(tp->vocab_size(), single.runner->vocab_size());
   ASSERT_EQ(tp->num_blocks(), single.runner->num_blocks());
-  const ModelBatch first = MixedBatch(tp->vocab_size());
-  const ModelBatch second = DecodeAfter(first, tp->vocab_size());
+  testing_util::RunnerSequences s{.block_size = kBlockSize};
+  const ModelBatch first = testing_util::PrefillStep(tp->vocab_size(), &s);
+  const ModelBatch second = testing_util::DecodeStep(tp->vocab_size(), &s);
   for (const ModelBatch* batch : {&first, &second}) {
     auto want = single.runner->Execute(*batch);
     auto got = WithinDeadline(absl::Seconds(120), "TP Execute", [&] { return tp->Execute(*batch); });
@@ -240,12 +201,12 @@ TEST(TensorParallelKvTest, PerRankPoolIsOneNthOfOneRankForTheSameBlocks) {
     auto tp = MakeTp("gqa8-f32", n);
     ASSERT_NE(tp, nullptr);
     for (int32_t r = 0; r < n; ++r) {
-      const kv::KvStorage& pool = tp->rank_storage(r);
-      EXPECT_EQ(pool.layout().num_blocks(), one.num_blocks());
-      EXPECT_EQ(pool.layout().num_kv_heads(), 8 / n);
-      EXPECT_EQ(pool.layout().kv_head_replication(), 1);
-      EXPECT_EQ(pool.size_bytes() * n, single.runner->storage().size_bytes()) << "TP=" << n << " rank " << r;
-      EXPECT_EQ(pool.layout().UniqueBytes(), pool.size_bytes());
+      const kv::KvLayout& pool = tp->rank_layout(r);
+      EXPECT_EQ(pool.num_blocks(), one.num_blocks());
+      EXPECT_EQ(pool.num_kv_heads(), 8 / n);
+      EXPECT_EQ(pool.kv_head_replication(), 1);
+      EXPECT_EQ(pool.TotalBytes() * n, single.runner->storage().size_bytes()) << "TP=" << n << " rank " << r;
+      EXPECT_EQ(pool.UniqueBytes(), pool.TotalBytes());
     }
   }
 }
@@ -257,16 +218,17 @@ TEST(TensorParallelKvTest, MqaReplicatesTheKvHeadAndTheAccountingShowsIt) {
   auto tp = MakeTp("llama3-rope-f32", 2);
   ASSERT_NE(tp, nullptr);
   for (int32_t r = 0; r < 2; ++r) {
-    const kv::KvLayout& layout = tp->rank_storage(r).layout();
+    const kv::KvLayout& layout = tp->rank_layout(r);
     EXPECT_EQ(layout.num_kv_heads(), 1);
     EXPECT_EQ(layout.kv_head_replication(), 2);
     // Not halved: each rank holds the whole (replicated) head; its unique share is half.
-    EXPECT_EQ(tp->rank_storage(r).size_bytes(), single.runner->storage().size_bytes());
+    EXPECT_EQ(layout.TotalBytes(), single.runner->storage().size_bytes());
     EXPECT_EQ(layout.UniqueBytes() * 2, single.runner->storage().size_bytes());
   }
   EXPECT_NE(tp->DescribeSharding().find("replicated on 2 ranks"), std::string::npos) << tp->DescribeSharding();
   // And the replicated group still computes the same logits.
-  const ModelBatch batch = MixedBatch(tp->vocab_size());
+  testing_util::RunnerSequences s{.block_size = kBlockSize};
+  const ModelBatch batch = testing_util::PrefillStep(tp->vocab_size(), &s);
   auto want = single.runner->Execute(batch);
   auto got = WithinDeadline(absl::Seconds(60), "TP Execute", [&] { return tp->Execute(batch); });
   ASSERT_TRUE(got.ok()) << got.status();
@@ -291,6 +253,20 @@ TEST(TensorParallelStartupTest, ShapesThatCannotBeSplitFailBeforeAnyRankStarts) 
   EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(TensorParallelStartupTest, GpuRanksNeedOneVisibleGpuPerRankAndSayWhich) {
+  if (comm::NumCudaDevices() >= 2) GTEST_SKIP() << "two GPUs are here: cuda_tensor_parallel_test runs GPU ranks";
+  TensorParallelRunnerOptions options{.tensor_parallel_size = 2, .num_blocks = 8, .cuda_device = 0};
+  auto gpu = TensorParallelRunner::Create(ModelDir("tiny-llama"), options);
+  ASSERT_EQ(gpu.status().code(), absl::StatusCode::kFailedPrecondition) << gpu.status();
+  EXPECT_NE(gpu.status().message().find("needs CUDA devices 0..1"), std::string::npos) << gpu.status();
+  EXPECT_NE(gpu.status().message().find(absl::StrCat(comm::NumCudaDevices(), " visible")), std::string::npos)
+      << gpu.status();
+  // A memory fraction sizes GPU pools only; on CPU ranks it is refused, not ignored.
+  TensorParallelRunnerOptions cpu{.tensor_parallel_size = 2, .kv_cache_memory_fraction = 0.5};
+  auto refused = TensorParallelRunner::Create(ModelDir("tiny-llama"), cpu);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+}
+
 TEST(TensorParallelFailureTest, RankThatThrowsBreaksTheGroupWithAClearErrorNotAHang) {
   std::atomic<int> failures{0};
   TensorParallelRunnerOptions options;
@@ -301,11 +277,12 @@ TEST(TensorParallelFailureTest, RankThatThrowsBreaksTheGroupWithAClearErrorNotAH
   options.on_group_failure = [&](const absl::Status&) { ++failures; };
   auto tp = MakeTp("gqa8-f32", 2, options);
   ASSERT_NE(tp, nullptr);
-  const ModelBatch first = MixedBatch(tp->vocab_size());
+  testing_util::RunnerSequences s{.block_size = kBlockSize};
+  const ModelBatch first = testing_util::PrefillStep(tp->vocab_size(), &s);
   ASSERT_TRUE(tp->Execute(first).ok());
   const absl::Time start = absl::Now();
   auto failed = WithinDeadline(absl::Seconds(60), "Execute with a throwing rank",
-                               [&] { return tp->Execute(DecodeAfter(first, tp->vocab_size())); });
+                               [&] { return tp->Execute(testing_util::DecodeStep(tp->vocab_size(), &s)); });
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(failed.status().message().find("rank 1: exception: injected fault on rank 1"), std::string::npos)
       << failed.status();
