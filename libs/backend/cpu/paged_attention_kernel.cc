@@ -53,7 +53,12 @@
 // reads each chunk of kLanes keys straight from its block (row stride B);
 // otherwise the tile's keys are first gathered into scratch [D, tile]. Both
 // give the same operations, hence the same bits. P.V keeps the accumulators of
-// up to kPvRows query vectors in registers (V is token-major). Scratch is
+// up to kPvRows query vectors in registers (V is token-major). With a bf16 cache
+// (and D a multiple of 2 * kLanes) P.V widens V in pairs: one load of 2 * kLanes
+// values gives the even dimensions (shifted) and the odd ones (masked), two ops
+// where widening each half costs four, so the accumulators hold each group of
+// 2 * kLanes dimensions as evens then odds ("paired" order) until the output is
+// written; every dimension's FMA chain is the same, hence the same bits. Scratch is
 // thread-local and grow-only: no heap allocation per call once warm.
 #include <omp.h>
 
@@ -208,7 +213,8 @@ struct PvArgs {
   int64_t c0;
 };
 
-template <int R, int NV, typename T>
+// Paired (bf16 only): the accumulators and V are in paired order (see the top).
+template <int R, int NV, typename T, bool Paired>
 KVMESH_VEC_INLINE void PvBlock(const PvArgs<T>& a) {
   V acc[R][NV];
   for (int r = 0; r < R; ++r) {
@@ -218,7 +224,16 @@ KVMESH_VEC_INLINE void PvBlock(const PvArgs<T>& a) {
   for (int64_t s = 0; s < a.num_keys; ++s) {
     const T* vrow = a.vrows[s] + a.c0;
     V x[NV];
-    for (int v = 0; v < NV; ++v) x[v] = LoadKv(vrow + v * kLanes);
+    if constexpr (Paired) {
+      static_assert(NV % 2 == 0 && sizeof(T) == 2);
+      for (int v = 0; v < NV; v += 2) {
+        const VI w = LoadIu(vrow + v * kLanes);
+        x[v] = Bf16Low(w);
+        x[v + 1] = Bf16High(w);
+      }
+    } else {
+      for (int v = 0; v < NV; ++v) x[v] = LoadKv(vrow + v * kLanes);
+    }
     for (int r = 0; r < R; ++r) {
       const V p = Set1(a.probs[r][s]);
       for (int v = 0; v < NV; ++v) acc[r][v] = Fma(p, x[v], acc[r][v]);
@@ -229,30 +244,59 @@ KVMESH_VEC_INLINE void PvBlock(const PvArgs<T>& a) {
   }
 }
 
-template <int R, int NV, typename T>
+// Paired: NV steps by 2 (whole pairs).
+template <int R, int NV, typename T, bool Paired>
 void PvVecs(int nv, const PvArgs<T>& a) {
-  if constexpr (NV > 1) {
-    if (nv < NV) return PvVecs<R, NV - 1, T>(nv, a);
+  constexpr int kStep = Paired ? 2 : 1;
+  if constexpr (NV > kStep) {
+    if (nv < NV) return PvVecs<R, NV - kStep, T, Paired>(nv, a);
   }
-  PvBlock<R, NV, T>(a);
+  PvBlock<R, NV, T, Paired>(a);
 }
 
-template <int R, typename T>
+template <int R, typename T, bool Paired>
 void PvAny(int r, int nv, const PvArgs<T>& a) {
   if constexpr (R > 1) {
-    if (r < R) return PvAny<R - 1, T>(r, nv, a);
+    if (r < R) return PvAny<R - 1, T, Paired>(r, nv, a);
   }
-  PvVecs<R, kPvVecs, T>(nv, a);
+  PvVecs<R, kPvVecs, T, Paired>(nv, a);
+}
+
+// Whether a cache of T and head_dim d runs P.V paired (see the top).
+template <typename T>
+KVMESH_VEC_INLINE bool PairedV(int64_t d) {
+  static_assert(kPvVecs % 2 == 0);
+  return sizeof(T) == 2 && d % (2 * kLanes) == 0;
 }
 
 // Runs P.V over all of head_dim for r (<= kPvRows) query vectors.
 template <typename T>
 void Pv(int r, float* const* acc, const float* correction, const float* const* probs, const T* const* vrows,
         int64_t num_keys, int64_t d) {
+  const bool paired = PairedV<T>(d);
   for (int64_t c0 = 0; c0 < d; c0 += kPvVecs * kLanes) {
     const int nv = static_cast<int>(Min<int64_t>(kPvVecs, (d - c0) / kLanes));
-    PvAny<kPvRows, T>(r, nv, PvArgs<T>{acc, correction, probs, vrows, num_keys, c0});
+    const PvArgs<T> args{acc, correction, probs, vrows, num_keys, c0};
+    if constexpr (sizeof(T) == 2) {
+      if (paired) {
+        PvAny<kPvRows, T, true>(r, nv, args);
+        continue;
+      }
+    }
+    PvAny<kPvRows, T, false>(r, nv, args);
   }
+}
+
+// out[0..d) = a * inv, from accumulators in paired order where `paired`.
+KVMESH_VEC_INLINE void WriteOutput(float* out, const float* a, float inv_sum, int64_t d, bool paired) {
+  const V inv = Set1(inv_sum);
+  if (paired) {
+    for (int64_t c = 0; c < d; c += 2 * kLanes) {
+      StoreInterleaved(out + c, Mul(Load(a + c), inv), Mul(Load(a + c + kLanes), inv));
+    }
+    return;
+  }
+  for (int64_t c = 0; c < d; c += kLanes) Store(out + c, Mul(Load(a + c), inv));
 }
 
 // ---- Work items.
@@ -513,9 +557,7 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item, float* par
     const int64_t r = i / item.heads;
     const int64_t hh = item.head0 + i % item.heads;
     float* o = p.out + ((q_row0 + item.row0 + r) * p.h + hh) * d;
-    const V inv = Set1(1.0f / merged_sum[i]);
-    const float* a = merged_base + i * d;
-    for (int64_t c = 0; c < d; c += kLanes) Store(o + c, Mul(Load(a + c), inv));
+    WriteOutput(o, merged_base + i * d, 1.0f / merged_sum[i], d, PairedV<T>(d));
   }
 }
 
@@ -541,8 +583,8 @@ void MergeSplitGroup(const PagedAttentionParams& p, const SplitGroup& g, float* 
       MergePartition(&big_m, &big_l, a, pk[d], pk[d + 1], pk, d);
     }
     float* o = p.out + (static_cast<int64_t>(g.out_row) * p.h + g.head0 + hh) * d;
-    const V inv = Set1(1.0f / big_l);
-    for (int64_t c = 0; c < d; c += kLanes) Store(o + c, Mul(Load(a + c), inv));
+    const bool paired = p.kv_bf16 ? PairedV<uint16_t>(d) : PairedV<float>(d);
+    WriteOutput(o, a, 1.0f / big_l, d, paired);
   }
 }
 

@@ -79,16 +79,29 @@ KVMESH_VEC_INLINE V Pow2Int(V n) {  // 2^n for integral n in [-126, 127]
   return {_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
 }
 // kLanes contiguous bf16 / f16 values widened to f32.
+// One shuffle (vpermw, zero-masked: each value to the high half of its lane) instead of
+// a zero-extension and a shift: one vector ALU op where the other takes two.
 KVMESH_VEC_INLINE V LoadBf16(const uint16_t* p) {
-  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+  const __m512i w = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i to_high = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4,
+                                           0, 3, 0, 2, 0, 1, 0, 0, 0);
+  return {_mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, to_high, w))};
 }
 KVMESH_VEC_INLINE V LoadF16(const uint16_t* p) {
   return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
 }
 // kLanes dwords (2 * kLanes bf16): the low halves widened, and the high halves.
 KVMESH_VEC_INLINE VI LoadI(const uint16_t* p) { return {_mm512_load_si512(p)}; }
+KVMESH_VEC_INLINE VI LoadIu(const uint16_t* p) { return {_mm512_loadu_si512(p)}; }
 KVMESH_VEC_INLINE V Bf16Low(VI w) { return {_mm512_castsi512_ps(_mm512_slli_epi32(w.v, 16))}; }
+// 2 * kLanes floats in order from the even-indexed ones and the odd-indexed ones
+// (what Bf16Low and Bf16High of one pair load give): p[2i] = even[i], p[2i+1] = odd[i].
+KVMESH_VEC_INLINE void StoreInterleaved(float* p, V even, V odd) {
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  _mm512_storeu_ps(p, _mm512_permutex2var_ps(even.v, lo, odd.v));
+  _mm512_storeu_ps(p + 16, _mm512_permutex2var_ps(even.v, hi, odd.v));
+}
 KVMESH_VEC_INLINE V Bf16High(VI w) {
   return {_mm512_castsi512_ps(_mm512_and_si512(w.v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))))};
 }
@@ -155,7 +168,14 @@ KVMESH_VEC_INLINE V LoadF16(const uint16_t* p) {
   return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
 }
 KVMESH_VEC_INLINE VI LoadI(const uint16_t* p) { return {_mm256_load_si256(reinterpret_cast<const __m256i*>(p))}; }
+KVMESH_VEC_INLINE VI LoadIu(const uint16_t* p) { return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))}; }
 KVMESH_VEC_INLINE V Bf16Low(VI w) { return {_mm256_castsi256_ps(_mm256_slli_epi32(w.v, 16))}; }
+KVMESH_VEC_INLINE void StoreInterleaved(float* p, V even, V odd) {  // as the AVX-512 one
+  const __m256 lo = _mm256_unpacklo_ps(even.v, odd.v);  // e0 o0 e1 o1 | e4 o4 e5 o5
+  const __m256 hi = _mm256_unpackhi_ps(even.v, odd.v);  // e2 o2 e3 o3 | e6 o6 e7 o7
+  _mm256_storeu_ps(p, _mm256_permute2f128_ps(lo, hi, 0x20));
+  _mm256_storeu_ps(p + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+}
 KVMESH_VEC_INLINE V Bf16High(VI w) {
   return {_mm256_castsi256_ps(_mm256_and_si256(w.v, _mm256_set1_epi32(static_cast<int>(0xffff0000u))))};
 }
