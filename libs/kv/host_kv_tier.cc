@@ -7,12 +7,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/huge_pages.h"
 #include "kv/checksum.h"
 
 namespace kvmesh::kv {
 namespace {
 
-constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 // Backs every page now, as pinned memory is on a CUDA worker: a page first touched by an
 // offload would cost that offload a page fault and a page clear inside the engine step.
@@ -44,13 +44,9 @@ absl::StatusOr<std::unique_ptr<HostKvTier>> HostKvTier::Create(const HostKvTierO
   if (options.allocate) {
     memory = options.allocate(bytes);
   } else {
-    const size_t rounded = (static_cast<size_t>(bytes) + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
-    memory = static_cast<std::byte*>(std::aligned_alloc(kHugePageBytes, rounded));
-    // NOTE: best effort; transparent huge pages cut TLB misses on the large copies.
-    if (memory != nullptr) {
-      (void)madvise(memory, rounded, MADV_HUGEPAGE);
-      Prefault(memory, rounded);
-    }
+    // Huge pages cut TLB misses on the large copies.
+    memory = AllocateHugePageMemory(bytes).release();
+    if (memory != nullptr) Prefault(memory, RoundUpToHugePages(bytes));
   }
   if (memory == nullptr) {
     return absl::ResourceExhaustedError(

@@ -8,9 +8,9 @@
 #include <string>
 
 #include <omp.h>
-#include <sys/mman.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/huge_pages.h"
 #include "core/omp_team_sync.h"
 #include "core/status_macros.h"
 #include "kv/checksum.h"
@@ -20,7 +20,6 @@ namespace kvmesh::kv {
 namespace {
 
 constexpr size_t kAlignmentBytes = 64;
-constexpr size_t kHugePageBytes = size_t{2} << 20;
 
 bool IsKvDType(DType t) {
   switch (t) {
@@ -127,15 +126,14 @@ absl::StatusOr<std::unique_ptr<KvStorage>> KvStorage::Create(const KvLayoutOptio
   // NOTE: pools of a huge page or more are huge-page aligned and advised: paged
   // attention walks scattered 4 KiB head-blocks, and with 4 KiB pages every tile
   // would cost a TLB miss and stop the hardware prefetcher at the page boundary.
-  const size_t alignment = static_cast<size_t>(bytes) >= kHugePageBytes ? kHugePageBytes : kAlignmentBytes;
+  const bool huge = static_cast<size_t>(bytes) >= kHugePageBytes;
   // std::aligned_alloc wants a multiple of the alignment.
-  const size_t rounded = (static_cast<size_t>(bytes) + alignment - 1) / alignment * alignment;
-  Memory memory(static_cast<std::byte*>(std::aligned_alloc(alignment, rounded)));
+  const size_t rounded =
+      huge ? RoundUpToHugePages(bytes) : (static_cast<size_t>(bytes) + kAlignmentBytes - 1) / kAlignmentBytes * kAlignmentBytes;
+  Memory memory(huge ? AllocateHugePageMemory(bytes).release()
+                     : static_cast<std::byte*>(std::aligned_alloc(kAlignmentBytes, rounded)));
   if (memory == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("KV storage: cannot allocate ", bytes, " bytes"));
-  }
-  if (alignment == kHugePageBytes) {
-    (void)::madvise(memory.get(), rounded, MADV_HUGEPAGE);  // advisory: without THP it is a no-op
   }
   std::memset(memory.get(), 0, rounded);
   return std::unique_ptr<KvStorage>(new KvStorage(*layout, std::move(memory)));

@@ -203,7 +203,9 @@ int Run(int argc, char** argv) {
   if (linear_sweep) return LinearSweep(*backend);
 
   const double copy_bw = MeasureCopyBandwidthBytesPerSecond(threads);
-  std::printf("copy bandwidth (STREAM copy, read+write, median of 7): %.2f GB/s\n\n", copy_bw / 1e9);
+  const double read_bw = MeasureReadBandwidthBytesPerSecond(threads);
+  std::printf("copy bandwidth (STREAM copy, read+write, median of 7): %.2f GB/s; read bandwidth (a sum): %.2f GB/s\n\n",
+              copy_bw / 1e9, read_bw / 1e9);
 
   const std::vector<Shape> shapes = {{"qkv 768x512", 768, 512},       {"gate_up 2816x512", 2816, 512},
                                      {"down 512x1408", 512, 1408},    {"lm_head 32000x512", 32000, 512},
@@ -300,7 +302,7 @@ int Run(int argc, char** argv) {
   std::vector<float> x(32000 * 32), y(32000 * 32);
   std::fill(x.begin(), x.end(), 0.01f);
   std::printf("\nDecode step, all linears of the default model, bf16 weights %.1f MB per step\n", model_bytes / 1e6);
-  std::printf("%-6s %3s %10s %10s %8s\n", "", "M", "us/step", "GB/s", "of copy");
+  std::printf("%-6s %3s %10s %10s %8s %8s\n", "", "M", "us/step", "GB/s", "of copy", "of read");
   for (int64_t m : {1, 8, 16, 32}) {
     for (int cold = 0; cold <= (num_copies > 1 ? 1 : 0); ++cold) {
       int next = 0;
@@ -312,8 +314,8 @@ int Run(int argc, char** argv) {
         }
       };
       const double t = MedianSeconds(step, 3 * num_copies);
-      std::printf("%-6s %3ld %10.1f %10.2f %7.0f%%\n", cold ? "cold" : "hot", static_cast<long>(m), t * 1e6,
-                  model_bytes / t / 1e9, 100.0 * model_bytes / t / copy_bw);
+      std::printf("%-6s %3ld %10.1f %10.2f %7.0f%% %7.0f%%\n", cold ? "cold" : "hot", static_cast<long>(m), t * 1e6,
+                  model_bytes / t / 1e9, 100.0 * model_bytes / t / copy_bw, 100.0 * model_bytes / t / read_bw);
     }
   }
   return 0;

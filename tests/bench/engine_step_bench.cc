@@ -18,7 +18,9 @@
 //  3. Beside the times it prints the bytes each streaming op read per step (Linear:
 //     weights, PagedAttention: K and V of every attended position) and the achieved
 //     bandwidth, against the STREAM copy bandwidth backend_bench measures (the same
-//     MeasureCopyBandwidthBytesPerSecond, run here in the same process).
+//     MeasureCopyBandwidthBytesPerSecond, run here in the same process) and against
+//     the read bandwidth (MeasureReadBandwidthBytesPerSecond): weights and KV are
+//     only read, and a copy counts its reads and its writes.
 #include <omp.h>
 
 #include <algorithm>
@@ -187,7 +189,11 @@ int Main(int argc, char** argv) {
               input_len, steps);
   // The roofline, measured in this process before the profiles (as backend_bench does).
   const double copy_bw = measure_copy ? backend::MeasureCopyBandwidthBytesPerSecond(threads) : 0;
-  if (measure_copy) std::printf("copy bandwidth (STREAM copy, read+write, as backend_bench): %.2f GB/s\n", copy_bw / 1e9);
+  const double read_bw = measure_copy ? backend::MeasureReadBandwidthBytesPerSecond(threads) : 0;
+  if (measure_copy) {
+    std::printf("copy bandwidth (STREAM copy, read+write, as backend_bench): %.2f GB/s; read bandwidth (a sum): %.2f GB/s\n",
+                copy_bw / 1e9, read_bw / 1e9);
+  }
   std::vector<StepProfile> profiles;
   for (int b : batches) profiles.push_back(Profile(**model, timing, kv_dtype, b, input_len, steps));
   std::printf("\n%-16s", "ms per step");
@@ -206,14 +212,15 @@ int Main(int argc, char** argv) {
     std::printf("   %7.3f %3.0f%%    ", p.engine_ms, 100 * p.engine_ms / p.median_step_ms);
   std::printf("\n%-16s", "step");
   for (const StepProfile& p : profiles) std::printf("   %7.3f         ", p.median_step_ms);
-  std::printf("\n\nbytes streamed per step, achieved bandwidth (bytes / op time) and its fraction of copy bandwidth\n");
+  std::printf("\n\nbytes streamed per step, achieved bandwidth (bytes / op time) and its fraction of copy and of read "
+              "bandwidth\n");
   for (const backend::OpKind kind : {backend::OpKind::kPagedAttention, backend::OpKind::kLinear}) {
     const int k = static_cast<int>(kind);
     for (const StepProfile& p : profiles) {
       const double gbs = p.ops_ms[k] > 0 ? p.ops_bytes[k] / (p.ops_ms[k] * 1e-3) / 1e9 : 0;
       std::printf("  %-15s batch %-4d %9.1f MB  %8.3f ms  %7.2f GB/s", std::string(backend::OpKindName(kind)).c_str(),
                   p.batch, p.ops_bytes[k] / 1e6, p.ops_ms[k], gbs);
-      if (copy_bw > 0) std::printf("  %5.1f%% of copy", 100 * gbs * 1e9 / copy_bw);
+      if (copy_bw > 0) std::printf("  %5.1f%% of copy  %5.1f%% of read", 100 * gbs * 1e9 / copy_bw, 100 * gbs * 1e9 / read_bw);
       std::printf("\n");
     }
   }

@@ -132,14 +132,17 @@ int Main(int argc, char** argv) {
   }
   Backend& backend = **backend_or;
   const double copy_bw = MeasureCopyBandwidthBytesPerSecond(threads);
-  std::printf("backend %s, threads %d, block size %lld, copy bandwidth %.2f GB/s\n",
-              std::string(backend.name()).c_str(), threads, static_cast<long long>(kBlockSize), copy_bw / 1e9);
+  const double read_bw = MeasureReadBandwidthBytesPerSecond(threads);
+  std::printf("backend %s, threads %d, block size %lld, copy bandwidth %.2f GB/s, read bandwidth %.2f GB/s\n",
+              std::string(backend.name()).c_str(), threads, static_cast<long long>(kBlockSize), copy_bw / 1e9,
+              read_bw / 1e9);
 
   // The last: SmolLM2-135M's attention with the bf16 KV `kvmesh serve` gives a bf16 model.
   const Model models[] = {{"H=8 Hkv=2 D=64", 8, 2, 64},
                           {"H=32 Hkv=8 D=128", 32, 8, 128},
                           {"H=9 Hkv=3 D=64 bf16", 9, 3, 64, DType::kBF16}};
-  std::printf("\ndecode (1 query token per sequence): median time, K+V read bandwidth, fraction of copy bandwidth\n");
+  std::printf("\ndecode (1 query token per sequence): median time, K+V read bandwidth, fraction of copy and of read "
+              "bandwidth\n");
   for (const Model& m : models) {
     if (std::string(m.name).find(only) == std::string::npos) continue;
     for (int64_t batch : {1, 16, 64}) {
@@ -149,9 +152,9 @@ int Main(int argc, char** argv) {
         Setup s = MakeSetup(m, batch, context, 1, 1);
         const double sec = Run(backend, m, s);
         const double bw = static_cast<double>(kv_bytes) / sec;
-        std::printf("  %-20s batch %3lld ctx %5lld  KV %8.1f MiB  %9.1f us  %7.2f GB/s  %5.1f%% of copy\n", m.name,
-                    static_cast<long long>(batch), static_cast<long long>(context), kv_bytes / 1048576.0, sec * 1e6,
-                    bw / 1e9, 100.0 * bw / copy_bw);
+        std::printf("  %-20s batch %3lld ctx %5lld  KV %8.1f MiB  %9.1f us  %7.2f GB/s  %5.1f%% of copy  %5.1f%% of read\n",
+                    m.name, static_cast<long long>(batch), static_cast<long long>(context), kv_bytes / 1048576.0,
+                    sec * 1e6, bw / 1e9, 100.0 * bw / copy_bw, 100.0 * bw / read_bw);
       }
     }
   }

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/weight_arena.h"
 #include "backend/internal/block_pools.h"
 #include "backend/internal/linear_parts.h"
 #include "backend/ops.h"
@@ -87,7 +88,8 @@ constexpr int64_t kMinParallelElements = 1 << 15;
 
 class CpuPackedLinear final : public PackedLinear {
  public:
-  CpuPackedLinear(cpu::PackedPanels panels, DType dtype, int64_t num_bytes, AlignedBuffer data, AlignedBuffer bias)
+  CpuPackedLinear(cpu::PackedPanels panels, DType dtype, int64_t num_bytes, cpu::WeightArena::Block data,
+                  AlignedBuffer bias)
       : panels_(panels), dtype_(dtype), num_bytes_(num_bytes), data_(std::move(data)), bias_(std::move(bias)) {}
 
   int64_t out_features() const override { return panels_.n; }
@@ -100,7 +102,7 @@ class CpuPackedLinear final : public PackedLinear {
   const cpu::PackedPanels panels_;  // points into data_ and bias_
   const DType dtype_;
   const int64_t num_bytes_;
-  const AlignedBuffer data_;
+  const cpu::WeightArena::Block data_;
   const AlignedBuffer bias_;
 };
 
@@ -130,8 +132,8 @@ class CpuBackend final : public Backend {
     // AMX panels pad K with zeros to whole 32-k blocks (cpu/kernels.h).
     const int64_t kp = amx ? (k + cpu::kAmxK - 1) / cpu::kAmxK * cpu::kAmxK : k;
     const int64_t panel_elems = kp * cpu::kPanelCols;
-    AlignedBuffer data = AllocateAligned(num_panels * panel_elems * elem_bytes);
-    if (data == nullptr) return absl::ResourceExhaustedError("PackLinear: out of memory");
+    cpu::WeightArena::Block data = weights_.Allocate(num_panels * panel_elems * elem_bytes);
+    if (!data) return absl::ResourceExhaustedError("PackLinear: out of memory");
 
     // Row r of the fused weight -> (part, row within part).
     std::vector<std::pair<const TensorView*, int64_t>> rows(static_cast<size_t>(n));
@@ -149,17 +151,17 @@ class CpuBackend final : public Backend {
         const int64_t src_row = row < n ? rows[row].second : 0;
         if (amx) {
           // Block kb of 32 k: tile (col / 16), row (k % 32) / 2, pair slot col % 16, half k % 2.
-          uint16_t* dst = static_cast<uint16_t*>(data.get()) + p * panel_elems + (col / 16) * 512 + (col % 16) * 2;
+          uint16_t* dst = reinterpret_cast<uint16_t*>(data.data()) + p * panel_elems + (col / 16) * 512 + (col % 16) * 2;
           for (int64_t kk = 0; kk < kp; ++kk) {
             dst[(kk / 32) * 1024 + ((kk % 32) / 2) * 32 + kk % 2] = w && kk < k ? Bf16Bits(*w, src_row, kk) : 0;
           }
         } else if (bf16) {
           // dword j of a k-row = (column j, column 16 + j): see cpu/kernels.h.
-          uint16_t* dst = static_cast<uint16_t*>(data.get()) + p * panel_elems;
+          uint16_t* dst = reinterpret_cast<uint16_t*>(data.data()) + p * panel_elems;
           const int slot = col < 16 ? 2 * col : 2 * (col - 16) + 1;
           for (int64_t kk = 0; kk < k; ++kk) dst[kk * cpu::kPanelCols + slot] = w ? Bf16Bits(*w, src_row, kk) : 0;
         } else {
-          float* dst = static_cast<float*>(data.get()) + p * panel_elems;
+          float* dst = reinterpret_cast<float*>(data.data()) + p * panel_elems;
           for (int64_t kk = 0; kk < k; ++kk) {
             dst[kk * cpu::kPanelCols + col] = w ? LoadAsF32(w->data, w->dtype, src_row * w->strides[0] + kk) : 0.0f;
           }
@@ -177,7 +179,7 @@ class CpuBackend final : public Backend {
       for (; row < num_panels * cpu::kPanelCols; ++row) b[row] = 0.0f;
     }
     cpu::PackedPanels panels = {
-        .data = data.get(),
+        .data = data.data(),
         .type = amx ? cpu::ElemType::kBF16Amx : bf16 ? cpu::ElemType::kBF16 : cpu::ElemType::kF32,
         .n = n,
         .k = k,
@@ -446,6 +448,7 @@ class CpuBackend final : public Backend {
   const int num_threads_;
   const bool compute_bf16_;  // CpuBackendOptions::compute_dtype == kBF16
   const std::string name_;
+  cpu::WeightArena weights_;  // the packed weights (their blocks keep its chunks alive)
 };
 
 bool HasAvx2() {

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/huge_pages.h"
+
 namespace kvmesh::backend {
 namespace {
 
@@ -24,29 +26,43 @@ int64_t LastLevelCacheBytes() {
   return llc > 0 ? llc : 0;
 }
 
+volatile uint64_t read_sink = 0;
+
+// Bytes of each buffer: well past the last-level cache.
+int64_t BufferBytes() { return std::max<int64_t>(int64_t{1} << 30, 2 * LastLevelCacheBytes()) / 64 * 64; }
+
+// Median rate of `bytes_per_run / seconds` over timed runs of `run` (after a warm-up).
+template <typename Run>
+double MedianRate(double bytes_per_run, Run&& run) {
+  constexpr int kRuns = 7;
+  std::vector<double> rates;
+  for (int i = 0; i <= kRuns; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (i > 0) rates.push_back(bytes_per_run / seconds);  // run 0 is the warm-up
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
 }  // namespace
 
 double MeasureCopyBandwidthBytesPerSecond(int num_threads) {
   if (num_threads <= 0) num_threads = omp_get_num_procs();
-  const int64_t bytes = std::max<int64_t>(int64_t{1} << 30, 2 * LastLevelCacheBytes()) / 64 * 64;
+  const int64_t bytes = BufferBytes();
   const int64_t n = bytes / static_cast<int64_t>(sizeof(float));
-  float* src = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(bytes)));
-  float* dst = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(bytes)));
-  if (src == nullptr || dst == nullptr) {
-    std::free(src);
-    std::free(dst);
-    return 0.0;
-  }
+  HugePageMemory src_memory = AllocateHugePageMemory(bytes), dst_memory = AllocateHugePageMemory(bytes);
+  if (src_memory == nullptr || dst_memory == nullptr) return 0.0;
+  float* src = reinterpret_cast<float*>(src_memory.get());
+  float* dst = reinterpret_cast<float*>(dst_memory.get());
   // First touch by the same threads that copy (pages land where they are used).
 #pragma omp parallel for num_threads(num_threads) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     src[i] = static_cast<float>(i & 1023);
     dst[i] = 0.0f;
   }
-  constexpr int kRuns = 7;
-  std::vector<double> rates;
-  for (int run = 0; run <= kRuns; ++run) {
-    const auto start = std::chrono::steady_clock::now();
+  return MedianRate(2.0 * static_cast<double>(bytes), [&] {
 #pragma omp parallel num_threads(num_threads)
     {
       const int64_t nt = omp_get_num_threads();
@@ -57,13 +73,29 @@ double MeasureCopyBandwidthBytesPerSecond(int num_threads) {
       // fastest routine (non-temporal stores for sizes this large).
       std::memcpy(dst + begin, src + begin, static_cast<size_t>(end - begin) * sizeof(float));
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (run > 0) rates.push_back(2.0 * static_cast<double>(bytes) / seconds);  // run 0 is the warm-up
-  }
-  std::free(src);
-  std::free(dst);
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
+  });
+}
+
+double MeasureReadBandwidthBytesPerSecond(int num_threads) {
+  if (num_threads <= 0) num_threads = omp_get_num_procs();
+  const int64_t bytes = BufferBytes();
+  const int64_t n = bytes / static_cast<int64_t>(sizeof(uint64_t));
+  HugePageMemory memory = AllocateHugePageMemory(bytes);
+  if (memory == nullptr) return 0.0;
+  uint64_t* words = reinterpret_cast<uint64_t*>(memory.get());
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+  for (int64_t i = 0; i < n; ++i) words[i] = static_cast<uint64_t>(i);
+  return MedianRate(static_cast<double>(bytes), [&] {
+    uint64_t total = 0;
+#pragma omp parallel for num_threads(num_threads) schedule(static) reduction(+ : total)
+    for (int64_t i = 0; i < n; i += 8) {
+      // Eight independent sums: loads, not an add chain, bound the loop.
+      uint64_t s = 0;
+      for (int j = 0; j < 8; ++j) s += words[i + j];
+      total += s;
+    }
+    read_sink = total;  // used, so the reads are not optimised away
+  });
 }
 
 }  // namespace kvmesh::backend
