@@ -1,7 +1,8 @@
 // paged_attention_bench: the CPU backend's PagedAttention. Decode (one query
 // token per sequence) reports achieved K+V read bandwidth (bytes of every
 // sequence's context K and V, all KV heads, / median time) as a fraction of the
-// machine's copy bandwidth (MeasureCopyBandwidthBytesPerSecond, the roofline);
+// machine's copy bandwidth and of its read bandwidth (memory_bandwidth.h: a K/V stream
+// only reads, so the read bandwidth is its roofline);
 // prefill reports GFLOP/s of one 512-token chunk (4 * H * D flops per causal
 // query-key pair: QK and PV, a multiply-add counted as 2).
 //
