@@ -97,7 +97,12 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
     }
   }
 
+  // NOTE (both reactions): the engine is read from this reactor before mu_ is released,
+  // as OnDone does. Once it is released, OnDone may run and delete the reactor (gRPC
+  // orders it after this reaction inside libgrpc++, where ThreadSanitizer cannot see
+  // the order; through mu_ it can).
   void OnWriteDone(bool ok) override {
+    TokenSource& engine = service_.source_;
     Action action;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -105,18 +110,19 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
       if (!ok) CancelLocked();  // the stream broke: the client is gone
       action = NextLocked();
     }
-    Run(this, service_.source_, std::move(action));
+    Run(this, engine, std::move(action));
   }
 
   // The client cancelled, its deadline passed, or the server is shutting down.
   void OnCancel() override {
+    TokenSource& engine = service_.source_;
     Action action;
     {
       std::lock_guard<std::mutex> lock(mu_);
       CancelLocked();
       action = NextLocked();
     }
-    Run(this, service_.source_, std::move(action));
+    Run(this, engine, std::move(action));
   }
 
   void OnDone() override {
