@@ -160,13 +160,7 @@ absl::Status TensorParallelRunner::SetUpRank(int32_t r, const std::string& model
     blocks = shard;
   } else if (num_blocks == 0) {
     // A fraction of this GPU's memory left free by its shard.
-    CudaModelRunnerOptions sizing = options_.cuda;
-    sizing.block_size_tokens = options_.block_size_tokens;
-    sizing.kv_cache_dtype = options_.kv_cache_dtype;
-    sizing.kv_cache_bytes = 0;
-    sizing.num_blocks = 0;
-    sizing.kv_cache_memory_fraction = options_.kv_cache_memory_fraction;
-    blocks = CudaKvPoolBlocks(*ranks_[r]->model, sizing);
+    blocks = CudaKvPoolBlocks(*ranks_[r]->model, RankCudaOptions(0));
   }
   KVMESH_ASSIGN_OR_RETURN(const int32_t agreed, AgreeOnPoolBlocks(r, std::move(blocks)));
   return SetUpRankRunner(r, agreed);
@@ -220,6 +214,16 @@ absl::Status TensorParallelRunner::SetUpRankShard(int32_t r, const std::string& 
   return absl::OkStatus();
 }
 
+CudaModelRunnerOptions TensorParallelRunner::RankCudaOptions(int32_t num_blocks) const {
+  CudaModelRunnerOptions cuda = options_.cuda;
+  cuda.block_size_tokens = options_.block_size_tokens;
+  cuda.kv_cache_dtype = options_.kv_cache_dtype;
+  cuda.kv_cache_bytes = 0;
+  cuda.num_blocks = num_blocks;
+  cuda.kv_cache_memory_fraction = num_blocks > 0 ? 0 : options_.kv_cache_memory_fraction;
+  return cuda;
+}
+
 absl::StatusOr<int32_t> TensorParallelRunner::AgreeOnPoolBlocks(int32_t r, absl::StatusOr<int32_t> blocks) {
   std::unique_lock<std::mutex> lock(mu_);
   ranks_[r]->sized = true;
@@ -240,13 +244,7 @@ absl::StatusOr<int32_t> TensorParallelRunner::AgreeOnPoolBlocks(int32_t r, absl:
 absl::Status TensorParallelRunner::SetUpRankRunner(int32_t r, int32_t num_blocks) {
   Rank& rank = *ranks_[r];
   if (options_.cuda_device >= 0) {
-    CudaModelRunnerOptions cuda = options_.cuda;
-    cuda.block_size_tokens = options_.block_size_tokens;
-    cuda.kv_cache_dtype = options_.kv_cache_dtype;
-    cuda.kv_cache_bytes = 0;
-    cuda.kv_cache_memory_fraction = 0;
-    cuda.num_blocks = num_blocks;
-    auto runner = CreateCudaModelRunner(*rank.model, cuda, rank.comm.get());
+    auto runner = CreateCudaModelRunner(*rank.model, RankCudaOptions(num_blocks), rank.comm.get());
     if (!runner.ok()) return runner.status();
     rank.runner = std::move(runner).value();
   } else {

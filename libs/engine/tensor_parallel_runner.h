@@ -153,6 +153,9 @@ class TensorParallelRunner : public ModelRunner {
                          int32_t num_blocks);
   absl::Status SetUpRankShard(int32_t r, const std::string& model_dir, const std::string& store_address);
   absl::Status SetUpRankRunner(int32_t r, int32_t num_blocks);
+  // GPU ranks' runner options: options_.cuda with the group's block size and dtype, and
+  // the pool sized by `num_blocks`, or (0) by the group's memory fraction.
+  CudaModelRunnerOptions RankCudaOptions(int32_t num_blocks) const;
   // Posts rank r's pool size (or its set-up error), waits for every rank's and returns
   // the smallest; FailedPrecondition when another rank failed to set up.
   absl::StatusOr<int32_t> AgreeOnPoolBlocks(int32_t r, absl::StatusOr<int32_t> blocks);

@@ -652,25 +652,22 @@ void PagedAttention(const PagedAttentionParams& p, int num_threads) {
   // Except where that leaves threads idle: when the fused batch has fewer items than
   // threads and no decode row spans two partitions (split-K cannot cut it), a lone
   // short decode row would run on one thread; one item per KV head shares it out.
-  int64_t prefill_items = 0, decode_rows = 0;
-  bool long_decode = false;
+  int64_t prefill_items = 0, decode_rows = 0, decode_row_parts = 0;
   for (int64_t s = 0; s < p.num_seqs; ++s) {
     const int64_t n = p.query_start[s + 1] - p.query_start[s];
     if (n == 1) {
       ++decode_rows;
-      long_decode = long_decode || p.context_lens[s] > part;
+      decode_row_parts += CeilDiv(p.context_lens[s], part);
     } else {
       prefill_items += CeilDiv(n, rows_per_item) * p.hkv * head_chunks;
     }
   }
+  const bool long_decode = decode_row_parts > decode_rows;  // some decode row spans two partitions
   const bool fuse_decode_heads =
       p.h <= kMaxQueryVectors && (prefill_items + decode_rows >= num_threads || long_decode);
   const int64_t decode_items_per_row = fuse_decode_heads ? 1 : p.hkv * head_chunks;
   whole_items = prefill_items + decode_rows * decode_items_per_row;
-  for (int64_t s = 0; s < p.num_seqs; ++s) {
-    const int64_t n = p.query_start[s + 1] - p.query_start[s];
-    if (n == 1) decode_parts += CeilDiv(p.context_lens[s], part) * decode_items_per_row;
-  }
+  decode_parts = decode_row_parts * decode_items_per_row;
   if (whole_items == 0) return;
   // Split-K (see the top): pieces of parts_per_piece partitions, so that the batch
   // has about kItemsPerThread items per thread. Only the count of items depends on
