@@ -4,7 +4,7 @@
 // bandwidth (the roofline). Prints medians of several runs.
 //
 // Usage: backend_bench [--threads N] [--quick] [--decode-only] [--isa auto|amx|avx512|avx2]
-//                      [--linear-sweep]
+//                      [--linear-sweep] [--shape SUBSTRING] [--m 16,64]
 // --linear-sweep: only our Linear's GFLOP/s (bf16 and f32 weights) on the
 // default model's shapes at M = 1, 8, 16, 32, 64, 256 (the batched-decode range).
 #include <cblas.h>
@@ -28,6 +28,8 @@
 #include "bench_timer.h"
 #include "core/dtype.h"
 #include "core/tensor_view.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "dnnl.hpp"
 
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -181,8 +183,14 @@ int Run(int argc, char** argv) {
   bool decode_only = false;
   bool linear_sweep = false;
   std::string isa = "auto";
+  std::string only_shape;        // --shape SUBSTRING: only GEMM shapes whose name holds it
+  std::vector<int64_t> only_ms;  // --m 16,64: only these M
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--isa") == 0 && i + 1 < argc) isa = argv[++i];
+    if (std::strcmp(argv[i], "--shape") == 0 && i + 1 < argc) only_shape = argv[++i];
+    if (std::strcmp(argv[i], "--m") == 0 && i + 1 < argc) {
+      for (absl::string_view m : absl::StrSplit(argv[++i], ',')) only_ms.push_back(std::atoll(std::string(m).c_str()));
+    }
     if (std::strcmp(argv[i], "--linear-sweep") == 0) linear_sweep = true;
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
@@ -210,8 +218,9 @@ int Run(int argc, char** argv) {
   const std::vector<Shape> shapes = {{"qkv 768x512", 768, 512},       {"gate_up 2816x512", 2816, 512},
                                      {"down 512x1408", 512, 1408},    {"lm_head 32000x512", 32000, 512},
                                      {"square 2048x2048", 2048, 2048}};
-  const std::vector<int64_t> ms =
-      quick ? std::vector<int64_t>{1, 8, 16, 256} : std::vector<int64_t>{1, 8, 16, 64, 256, 1024};
+  const std::vector<int64_t> ms = !only_ms.empty() ? only_ms
+                                  : quick          ? std::vector<int64_t>{1, 8, 16, 256}
+                                                   : std::vector<int64_t>{1, 8, 16, 64, 256, 1024};
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
 
   std::printf("GEMM GFLOP/s (median), C[M,N] = X[M,K] W[N,K]^T; ours keeps activations f32, except\n"
@@ -227,6 +236,7 @@ int Run(int argc, char** argv) {
   std::vector<GemvRow> gemv_rows;
   for (const Shape& s : shapes) {
     if (decode_only) break;
+    if (std::string(s.name).find(only_shape) == std::string::npos) continue;
     const std::vector<float> w = RandomFloats(s.n * s.k, 1);
     const std::vector<uint16_t> w16 = ToBf16(w);
     TensorView wv = TensorView::Contiguous(const_cast<float*>(w.data()), DType::kF32, {s.n, s.k});
