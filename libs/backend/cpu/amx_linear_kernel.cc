@@ -55,10 +55,19 @@ constexpr int64_t kTileBytes = 1024;       // one 16 x 64-byte tile
 constexpr int64_t kABlockBytes = 1 << 20;  // target size of a block of split x (stays in L2)
 constexpr int64_t kPrefetchBlocks = 6;     // weight prefetch distance, in 32-k blocks of a panel
 
-// ldtilecfg's 64-byte operand (palette 1): tiles 0, 1 (A) and 4, 5 (C) have
-// `rows` rows, tiles 2, 3 (B) 16; 6, 7 have `rows` rows where they are C tiles (a
-// second row block: rows = 16) and 16 where they are B tiles (one row block of
-// fewer rows, SingleBlockStep); all 64 bytes wide.
+// Prefetches the start of the 32-k block of weights at pf (its first two lines):
+// the L2 streamer fetches the rest of the run on its own. One prefetch per line
+// (32 per block) cost more than it hid. A single-threaded loop of this kernel's
+// tile loads and products over one panel's 2 KiB blocks (TSC cycles per block):
+// weights in L2, 79 with every line prefetched, 56 with two, 53 with none;
+// 256 MiB of weights from DRAM, 457, 421 and 494.
+KVMESH_VEC_INLINE void PrefetchWeightBlock(const char* pf) {
+  _mm_prefetch(pf, _MM_HINT_T0);
+  _mm_prefetch(pf + 64, _MM_HINT_T0);
+}
+
+// ldtilecfg's 64-byte operand (palette 1): tiles 0, 1 (A) and 4..7 (C) have
+// `rows` rows, tiles 2, 3 (B) 16; all 64 bytes wide.
 struct alignas(64) TileConfig {
   uint8_t palette_id;
   uint8_t start_row;
@@ -73,7 +82,7 @@ constexpr TileConfig MakeTileConfig(int rows) {
   cfg.palette_id = 1;
   for (int t = 0; t < 8; ++t) {
     cfg.colsb[t] = 64;
-    cfg.rows[t] = static_cast<uint8_t>(t == 2 || t == 3 || t == 6 || t == 7 ? 16 : rows);
+    cfg.rows[t] = static_cast<uint8_t>(t == 2 || t == 3 ? 16 : rows);
   }
   return cfg;
 }
@@ -181,39 +190,6 @@ KVMESH_VEC_INLINE void DotTerms(const char* ak0, const char* ak1, int64_t term_b
   }
 }
 
-// One k block of one row block (C in tiles 4, 5) with B in tiles B0, B1 and term
-// t's A in tile A0 (t even) or A1 (t odd). The products are those of
-// DotTerms<kTerms, false>, in its order: only the tiles differ. (A macro: the tile
-// intrinsics take their tile numbers as literal tokens.)
-#define KVMESH_AMX_SINGLE_BLOCK_STEP(A0, A1, B0, B1)   \
-  do {                                                 \
-    _tile_loadd(B0, bk, 64);                           \
-    _tile_loadd(B1, bk + kTileBytes, 64);              \
-    _tile_loadd(A0, ak, a_stride);                     \
-    _tile_dpbf16ps(4, A0, B0);                         \
-    _tile_dpbf16ps(5, A0, B1);                         \
-    if constexpr (kTerms > 1) {                        \
-      _tile_loadd(A1, ak + term_bytes, a_stride);      \
-      _tile_dpbf16ps(4, A1, B0);                       \
-      _tile_dpbf16ps(5, A1, B1);                       \
-    }                                                  \
-    if constexpr (kTerms > 2) {                        \
-      _tile_loadd(A0, ak + 2 * term_bytes, a_stride);  \
-      _tile_dpbf16ps(4, A0, B0);                       \
-      _tile_dpbf16ps(5, A0, B1);                       \
-    }                                                  \
-  } while (0)
-
-template <int kTerms, bool kOdd>
-KVMESH_VEC_INLINE void SingleBlockStep(const char* bk, const char* ak, int64_t term_bytes, int64_t a_stride) {
-  if constexpr (kOdd) {
-    KVMESH_AMX_SINGLE_BLOCK_STEP(1, 0, 6, 7);
-  } else {
-    KVMESH_AMX_SINGLE_BLOCK_STEP(0, 1, 2, 3);
-  }
-}
-#undef KVMESH_AMX_SINGLE_BLOCK_STEP
-
 // Row blocks i (and i + 1 when kTwo) against panel p.
 template <int kTerms, bool kTwo>
 void AmxBlock(const AmxCtx& c, int64_t p, int64_t i, bool prefetch) {
@@ -231,9 +207,7 @@ void AmxBlock(const AmxCtx& c, int64_t p, int64_t i, bool prefetch) {
     const char* bk = b + kb * 2 * kTileBytes;
     if (prefetch) {
       // Past the panel's end is the next panel of this thread (or harmless).
-      const char* pf = bk + kPrefetchBlocks * 2 * kTileBytes;
-#pragma GCC unroll 32
-      for (int l = 0; l < 2 * kTileBytes / 64; ++l) _mm_prefetch(pf + l * 64, _MM_HINT_T0);
+      PrefetchWeightBlock(bk + kPrefetchBlocks * 2 * kTileBytes);
     }
     _tile_loadd(2, bk, 64);
     _tile_loadd(3, bk + kTileBytes, 64);
@@ -291,27 +265,12 @@ void AmxSlab(const AmxCtx& c, int64_t p, int64_t kb0, int64_t kb1, bool first, f
       _tile_loadd(7, park[3], 64);
     }
   }
-  auto prefetch = [&](int64_t kb) {
-    const int64_t ahead = kb + kSlabPrefetchBlocks;
-    const char* pf = ahead < kb1 ? b + ahead * 2 * kTileBytes : pf_next + (ahead - kb1) * 2 * kTileBytes;
-#pragma GCC unroll 32
-    for (int l = 0; l < 2 * kTileBytes / 64; ++l) _mm_prefetch(pf + l * 64, _MM_HINT_T0);
-  };
-  int64_t kb = kb0;
-  if constexpr (!kTwo) {
-    // One row block leaves tiles 6 and 7 free: odd k blocks load B there (and start
-    // their A terms in tile 1), so a step's loads need not wait for the previous
-    // step's products to release the tiles they read.
-    for (; kb + 2 <= kb1; kb += 2) {
-      prefetch(kb);
-      SingleBlockStep<kTerms, false>(b + kb * 2 * kTileBytes, a0 + kb * 64, term_bytes, c.a_stride);
-      prefetch(kb + 1);
-      SingleBlockStep<kTerms, true>(b + (kb + 1) * 2 * kTileBytes, a0 + (kb + 1) * 64, term_bytes, c.a_stride);
-    }
-  }
-  for (; kb < kb1; ++kb) {
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
     const char* bk = b + kb * 2 * kTileBytes;
-    prefetch(kb);
+    {
+      const int64_t ahead = kb + kSlabPrefetchBlocks;
+      PrefetchWeightBlock(ahead < kb1 ? b + ahead * 2 * kTileBytes : pf_next + (ahead - kb1) * 2 * kTileBytes);
+    }
     _tile_loadd(2, bk, 64);
     _tile_loadd(3, bk + kTileBytes, 64);
     DotTerms<kTerms, kTwo>(a0 + kb * 64, a1 + kb * 64, term_bytes, c.a_stride);
