@@ -97,7 +97,7 @@ alignas(64) constexpr TileConfig kTileConfigs[kBlockRows + 1] = {
     MakeTileConfig(10), MakeTileConfig(11), MakeTileConfig(12), MakeTileConfig(13), MakeTileConfig(14),
     MakeTileConfig(15), MakeTileConfig(16)};
 
-// Per calling thread: the split activations, grown as needed.
+// Per thread that splits x (SplitActivations): the split activations, grown as needed.
 struct Scratch {
   void* data = nullptr;
   int64_t bytes = 0;
