@@ -55,16 +55,28 @@ constexpr int64_t kTileBytes = 1024;       // one 16 x 64-byte tile
 constexpr int64_t kABlockBytes = 1 << 20;  // target size of a block of split x (stays in L2)
 constexpr int64_t kPrefetchBlocks = 6;     // weight prefetch distance, in 32-k blocks of a panel
 
-// Prefetches the start of the 32-k block of weights at pf (its first two lines):
-// the L2 streamer fetches the rest of the run on its own. One prefetch per line
-// (32 per block) cost more than it hid. A single-threaded loop of this kernel's
-// tile loads and products over one panel's 2 KiB blocks (TSC cycles per block):
-// weights in L2, 79 with every line prefetched, 56 with two, 53 with none;
-// 256 MiB of weights from DRAM, 457, 421 and 494.
-KVMESH_VEC_INLINE void PrefetchWeightBlock(const char* pf) {
+// Prefetches the 32-k block of weights at pf: every line, or only its first two
+// (the L2 streamer then fetches the rest of the run on its own, and the 30 other
+// prefetch instructions are saved). Which wins depends on how many cycles the
+// products take per block. A single-threaded loop of one-row-block tile loads and
+// 16-row products over 2 KiB blocks (TSC cycles per block): weights in L2, 79
+// with every line, 56 with two, 53 with none; 256 MiB from DRAM, 457, 421, 494.
+// engine_step_bench (SmolLM2, weights from DRAM, Linear ms, alternated): the exact
+// mode (three terms) at batch 1/2/4/8, whose products are short (M rows), ran 8-17%
+// faster with every line (9.6 against 11.2 at batch 1); at batch 16 it and the
+// bf16 mode at batch 1 and 16 ran 3-8% faster with two.
+KVMESH_VEC_INLINE void PrefetchWeightBlock(const char* pf, bool every_line) {
+  if (every_line) {
+#pragma GCC unroll 32
+    for (int l = 0; l < 2 * kTileBytes / 64; ++l) _mm_prefetch(pf + l * 64, _MM_HINT_T0);
+    return;
+  }
   _mm_prefetch(pf, _MM_HINT_T0);
   _mm_prefetch(pf + 64, _MM_HINT_T0);
 }
+
+// Whether AmxSlab prefetches every line of the weights (PrefetchWeightBlock).
+KVMESH_VEC_INLINE bool PrefetchEveryLine(int terms, int64_t m) { return terms > 1 && m < kBlockRows; }
 
 // ldtilecfg's 64-byte operand (palette 1): tiles 0, 1 (A) and 4..7 (C) have
 // `rows` rows, tiles 2, 3 (B) 16; all 64 bytes wide.
@@ -207,7 +219,7 @@ void AmxBlock(const AmxCtx& c, int64_t p, int64_t i, bool prefetch) {
     const char* bk = b + kb * 2 * kTileBytes;
     if (prefetch) {
       // Past the panel's end is the next panel of this thread (or harmless).
-      PrefetchWeightBlock(bk + kPrefetchBlocks * 2 * kTileBytes);
+      PrefetchWeightBlock(bk + kPrefetchBlocks * 2 * kTileBytes, /*every_line=*/false);
     }
     _tile_loadd(2, bk, 64);
     _tile_loadd(3, bk + kTileBytes, 64);
@@ -250,6 +262,7 @@ void AmxSlab(const AmxCtx& c, int64_t p, int64_t kb0, int64_t kb1, bool first, f
   const int64_t term_bytes = kBlockRows * c.a_stride;
   const char* a0 = c.a;
   const char* a1 = a0 + kTerms * term_bytes;
+  const bool every_line = PrefetchEveryLine(kTerms, c.m);
   if (first) {
     _tile_zero(4);
     _tile_zero(5);
@@ -269,7 +282,8 @@ void AmxSlab(const AmxCtx& c, int64_t p, int64_t kb0, int64_t kb1, bool first, f
     const char* bk = b + kb * 2 * kTileBytes;
     {
       const int64_t ahead = kb + kSlabPrefetchBlocks;
-      PrefetchWeightBlock(ahead < kb1 ? b + ahead * 2 * kTileBytes : pf_next + (ahead - kb1) * 2 * kTileBytes);
+      PrefetchWeightBlock(ahead < kb1 ? b + ahead * 2 * kTileBytes : pf_next + (ahead - kb1) * 2 * kTileBytes,
+                          every_line);
     }
     _tile_loadd(2, bk, 64);
     _tile_loadd(3, bk + kTileBytes, 64);
@@ -334,12 +348,14 @@ void AmxRange(const AmxCtx& c, int64_t blocks, int64_t p_begin, int64_t p_end) {
 }
 
 // x split into [blocks][terms][16 rows][kp] bf16 (rows past m zero), in this
-// thread's scratch.
+// thread's scratch. With M < 16 the A tiles have M rows (kTileConfigs), so the
+// rows past m are never loaded and are left as they are.
 template <int kTerms>
 const uint16_t* SplitActivations(const float* x, int64_t m, int64_t k, int64_t kp, int64_t blocks) {
   uint16_t* a = GetScratch(blocks * kTerms * kBlockRows * kp * 2);
+  const int rows_loaded = m < kBlockRows ? static_cast<int>(m) : kBlockRows;
   for (int64_t i = 0; i < blocks; ++i) {
-    for (int r = 0; r < kBlockRows; ++r) {
+    for (int r = 0; r < rows_loaded; ++r) {
       uint16_t* dst = a + (i * kTerms * kBlockRows + r) * kp;
       const int64_t row = i * kBlockRows + r;
       if (row < m) {
