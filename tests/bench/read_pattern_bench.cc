@@ -45,12 +45,13 @@ enum class Prefetch { kNone, kEveryLine, kPageStarts };
 
 volatile float sink = 0.0f;
 
-// Sums [p, p + bytes) (a multiple of 256) in vector loads, independent sums;
+// Sums [p, p + bytes) (a multiple of 256) in 64-byte loads, independent sums;
 // with kWork, four FMAs on each loaded vector (SmolLM2's attention, three query
-// heads per KV head, does three per loaded K or V value, on that value). The AVX-512 build loads a line at once: half the
-// load-buffer entries per line of the AVX2 one, so more lines in flight.
+// heads per KV head, does three per loaded K or V value, on that value). One load
+// per line, as the engine's AVX-512 kernels: 32-byte loads hold twice the
+// load-buffer entries per line and keep fewer lines in flight.
 template <bool kWork>
-__attribute__((target("avx512f"))) float SumRun512(const char* p, int64_t bytes) {
+__attribute__((target("avx512f"))) float SumRun(const char* p, int64_t bytes) {
   __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   __m512 w[4] = {a[0], a[0], a[0], a[0]};
   const __m512 m = _mm512_set1_ps(0.999f);
@@ -71,33 +72,9 @@ __attribute__((target("avx512f"))) float SumRun512(const char* p, int64_t bytes)
   return total;
 }
 
-template <bool kWork>
-__attribute__((target("avx2,fma"))) float SumRun256(const char* p, int64_t bytes) {
-  __m256 a[8], w[8];
-  for (int v = 0; v < 8; ++v) a[v] = w[v] = _mm256_setzero_ps();
-  const __m256 m = _mm256_set1_ps(0.999f);
-  for (int64_t off = 0; off < bytes; off += 256) {
-    for (int v = 0; v < 8; ++v) {
-      const __m256 x = _mm256_load_ps(reinterpret_cast<const float*>(p + off + 32 * v));
-      a[v] = _mm256_add_ps(a[v], x);
-      if constexpr (kWork) {
-        for (int i = 0; i < 4; ++i) w[(v + i) % 8] = _mm256_fmadd_ps(w[(v + i) % 8], m, x);
-      }
-    }
-  }
-  for (int v = 1; v < 8; ++v) a[0] = _mm256_add_ps(a[0], _mm256_add_ps(a[v], w[v]));
-  a[0] = _mm256_add_ps(a[0], w[0]);
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, a[0]);
-  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
-}
-
 using SumRunFn = float (*)(const char*, int64_t);
 
-SumRunFn PickSumRun(bool avx512, bool work) {
-  if (avx512) return work ? &SumRun512<true> : &SumRun512<false>;
-  return work ? &SumRun256<true> : &SumRun256<false>;
-}
+SumRunFn PickSumRun(bool work) { return work ? &SumRun<true> : &SumRun<false>; }
 
 void PrefetchRun(const char* p, int64_t bytes, Prefetch how) {
   if (how == Prefetch::kEveryLine) {
@@ -156,8 +133,8 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
-    std::fprintf(stderr, "read_pattern_bench: needs AVX2 and FMA\n");
+  if (!__builtin_cpu_supports("avx512f")) {
+    std::fprintf(stderr, "read_pattern_bench: needs AVX-512\n");
     return 1;
   }
   HugePageMemory memory = AllocateHugePageMemory(kBufferBytes);
@@ -171,10 +148,8 @@ int Main(int argc, char** argv) {
   for (int64_t i = 0; i < kBufferBytes; i += 4096) std::memset(base + i, 1, 4096);
 
   const double copy = backend::MeasureCopyBandwidthBytesPerSecond(threads);
-  const bool avx512 = __builtin_cpu_supports("avx512f");
-  std::printf("read_pattern_bench: %d threads, %s loads, 1 GiB buffer, copy bandwidth (STREAM copy, read+write) "
-              "%.2f GB/s\n\n",
-              threads, avx512 ? "AVX-512" : "AVX2", copy / 1e9);
+  std::printf("read_pattern_bench: %d threads, 1 GiB buffer, copy bandwidth (STREAM copy, read+write) %.2f GB/s\n\n",
+              threads, copy / 1e9);
   std::vector<int32_t> order(static_cast<size_t>(kBufferBytes / run_bytes));
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937(1));
@@ -185,19 +160,19 @@ int Main(int argc, char** argv) {
     std::printf("  %-52s %7.2f GB/s  %5.1f%% of copy\n", name, bw / 1e9, 100.0 * bw / copy);
   };
   std::printf("pattern (GB/s read)\n");
-  row("sequential, 1 stream per thread", [&] { Sequential(base, threads, 1, PickSumRun(avx512, false)); });
-  row("sequential, 4 streams per thread", [&] { Sequential(base, threads, 4, PickSumRun(avx512, false)); });
+  row("sequential, 1 stream per thread", [&] { Sequential(base, threads, 1, PickSumRun(false)); });
+  row("sequential, 4 streams per thread", [&] { Sequential(base, threads, 4, PickSumRun(false)); });
   char name[96];
   for (bool work : {false, true}) {
     const char* suffix = work ? ", with work" : "";
     std::snprintf(name, sizeof(name), "shuffled %lld B runs, no prefetch%s", static_cast<long long>(run_bytes), suffix);
-    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kNone, PickSumRun(avx512, work)); });
+    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kNone, PickSumRun(work)); });
     std::snprintf(name, sizeof(name), "shuffled %lld B runs, every line prefetched%s", static_cast<long long>(run_bytes),
                   suffix);
-    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kEveryLine, PickSumRun(avx512, work)); });
+    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kEveryLine, PickSumRun(work)); });
     std::snprintf(name, sizeof(name), "shuffled %lld B runs, page starts prefetched%s", static_cast<long long>(run_bytes),
                   suffix);
-    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kPageStarts, PickSumRun(avx512, work)); });
+    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kPageStarts, PickSumRun(work)); });
   }
   return 0;
 }
