@@ -17,6 +17,10 @@ namespace kvmesh::model::jinja {
 namespace {
 
 constexpr int kMaxCallDepth = 256;
+// Expression nesting one evaluation may recurse through (per macro call): the parser
+// bounds nesting by recursion, but a left-associative chain (1-1-1-...) is built in a
+// loop and is as deep as it is long. Deeper fails instead of overflowing the stack.
+constexpr int kMaxEvalDepth = 200;
 // Loop iterations and macro calls one render may run: real chat templates run a few per
 // message and tool; without a bound, nested loops or a macro calling itself twice per
 // level (2^256 calls within the depth limit) would hold a request thread indefinitely.
@@ -175,7 +179,13 @@ class Interpreter {
   }
 
   absl::StatusOr<Value> Eval(const Expr& e, Scope& scope) {
+    if (eval_depth_ >= kMaxEvalDepth) {
+      return At(e.line, absl::InvalidArgumentError(
+                            absl::StrCat("expression nested more than ", kMaxEvalDepth, " levels deep")));
+    }
+    ++eval_depth_;
     absl::StatusOr<Value> v = EvalInner(e, scope);
+    --eval_depth_;
     if (!v.ok()) return At(e.line, v.status());
     return v;
   }
@@ -391,9 +401,12 @@ class Interpreter {
         return absl::InvalidArgumentError(absl::StrCat("macro '", stmt->name, "' recursed too deeply"));
       }
       Scope local{root_, {}};
+      const int caller_eval_depth = eval_depth_;  // the body's expressions count from 0
+      eval_depth_ = 0;
       absl::Status st = BindParams(*stmt, args, local, stmt->name);
       std::string text;
       absl::StatusOr<Flow> f = st.ok() ? Exec(stmt->body, local, &text) : absl::StatusOr<Flow>(st);
+      eval_depth_ = caller_eval_depth;
       --call_depth_;
       if (!f.ok()) return f.status();
       return Value::String(std::move(text));
@@ -601,6 +614,7 @@ class Interpreter {
 
   int loop_depth_ = 0;
   int call_depth_ = 0;
+  int eval_depth_ = 0;  // Eval frames on the stack within the current macro call
   int64_t steps_ = 0;
 };
 

@@ -37,6 +37,22 @@ class Parser {
   }
 
  private:
+  // Bounds the parser's recursion through nested expressions (unary operators, `not`,
+  // parentheses, lists, conditionals): deeper fails instead of overflowing the stack.
+  static constexpr int kMaxNesting = 200;
+  class NestingGuard {
+   public:
+    explicit NestingGuard(Parser* p) : p_(p) { ++p_->nesting_; }
+    ~NestingGuard() { --p_->nesting_; }
+    absl::Status status() const {
+      if (p_->nesting_ <= kMaxNesting) return absl::OkStatus();
+      return Error(p_->Cur().line, absl::StrCat("expression nested more than ", kMaxNesting, " levels deep"));
+    }
+
+   private:
+    Parser* p_;
+  };
+
   const Token& Cur() const { return t_[pos_]; }
   const Token& Peek(size_t n = 1) const { return t_[std::min(pos_ + n, t_.size() - 1)]; }
   bool IsOp(const char* op) const { return Cur().type == T::kOperator && Cur().text == op; }
@@ -312,6 +328,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseExpression() {
+    NestingGuard guard(this);
+    KVMESH_RETURN_IF_ERROR(guard.status());
     KVMESH_ASSIGN_OR_RETURN(auto expr, ParseOr());
     while (SkipName("if")) {
       auto c = MakeExpr(Expr::Kind::kCondExpr, expr->line);
@@ -354,6 +372,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseNot() {
+    NestingGuard guard(this);
+    KVMESH_RETURN_IF_ERROR(guard.status());
     if (IsName("not")) {
       const int line = Cur().line;
       ++pos_;
@@ -442,6 +462,8 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseUnary(bool with_filter) {
+    NestingGuard guard(this);
+    KVMESH_RETURN_IF_ERROR(guard.status());
     ExprPtr node;
     const int line = Cur().line;
     if (IsOp("-") || IsOp("+")) {
@@ -698,6 +720,7 @@ class Parser {
 
   const std::vector<Token>& t_;
   size_t pos_ = 0;
+  int nesting_ = 0;  // NestingGuards alive
 };
 
 }  // namespace

@@ -114,6 +114,37 @@ TEST(ChatTemplateTest, ArithmeticAndWidthsThatWouldRunAwayAreBoundedOrRefused) {
                  "too big");
 }
 
+// Nesting that would overflow the stack fails with a clear error (the chat_template
+// fuzzer overflowed ASan's stack on `{% if 1000 * 5000 ------...-- %}`): deep unary
+// operators, `not`s and parentheses at parse time; a long left-associative chain,
+// which the parser builds in a loop, when it is evaluated.
+TEST(ChatTemplateTest, ExpressionsNestedTooDeeplyAreRefusedNotOverflowed) {
+  const std::vector<ChatMessage> none;
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  for (const std::string& source : {"{% if 1000 *5000" + repeat("-", 5000) + "1 %}x{% endif %}",
+                                    "{{ " + repeat("not ", 5000) + "x }}",
+                                    "{{ " + repeat("(", 5000) + "1" + repeat(")", 5000) + " }}"}) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::FromJinja(source);
+    ASSERT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << source.substr(0, 40);
+    EXPECT_NE(t.status().message().find("nested more than"), std::string::npos) << t.status();
+  }
+  absl::StatusOr<ChatTemplate> chain = ChatTemplate::FromJinja("{{ 1" + repeat(" - 1", 5000) + " }}");
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  absl::StatusOr<std::string> got = chain->Apply(none, false);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("nested more than"), std::string::npos) << got.status();
+  // Real depths still render.
+  EXPECT_EQ(ChatTemplate::FromJinja("{{ " + repeat("-", 50) + "1 }}{{ 1" + repeat(" - 1", 50) + " }}")
+                .value()
+                .Apply(none, false)
+                .value(),
+            "1-49");
+}
+
 TEST(ChatTemplateTest, FromNameRejectsUnknown) {
   EXPECT_TRUE(ChatTemplate::FromName("chatml").ok());
   EXPECT_EQ(ChatTemplate::FromName("vicuna").status().code(), absl::StatusCode::kInvalidArgument);
