@@ -10,8 +10,10 @@
 //   sequential, 1 and 4 streams per thread;
 //   shuffled runs of --run-bytes (default 12 KiB: one SmolLM2 bf16 KV block, all
 //   heads), visited in a random order as paged attention visits blocks, with
-//     no software prefetch, every line of the run 2 ahead prefetched into L2, or
-//     only each 4 KiB page's first two lines of it (which starts the L2
+//     no software prefetch, every line of the run 2 ahead prefetched into L2 at
+//     once before the run is read ("burst"), the same lines prefetched one per
+//     line read from inside the reading loop ("spread", as paged attention does),
+//     or only each 4 KiB page's first two lines of it (which starts the L2
 //     streamer without holding a line-fill buffer per line);
 //   and the same shuffled walks with dependent work on every loaded line (FMAs on
 //   the loaded value, about what attention does per byte), which limits how far
@@ -41,7 +43,7 @@ constexpr int64_t kBufferBytes = int64_t{1} << 30;
 constexpr int64_t kPageBytes = 4096;
 constexpr int kAhead = 2;  // runs ahead that a prefetching walk prefetches
 
-enum class Prefetch { kNone, kEveryLine, kPageStarts };
+enum class Prefetch { kNone, kEveryLine, kSpread, kPageStarts };
 
 volatile float sink = 0.0f;
 
@@ -49,14 +51,18 @@ volatile float sink = 0.0f;
 // with kWork, four FMAs on each loaded vector (SmolLM2's attention, three query
 // heads per KV head, does three per loaded K or V value, on that value). One load
 // per line, as the engine's AVX-512 kernels: 32-byte loads hold twice the
-// load-buffer entries per line and keep fewer lines in flight.
-template <bool kWork>
-__attribute__((target("avx512f"))) float SumRun(const char* p, int64_t bytes) {
+// load-buffer entries per line and keep fewer lines in flight. kSpread: with each
+// line read, prefetch the same line of `ahead` (a run as long) into L2.
+template <bool kWork, bool kSpread>
+__attribute__((target("avx512f"))) float SumRun(const char* p, int64_t bytes, const char* ahead) {
   __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   __m512 w[4] = {a[0], a[0], a[0], a[0]};
   const __m512 m = _mm512_set1_ps(0.999f);
   for (int64_t off = 0; off < bytes; off += 256) {
     for (int v = 0; v < 4; ++v) {
+      if constexpr (kSpread) {
+        if (ahead != nullptr) _mm_prefetch(ahead + off + 64 * v, _MM_HINT_T1);
+      }
       const __m512 x = _mm512_load_ps(reinterpret_cast<const float*>(p + off + 64 * v));
       a[v] = _mm512_add_ps(a[v], x);
       if constexpr (kWork) {
@@ -72,9 +78,12 @@ __attribute__((target("avx512f"))) float SumRun(const char* p, int64_t bytes) {
   return total;
 }
 
-using SumRunFn = float (*)(const char*, int64_t);
+using SumRunFn = float (*)(const char*, int64_t, const char*);
 
-SumRunFn PickSumRun(bool work) { return work ? &SumRun<true> : &SumRun<false>; }
+SumRunFn PickSumRun(bool work, bool spread = false) {
+  if (spread) return work ? &SumRun<true, true> : &SumRun<false, true>;
+  return work ? &SumRun<true, false> : &SumRun<false, false>;
+}
 
 void PrefetchRun(const char* p, int64_t bytes, Prefetch how) {
   if (how == Prefetch::kEveryLine) {
@@ -97,7 +106,7 @@ void Sequential(const char* base, int threads, int streams, SumRunFn sum) {
     const int64_t piece = share / streams;
     constexpr int64_t kStep = 4096;
     for (int64_t off = 0; off < piece; off += kStep) {
-      for (int s = 0; s < streams; ++s) total += sum(p + s * piece + off, kStep);
+      for (int s = 0; s < streams; ++s) total += sum(p + s * piece + off, kStep, nullptr);
     }
   }
   sink = total;
@@ -113,8 +122,9 @@ void Shuffled(const char* base, const std::vector<int32_t>& order, int64_t run_b
     const int64_t begin = n * omp_get_thread_num() / nt;
     const int64_t end = n * (omp_get_thread_num() + 1) / nt;
     for (int64_t i = begin; i < end; ++i) {
-      if (i + kAhead < end) PrefetchRun(base + order[i + kAhead] * run_bytes, run_bytes, how);
-      total += sum(base + order[i] * run_bytes, run_bytes);
+      const char* ahead = i + kAhead < end ? base + order[i + kAhead] * run_bytes : nullptr;
+      if (ahead != nullptr) PrefetchRun(ahead, run_bytes, how);
+      total += sum(base + order[i] * run_bytes, run_bytes, ahead);  // kSpread's sum prefetches `ahead`
     }
   }
   sink = total;
@@ -167,9 +177,12 @@ int Main(int argc, char** argv) {
     const char* suffix = work ? ", with work" : "";
     std::snprintf(name, sizeof(name), "shuffled %lld B runs, no prefetch%s", static_cast<long long>(run_bytes), suffix);
     row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kNone, PickSumRun(work)); });
-    std::snprintf(name, sizeof(name), "shuffled %lld B runs, every line prefetched%s", static_cast<long long>(run_bytes),
+    std::snprintf(name, sizeof(name), "shuffled %lld B runs, every line, burst%s", static_cast<long long>(run_bytes),
                   suffix);
     row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kEveryLine, PickSumRun(work)); });
+    std::snprintf(name, sizeof(name), "shuffled %lld B runs, every line, spread%s", static_cast<long long>(run_bytes),
+                  suffix);
+    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kSpread, PickSumRun(work, true)); });
     std::snprintf(name, sizeof(name), "shuffled %lld B runs, page starts prefetched%s", static_cast<long long>(run_bytes),
                   suffix);
     row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kPageStarts, PickSumRun(work)); });

@@ -75,10 +75,10 @@ constexpr int64_t kMinTileTokens = 32;  // a tile is the fewest whole blocks hol
 constexpr int64_t kPartitionTokens = 512;  // softmax partition (step 4), rounded up to whole tiles
 constexpr int64_t kItemsPerThread = 8;     // split-K until the batch has this many items per thread
 constexpr int kMaxQueryVectors = 32;    // (row, head) pairs per work item
-// How far ahead K/V tiles are prefetched (DRAM-resident KV), into L2: a tile's 64-128
-// scattered lines at once overflow L1's miss buffers, and the score and P.V loops read
-// from L2 faster than DRAM delivers. Into L1 instead, decode over KV far larger than the
-// cache ran 15-30% slower (paged_attention_bench, DRAM cases: 15-19 GB/s against 19-22).
+// How far ahead K/V tiles are prefetched (DRAM-resident KV), into L2: the score and P.V
+// loops read from L2 faster than DRAM delivers. Into L1 instead, decode over KV far
+// larger than the cache ran 15-30% slower (paged_attention_bench, DRAM cases: 15-19
+// GB/s against 19-22). The lines are issued from inside those loops (SpreadPrefetcher).
 constexpr int64_t kPrefetchTiles = 2;
 constexpr int kQkRows = 4;              // query vectors per pass of the score kernel
 #if defined(KVMESH_CPU_AVX512)
@@ -112,6 +112,74 @@ class Scratch {
   int64_t capacity_ = 0;
 };
 
+// Prefetches a list of byte ranges into L2 a few lines at a time, from inside the
+// loops that consume the current tile, at the pace they consume it. Issued all at
+// once, a tile's 100-400 prefetches fill the core's miss buffers and the computation
+// waits behind them, so memory and arithmetic times add up: SmolLM2's decode attention
+// at batch 16 with a 2k context read KV at 17.5 GB/s with each tile's prefetches
+// issued at once and at 25 GB/s spread (engine_step_bench, two cores). Prefetches
+// change no result. One per work item, used by the thread running it.
+class SpreadPrefetcher {
+ public:
+  // Up to one K and one V range per block of a tile (TileTokens: at most 32 blocks).
+  static constexpr int kMaxRanges = 2 * 32;
+
+  void Add(const void* begin, int64_t bytes) {
+    if (bytes <= 0) return;
+    if (count_ == kMaxRanges) Flush();
+    const char* b = static_cast<const char*>(begin);
+    ranges_[count_++] = Range{b, b + bytes};
+    if (cur_ == end_) NextRange();
+  }
+
+  // Issues up to `lines` more prefetches.
+  KVMESH_VEC_INLINE void Issue(int lines) {
+    for (int i = 0; i < lines; ++i) {
+      if (cur_ >= end_ && !NextRange()) return;
+      PrefetchL2(cur_);
+      cur_ += 64;
+    }
+  }
+
+  // Issues everything not yet issued.
+  void Flush() {
+    while (cur_ < end_ || NextRange()) {
+      for (; cur_ < end_; cur_ += 64) PrefetchL2(cur_);
+    }
+    count_ = next_ = 0;
+  }
+
+ private:
+  struct Range {
+    const char* begin;
+    const char* end;
+  };
+
+  bool NextRange() {
+    if (next_ == count_) {
+      cur_ = end_ = nullptr;
+      return false;
+    }
+    cur_ = ranges_[next_].begin;
+    end_ = ranges_[next_].end;
+    ++next_;
+    return true;
+  }
+
+  Range ranges_[kMaxRanges];
+  int count_ = 0;
+  int next_ = 0;
+  const char* cur_ = nullptr;
+  const char* end_ = nullptr;
+};
+
+// Lines of a tile one iteration of a loop consumes (at least one): a spread
+// prefetcher issued this many per iteration keeps pace with it.
+template <typename T>
+constexpr int LinesPerLoad(int vectors) {
+  return Max(1, vectors * kLanes * static_cast<int>(sizeof(T)) / 64);
+}
+
 thread_local Scratch tls_item_scratch;  // per worker thread: one item's tiles and state
 thread_local Scratch tls_plan_scratch;  // calling thread: the work item list
 thread_local Scratch tls_split_scratch;  // calling thread: split-K partials and merge list
@@ -140,8 +208,10 @@ KVMESH_VEC_INLINE float KvToF32(uint16_t x) { return __builtin_bit_cast(float, s
 // kt[c * ldk + j] = K of key j, dimension c, for j < n (keys[j] -> its block's K
 // head at its offset; the block's K is [D][B], row stride bs).
 template <typename T>
-KVMESH_VEC_INLINE void GatherKeys(const T* const* keys, int64_t n, int64_t d, int64_t bs, float* kt, int64_t ldk) {
+KVMESH_VEC_INLINE void GatherKeys(const T* const* keys, int64_t n, int64_t d, int64_t bs, float* kt, int64_t ldk,
+                                  SpreadPrefetcher* pf) {
   for (int64_t c = 0; c < d; ++c) {
+    pf->Issue(LinesPerLoad<T>(static_cast<int>(n / kLanes)));
     for (int64_t j = 0; j < n; ++j) kt[c * ldk + j] = KvToF32(keys[j][c * bs]);
   }
 }
@@ -152,7 +222,7 @@ KVMESH_VEC_INLINE void GatherKeys(const T* const* keys, int64_t n, int64_t d, in
 template <int R, int NC, typename T>
 KVMESH_VEC_INLINE void ScoreBlock(const float* const* q, const T* const* kchunks, int64_t ldk, int64_t d,
                                   int64_t chunk0, const int32_t* visible, float scale, float* scores,
-                                  int64_t ld_scores) {
+                                  int64_t ld_scores, SpreadPrefetcher* pf) {
   V acc[R][NC];
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < NC; ++j) acc[r][j] = Zero();
@@ -160,6 +230,7 @@ KVMESH_VEC_INLINE void ScoreBlock(const float* const* q, const T* const* kchunks
   const T* k[NC];
   for (int j = 0; j < NC; ++j) k[j] = kchunks[chunk0 + j];
   for (int64_t c = 0; c < d; ++c) {
+    pf->Issue(LinesPerLoad<T>(NC));
     V kv[NC];
     for (int j = 0; j < NC; ++j) kv[j] = LoadKv(k[j] + c * ldk);
     for (int r = 0; r < R; ++r) {
@@ -181,23 +252,23 @@ KVMESH_VEC_INLINE void ScoreBlock(const float* const* q, const T* const* kchunks
 
 template <int R, typename T>
 void Scores(const float* const* q, const T* const* kt, int64_t ldk, int64_t d, int64_t num_chunks,
-            const int32_t* visible, float scale, float* scores, int64_t ld_scores) {
+            const int32_t* visible, float scale, float* scores, int64_t ld_scores, SpreadPrefetcher* pf) {
   int64_t chunk = 0;
   for (; chunk + 2 <= num_chunks; chunk += 2) {
-    ScoreBlock<R, 2, T>(q, kt, ldk, d, chunk, visible, scale, scores, ld_scores);
+    ScoreBlock<R, 2, T>(q, kt, ldk, d, chunk, visible, scale, scores, ld_scores, pf);
   }
-  if (chunk < num_chunks) ScoreBlock<R, 1, T>(q, kt, ldk, d, chunk, visible, scale, scores, ld_scores);
+  if (chunk < num_chunks) ScoreBlock<R, 1, T>(q, kt, ldk, d, chunk, visible, scale, scores, ld_scores, pf);
 }
 
 template <typename T>
 void ScoresAny(int r, const float* const* q, const T* const* kt, int64_t ldk, int64_t d, int64_t num_chunks,
-               const int32_t* visible, float scale, float* scores, int64_t ld_scores) {
+               const int32_t* visible, float scale, float* scores, int64_t ld_scores, SpreadPrefetcher* pf) {
   static_assert(kQkRows == 4);
   switch (r) {
-    case 1: return Scores<1, T>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores);
-    case 2: return Scores<2, T>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores);
-    case 3: return Scores<3, T>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores);
-    default: return Scores<4, T>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores);
+    case 1: return Scores<1, T>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores, pf);
+    case 2: return Scores<2, T>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores, pf);
+    case 3: return Scores<3, T>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores, pf);
+    default: return Scores<4, T>(q, kt, ldk, d, num_chunks, visible, scale, scores, ld_scores, pf);
   }
 }
 
@@ -211,6 +282,7 @@ struct PvArgs {
   const T* const* vrows;      // [num_keys] -> V rows
   int64_t num_keys;
   int64_t c0;
+  SpreadPrefetcher* pf;
 };
 
 // Paired (bf16 only): the accumulators and V are in paired order (see the top).
@@ -222,6 +294,7 @@ KVMESH_VEC_INLINE void PvBlock(const PvArgs<T>& a) {
     for (int v = 0; v < NV; ++v) acc[r][v] = Mul(Load(a.acc[r] + a.c0 + v * kLanes), corr);
   }
   for (int64_t s = 0; s < a.num_keys; ++s) {
+    a.pf->Issue(LinesPerLoad<T>(NV));
     const T* vrow = a.vrows[s] + a.c0;
     V x[NV];
     if constexpr (Paired) {
@@ -272,11 +345,11 @@ KVMESH_VEC_INLINE bool PairedV(int64_t d) {
 // Runs P.V over all of head_dim for r (<= kPvRows) query vectors.
 template <typename T>
 void Pv(int r, float* const* acc, const float* correction, const float* const* probs, const T* const* vrows,
-        int64_t num_keys, int64_t d) {
+        int64_t num_keys, int64_t d, SpreadPrefetcher* pf) {
   const bool paired = PairedV<T>(d);
   for (int64_t c0 = 0; c0 < d; c0 += kPvVecs * kLanes) {
     const int nv = static_cast<int>(Min<int64_t>(kPvVecs, (d - c0) / kLanes));
-    const PvArgs<T> args{acc, correction, probs, vrows, num_keys, c0};
+    const PvArgs<T> args{acc, correction, probs, vrows, num_keys, c0, pf};
     if constexpr (sizeof(T) == 2) {
       if (paired) {
         PvAny<kPvRows, T, true>(r, nv, args);
@@ -456,6 +529,7 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item, float* par
     }
   };
 
+  SpreadPrefetcher prefetcher;
   for (int64_t t0 = t_begin; t0 < t_end; t0 += tile) {
     if (t0 > t_begin && t0 % part == 0) end_partition(t0 - part);
     const int64_t num_keys = Min(tile, t_end - t0);
@@ -464,6 +538,8 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item, float* par
     // Prefetch K and V kPrefetchTiles tiles ahead while this one is computed: each
     // block's K heads of the item, then its V heads (with every KV head, the whole
     // block: one contiguous run, which DRAM serves far faster than 2 KB pieces).
+    // The loops below issue them as they go; what they leave is issued here.
+    prefetcher.Flush();
     if (t0 + kPrefetchTiles * tile < t_end) {
       const int64_t ahead = t0 + kPrefetchTiles * tile;
       const int64_t next_keys = Min(tile, t_end - ahead);
@@ -475,8 +551,8 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item, float* par
         const int64_t v_bytes = ((kv_span - 1) * bs + Min(bs, next_keys - s0)) * d * static_cast<int64_t>(sizeof(T));
         const char* kb = reinterpret_cast<const char*>(cache + off + kvh0 * head_stride);
         const char* vb = reinterpret_cast<const char*>(cache + off + (p.hkv + kvh0) * head_stride);
-        for (int64_t b = 0; b < k_bytes; b += 64) PrefetchL2(kb + b);
-        for (int64_t b = 0; b < v_bytes; b += 64) PrefetchL2(vb + b);
+        prefetcher.Add(kb, k_bytes);
+        prefetcher.Add(vb, v_bytes);
       }
     }
     // Query vectors are ordered by row, so those that see this tile are a suffix
@@ -508,13 +584,13 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item, float* par
         kptr[s] = kptr[num_keys - 1];
         vptr[s] = vptr[num_keys - 1];
       }
-      if (!direct_k) GatherKeys(kptr, num_chunks * kLanes, d, bs, kt, ld);
+      if (!direct_k) GatherKeys(kptr, num_chunks * kLanes, d, bs, kt, ld, &prefetcher);
       for (int i = i_begin; i < i_end; i += kQkRows) {
         const int r = Min(kQkRows, i_end - i);
         if (direct_k) {
-          ScoresAny<T>(r, qv + i, kchunk, bs, d, num_chunks, visible + i, p.scale, scores + i * ld, ld);
+          ScoresAny<T>(r, qv + i, kchunk, bs, d, num_chunks, visible + i, p.scale, scores + i * ld, ld, &prefetcher);
         } else {
-          ScoresAny<float>(r, qv + i, kt_chunk, ld, d, num_chunks, visible + i, p.scale, scores + i * ld, ld);
+          ScoresAny<float>(r, qv + i, kt_chunk, ld, d, num_chunks, visible + i, p.scale, scores + i * ld, ld, &prefetcher);
         }
       }
       // Online softmax: the tile's max, probabilities in place, running sum.
@@ -540,11 +616,11 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item, float* par
         const int r = Min(kPvRows, i_end - i);
         int64_t common = visible[i];
         for (int j = 1; j < r; ++j) common = Min<int64_t>(common, visible[i + j]);
-        Pv<T>(r, accv + i, correction + i, probs + i, vptr, common, d);
+        Pv<T>(r, accv + i, correction + i, probs + i, vptr, common, d, &prefetcher);
         for (int j = 0; j < r; ++j) {
           if (visible[i + j] > common) {
             const float* rest = probs[i + j] + common;
-            Pv<T>(1, accv + i + j, kOne, &rest, vptr + common, visible[i + j] - common, d);
+            Pv<T>(1, accv + i + j, kOne, &rest, vptr + common, visible[i + j] - common, d, &prefetcher);
           }
         }
       }
