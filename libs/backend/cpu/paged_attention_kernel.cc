@@ -121,8 +121,9 @@ class Scratch {
 // change no result. One per work item, used by the thread running it.
 class SpreadPrefetcher {
  public:
-  // Up to one K and one V range per block of a tile (TileTokens: at most 32 blocks).
-  static constexpr int kMaxRanges = 2 * 32;
+  // One K and one V range per block of the tiles queued at once (an item's first
+  // kPrefetchTiles; TileTokens: at most 32 blocks a tile). More flushes early.
+  static constexpr int kMaxRanges = 2 * 32 * kPrefetchTiles;
 
   void Add(const void* begin, int64_t bytes) {
     if (bytes <= 0) return;
@@ -529,31 +530,38 @@ void ProcessItem(const PagedAttentionParams& p, const WorkItem& item, float* par
     }
   };
 
+  // Queues the tile at key t for prefetching, if the item reaches it: each block's K
+  // heads of the item, then its V heads (with every KV head, the whole block: one
+  // contiguous run, which DRAM serves far faster than 2 KB pieces).
   SpreadPrefetcher prefetcher;
+  auto queue_tile_prefetches = [&](int64_t t) {
+    if (t >= t_end) return;
+    const int64_t keys = Min(tile, t_end - t);
+    const int32_t* blocks = table + t / bs;
+    for (int64_t s0 = 0; s0 < keys; s0 += bs) {
+      const int64_t off = static_cast<int64_t>(blocks[s0 / bs]) * block_stride;
+      // K of a block head is [D][B] (read whole); V rows are contiguous.
+      const int64_t k_bytes = kv_span * bs * d * static_cast<int64_t>(sizeof(T));
+      const int64_t v_bytes = ((kv_span - 1) * bs + Min(bs, keys - s0)) * d * static_cast<int64_t>(sizeof(T));
+      prefetcher.Add(cache + off + kvh0 * head_stride, k_bytes);
+      prefetcher.Add(cache + off + (p.hkv + kvh0) * head_stride, v_bytes);
+    }
+  };
+  // The item's first tile is read as soon as it starts; the ones up to the prefetch
+  // distance are spread over it (a split-K piece or a short context is only a few
+  // tiles long, so they are worth not missing).
+  for (int64_t k = 1; k <= kPrefetchTiles; ++k) queue_tile_prefetches(t_begin + k * tile);
   for (int64_t t0 = t_begin; t0 < t_end; t0 += tile) {
     if (t0 > t_begin && t0 % part == 0) end_partition(t0 - part);
     const int64_t num_keys = Min(tile, t_end - t0);
     const int64_t num_chunks = CeilDiv(num_keys, kLanes);
     const int32_t* tile_blocks = table + t0 / bs;  // a tile is whole blocks (t0 % bs == 0)
-    // Prefetch K and V kPrefetchTiles tiles ahead while this one is computed: each
-    // block's K heads of the item, then its V heads (with every KV head, the whole
-    // block: one contiguous run, which DRAM serves far faster than 2 KB pieces).
-    // The loops below issue them as they go; what they leave is issued here.
-    prefetcher.Flush();
-    if (t0 + kPrefetchTiles * tile < t_end) {
-      const int64_t ahead = t0 + kPrefetchTiles * tile;
-      const int64_t next_keys = Min(tile, t_end - ahead);
-      const int32_t* next_blocks = table + ahead / bs;
-      for (int64_t s0 = 0; s0 < next_keys; s0 += bs) {
-        const int64_t off = static_cast<int64_t>(next_blocks[s0 / bs]) * block_stride;
-        // K of a block head is [D][B] (read whole); V rows are contiguous.
-        const int64_t k_bytes = kv_span * bs * d * static_cast<int64_t>(sizeof(T));
-        const int64_t v_bytes = ((kv_span - 1) * bs + Min(bs, next_keys - s0)) * d * static_cast<int64_t>(sizeof(T));
-        const char* kb = reinterpret_cast<const char*>(cache + off + kvh0 * head_stride);
-        const char* vb = reinterpret_cast<const char*>(cache + off + (p.hkv + kvh0) * head_stride);
-        prefetcher.Add(kb, k_bytes);
-        prefetcher.Add(vb, v_bytes);
-      }
+    // Prefetch K and V kPrefetchTiles tiles ahead while this one is computed. The
+    // loops below issue them as they go; what they leave is issued here. The tiles
+    // the first one spreads were queued above the loop.
+    if (t0 > t_begin) {
+      prefetcher.Flush();
+      queue_tile_prefetches(t0 + kPrefetchTiles * tile);
     }
     // Query vectors are ordered by row, so those that see this tile are a suffix
     // (with kv_span > 1, one row: all of them).
