@@ -16,14 +16,21 @@
 namespace kvmesh::model::jinja {
 namespace {
 
-constexpr int kMaxCallDepth = 256;
-// Expression nesting one evaluation may recurse through (per macro call): the parser
+// Eval frames one render may have on the stack, macro bodies included: the parser
 // bounds nesting by recursion, but a left-associative chain (1-1-1-...) is built in a
-// loop and is as deep as it is long. Deeper fails instead of overflowing the stack.
+// loop and is as deep as it is long, and a macro called from deep inside one stacks its
+// body's expressions on top (`f(n - 1) - 1 - 1 ...` in f). Deeper fails instead of
+// overflowing the stack.
 constexpr int kMaxEvalDepth = 200;
+// Macro calls nested: each costs far more stack than an Eval frame. Under ASan, on an
+// 8 MiB stack, a one-line recursive macro overflowed between 220 and 240 calls deep
+// (~35 KB a level) and a chain between 600 and 800 Eval frames (~11 KB each); 64 calls
+// and 200 frames together stay under 4 MiB. Below kMaxEvalDepth, so that a runaway
+// recursion is reported as one. Real templates recurse a few levels (tool schemas).
+constexpr int kMaxCallDepth = 64;
 // Loop iterations and macro calls one render may run: real chat templates run a few per
 // message and tool; without a bound, nested loops or a macro calling itself twice per
-// level (2^256 calls within the depth limit) would hold a request thread indefinitely.
+// level (2^64 calls within the depth limit) would hold a request thread indefinitely.
 constexpr int64_t kMaxRenderSteps = 1000000;
 // A list repetition may make at most this many items (as range(), globals.cc: jinja2's
 // sandbox MAX_RANGE); a string one at most kMaxGeneratedBytes.
@@ -401,12 +408,9 @@ class Interpreter {
         return absl::InvalidArgumentError(absl::StrCat("macro '", stmt->name, "' recursed too deeply"));
       }
       Scope local{root_, {}};
-      const int caller_eval_depth = eval_depth_;  // the body's expressions count from 0
-      eval_depth_ = 0;
       absl::Status st = BindParams(*stmt, args, local, stmt->name);
       std::string text;
       absl::StatusOr<Flow> f = st.ok() ? Exec(stmt->body, local, &text) : absl::StatusOr<Flow>(st);
-      eval_depth_ = caller_eval_depth;
       --call_depth_;
       if (!f.ok()) return f.status();
       return Value::String(std::move(text));
@@ -614,7 +618,7 @@ class Interpreter {
 
   int loop_depth_ = 0;
   int call_depth_ = 0;
-  int eval_depth_ = 0;  // Eval frames on the stack within the current macro call
+  int eval_depth_ = 0;  // Eval frames on the stack
   int64_t steps_ = 0;
 };
 

@@ -103,7 +103,7 @@ TEST(ChatTemplateTest, ArithmeticAndWidthsThatWouldRunAwayAreBoundedOrRefused) {
   expect_refused({"{{ 'ab' * 5000000000000000000 }}", "{{ ([1, 2] * 1000000) | length }}"}, "repetition too big");
   // Work without bound: nested loops, and a macro that calls itself twice per level.
   expect_refused({"{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
-                  "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(200) }}"},
+                  "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}"},
                  "loop iterations and macro calls");
   EXPECT_EQ(render("{% for i in range(1000) %}{% for j in range(100) %}{% endfor %}{% endfor %}ok").value(), "ok");
   // Widths that would pad without bound.
@@ -137,6 +137,20 @@ TEST(ChatTemplateTest, ExpressionsNestedTooDeeplyAreRefusedNotOverflowed) {
   absl::StatusOr<std::string> got = chain->Apply(none, false);
   ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(got.status().message().find("nested more than"), std::string::npos) << got.status();
+  // A macro called from deep inside a chain stacks its body's expressions on top: the
+  // bound is on the whole render's stack, not per call.
+  absl::StatusOr<ChatTemplate> nested =
+      ChatTemplate::FromJinja("{% macro f(n) %}{{ f(n - 1)" + repeat(" - 1", 150) + " }}{% endmacro %}{{ f(60) }}");
+  ASSERT_TRUE(nested.ok()) << nested.status();
+  got = nested->Apply(none, false);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("nested more than"), std::string::npos) << got.status();
+  // A runaway recursion is reported as one.
+  absl::StatusOr<ChatTemplate> recursive = ChatTemplate::FromJinja("{% macro f(n) %}{{ f(n - 1) }}{% endmacro %}{{ f(1) }}");
+  ASSERT_TRUE(recursive.ok()) << recursive.status();
+  got = recursive->Apply(none, false);
+  ASSERT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("recursed too deeply"), std::string::npos) << got.status();
   // Real depths still render.
   EXPECT_EQ(ChatTemplate::FromJinja("{{ " + repeat("-", 50) + "1 }}{{ 1" + repeat(" - 1", 50) + " }}")
                 .value()
