@@ -80,8 +80,8 @@ __attribute__((target("avx512f"))) float SumRun(const char* p, int64_t bytes, co
 
 using SumRunFn = float (*)(const char*, int64_t, const char*);
 
-SumRunFn PickSumRun(bool work, bool spread = false) {
-  if (spread) return work ? &SumRun<true, true> : &SumRun<false, true>;
+SumRunFn PickSumRun(bool work, Prefetch how = Prefetch::kNone) {
+  if (how == Prefetch::kSpread) return work ? &SumRun<true, true> : &SumRun<false, true>;
   return work ? &SumRun<true, false> : &SumRun<false, false>;
 }
 
@@ -113,7 +113,8 @@ void Sequential(const char* base, int threads, int streams, SumRunFn sum) {
 }
 
 void Shuffled(const char* base, const std::vector<int32_t>& order, int64_t run_bytes, int threads, Prefetch how,
-              SumRunFn sum) {
+              bool work) {
+  const SumRunFn sum = PickSumRun(work, how);
   float total = 0.0f;
   const int64_t n = static_cast<int64_t>(order.size());
 #pragma omp parallel num_threads(threads) reduction(+ : total)
@@ -176,16 +177,16 @@ int Main(int argc, char** argv) {
   for (bool work : {false, true}) {
     const char* suffix = work ? ", with work" : "";
     std::snprintf(name, sizeof(name), "shuffled %lld B runs, no prefetch%s", static_cast<long long>(run_bytes), suffix);
-    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kNone, PickSumRun(work)); });
+    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kNone, work); });
     std::snprintf(name, sizeof(name), "shuffled %lld B runs, every line, burst%s", static_cast<long long>(run_bytes),
                   suffix);
-    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kEveryLine, PickSumRun(work)); });
+    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kEveryLine, work); });
     std::snprintf(name, sizeof(name), "shuffled %lld B runs, every line, spread%s", static_cast<long long>(run_bytes),
                   suffix);
-    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kSpread, PickSumRun(work, true)); });
+    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kSpread, work); });
     std::snprintf(name, sizeof(name), "shuffled %lld B runs, page starts prefetched%s", static_cast<long long>(run_bytes),
                   suffix);
-    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kPageStarts, PickSumRun(work)); });
+    row(name, [&] { Shuffled(base, order, run_bytes, threads, Prefetch::kPageStarts, work); });
   }
   return 0;
 }

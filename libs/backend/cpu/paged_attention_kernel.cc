@@ -129,8 +129,7 @@ class SpreadPrefetcher {
     if (bytes <= 0) return;
     if (count_ == kMaxRanges) Flush();
     const char* b = static_cast<const char*>(begin);
-    ranges_[count_++] = Range{b, b + bytes};
-    if (cur_ == end_) NextRange();
+    ranges_[count_++] = Range{b, b + bytes};  // Issue and Flush move on to it when they get there
   }
 
   // Issues up to `lines` more prefetches.
