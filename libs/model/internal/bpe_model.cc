@@ -38,6 +38,10 @@ absl::Status BpeModel::Init(absl::flat_hash_map<std::string, int32_t> vocab, Bpe
   int32_t max_id = -1;
   for (const auto& [token, id] : vocab_) {
     if (id < 0) return absl::InvalidArgumentError(absl::StrCat("negative id for token '", token, "'"));
+    if (id > kMaxTokenId) {
+      return absl::InvalidArgumentError(absl::StrCat("id ", id, " for token '", token, "' is past the largest token id ",
+                                                     kMaxTokenId, " a vocabulary may use"));
+    }
     max_id = std::max(max_id, id);
   }
   id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());

@@ -56,6 +56,12 @@ class BpeModel {
   // Appends the ids of `word` (valid UTF-8) to `ids`.
   void Tokenize(std::string_view word, std::vector<int32_t>* ids) const;
 
+  // The id table is dense (indexed by id), so one token with id 3e9 would cost
+  // ~100 GB (found by tools/fuzz tokenizer_json). The largest real vocabularies
+  // (Gemma 3, NLLB) have ~262K ids; 2^22 leaves 16x headroom and caps the table
+  // at 4M entries.
+  static constexpr int32_t kMaxTokenId = (1 << 22) - 1;
+
   std::optional<int32_t> TokenToId(std::string_view token) const;
   // nullptr when `id` is not in the vocabulary.
   const std::string* IdToToken(int32_t id) const;

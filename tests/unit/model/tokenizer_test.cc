@@ -159,6 +159,26 @@ TEST(TokenizerTest, TokenIdsMustBeInt32Integers) {
   }
 }
 
+// The id table is indexed by id: an id in the billions used to allocate
+// ~47 GB and abort (found by tools/fuzz tokenizer_json in CI). The largest id
+// allowed still loads.
+TEST(TokenizerTest, TokenIdsPastTheLargestAllowedAreInvalidArgument) {
+  const std::string json = TinyByteLevelJson();
+  const auto with_hello_id = [&](int64_t id) {
+    std::string s = json;
+    const std::string from = R"("hello": 259)";
+    s.replace(s.find(from), from.size(), absl::StrCat(R"("hello": )", id));
+    return s;
+  };
+  for (int64_t bad : {int64_t{1} << 22, int64_t{1'465'000'000}, int64_t{2'147'483'647}}) {
+    SCOPED_TRACE(bad);
+    ExpectInvalid(Tokenizer::FromJson(with_hello_id(bad), "/m/t.json"), "/m/t.json", "past the largest token id");
+  }
+  auto largest = Tokenizer::FromJson(with_hello_id((int64_t{1} << 22) - 1), "/m/t.json");
+  ASSERT_TRUE(largest.ok()) << largest.status();
+  EXPECT_EQ((*largest)->Encode("hello", /*add_special_tokens=*/false), std::vector<int32_t>{(1 << 22) - 1});
+}
+
 TEST(TokenizerTest, SentencePieceModelLoadsAndMatchesKnownIds) {
   const std::string path = testing::RepoFixtureDir() + "/sp-bpe-tiny.model";
   std::string bytes;
