@@ -48,6 +48,13 @@ std::string TinyByteLevelJson(const std::string& merges_json = R"(["h e", "l l",
          R"(, "merges": )" + merges_json + "}}";
 }
 
+// TinyByteLevelJson() with the first `from` replaced by `to` (one field changed).
+std::string TinyByteLevelJsonWith(const std::string& from, const std::string& to) {
+  std::string s = TinyByteLevelJson();
+  s.replace(s.find(from), from.size(), to);
+  return s;
+}
+
 TEST(TokenizerTest, TinyByteLevelEncodesWithMergesAndSpecialTokens) {
   auto tok = Tokenizer::FromJson(TinyByteLevelJson(), "tiny.json");
   ASSERT_TRUE(tok.ok()) << tok.status();
@@ -82,6 +89,11 @@ void ExpectInvalid(const absl::StatusOr<std::unique_ptr<Tokenizer>>& result, con
   EXPECT_TRUE(absl::StrContains(result.status().message(), what)) << result.status();
 }
 
+// TinyByteLevelJsonWith(from, to) fails to load, naming the file and `what`.
+void ExpectTinyJsonWithIsInvalid(const std::string& from, const std::string& to, const std::string& what) {
+  ExpectInvalid(Tokenizer::FromJson(TinyByteLevelJsonWith(from, to), "/m/t.json"), "/m/t.json", what);
+}
+
 TEST(TokenizerTest, MalformedJsonIsInvalidArgumentNamingTheFile) {
   ExpectInvalid(Tokenizer::FromJson("{\"model\": ", "/m/tokenizer.json"), "/m/tokenizer.json", "malformed");
   ExpectInvalid(Tokenizer::FromJson("", "/m/tokenizer.json"), "/m/tokenizer.json", "malformed");
@@ -108,54 +120,31 @@ TEST(TokenizerTest, MergeWithUnknownTokenIsInvalidArgument) {
 }
 
 TEST(TokenizerTest, UnsupportedComponentsAreInvalidArgumentNamingThem) {
-  std::string json = TinyByteLevelJson();
-  const auto replace = [&](const std::string& from, const std::string& to) {
-    std::string s = json;
-    s.replace(s.find(from), from.size(), to);
-    return s;
-  };
-  ExpectInvalid(Tokenizer::FromJson(replace(R"("normalizer": null)", R"("normalizer": {"type": "NFKC"})"), "/m/t.json"),
-                "/m/t.json", "normalizer 'NFKC'");
-  ExpectInvalid(Tokenizer::FromJson(replace(R"("pre_tokenizer": {"type": "ByteLevel")", R"("pre_tokenizer": {"type": "BertPreTokenizer")"),
-                                    "/m/t.json"),
-                "/m/t.json", "pre_tokenizer 'BertPreTokenizer'");
-  ExpectInvalid(Tokenizer::FromJson(replace(R"("decoder": {"type": "ByteLevel")", R"("decoder": {"type": "WordPiece")"),
-                                    "/m/t.json"),
-                "/m/t.json", "decoder 'WordPiece'");
-  ExpectInvalid(
-      Tokenizer::FromJson(replace(R"("post_processor": {"type": "TemplateProcessing")", R"("post_processor": {"type": "Fancy")"),
-                          "/m/t.json"),
-      "/m/t.json", "post_processor 'Fancy'");
-  ExpectInvalid(Tokenizer::FromJson(replace(R"("dropout": null)", R"("dropout": 0.1)"), "/m/t.json"), "/m/t.json",
-                "dropout");
-  ExpectInvalid(Tokenizer::FromJson(
-                    replace(R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})",
-                            R"("pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated", "invert": false})"),
-                    "/m/t.json"),
-                "/m/t.json", "(unclosed");
+  ExpectTinyJsonWithIsInvalid(R"("normalizer": null)", R"("normalizer": {"type": "NFKC"})", "normalizer 'NFKC'");
+  ExpectTinyJsonWithIsInvalid(R"("pre_tokenizer": {"type": "ByteLevel")",
+                              R"("pre_tokenizer": {"type": "BertPreTokenizer")", "pre_tokenizer 'BertPreTokenizer'");
+  ExpectTinyJsonWithIsInvalid(R"("decoder": {"type": "ByteLevel")", R"("decoder": {"type": "WordPiece")",
+                              "decoder 'WordPiece'");
+  ExpectTinyJsonWithIsInvalid(R"("post_processor": {"type": "TemplateProcessing")",
+                              R"("post_processor": {"type": "Fancy")", "post_processor 'Fancy'");
+  ExpectTinyJsonWithIsInvalid(R"("dropout": null)", R"("dropout": 0.1)", "dropout");
+  ExpectTinyJsonWithIsInvalid(
+      R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})",
+      R"("pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated", "invert": false})",
+      "(unclosed");
   // A field of the wrong type is an error, not an exception.
-  ExpectInvalid(Tokenizer::FromJson(replace(R"("fuse_unk": false)", R"("fuse_unk": "yes")"), "/m/t.json"), "/m/t.json",
-                "malformed");
+  ExpectTinyJsonWithIsInvalid(R"("fuse_unk": false)", R"("fuse_unk": "yes")", "malformed");
 }
 
 // A token id that is a float, negative or past int32 is an error; a float
 // such as 1e300 used to be cast to int (undefined behaviour; found by
 // tools/fuzz tokenizer_json).
 TEST(TokenizerTest, TokenIdsMustBeInt32Integers) {
-  std::string json = TinyByteLevelJson();
-  const auto replace = [&](const std::string& from, const std::string& to) {
-    std::string s = json;
-    s.replace(s.find(from), from.size(), to);
-    return s;
-  };
   for (const char* bad : {"1e300", "2.5", "-3", "4294967296", "18446744073709551615"}) {
     SCOPED_TRACE(bad);
-    ExpectInvalid(Tokenizer::FromJson(replace(R"("id": 260)", absl::StrCat(R"("id": )", bad)), "/m/t.json"),
-                  "/m/t.json", "added_tokens id");
-    ExpectInvalid(Tokenizer::FromJson(replace(R"("hello": 259)", absl::StrCat(R"("hello": )", bad)), "/m/t.json"),
-                  "/m/t.json", "model.vocab['hello']");
-    ExpectInvalid(Tokenizer::FromJson(replace(R"("ids": [260])", absl::StrCat(R"("ids": [)", bad, "]")), "/m/t.json"),
-                  "/m/t.json", "TemplateProcessing");
+    ExpectTinyJsonWithIsInvalid(R"("id": 260)", absl::StrCat(R"("id": )", bad), "added_tokens id");
+    ExpectTinyJsonWithIsInvalid(R"("hello": 259)", absl::StrCat(R"("hello": )", bad), "model.vocab['hello']");
+    ExpectTinyJsonWithIsInvalid(R"("ids": [260])", absl::StrCat(R"("ids": [)", bad, "]"), "TemplateProcessing");
   }
 }
 
@@ -163,12 +152,8 @@ TEST(TokenizerTest, TokenIdsMustBeInt32Integers) {
 // ~47 GB and abort (found by tools/fuzz tokenizer_json in CI). The largest id
 // allowed still loads.
 TEST(TokenizerTest, TokenIdsPastTheLargestAllowedAreInvalidArgument) {
-  const std::string json = TinyByteLevelJson();
-  const auto with_hello_id = [&](int64_t id) {
-    std::string s = json;
-    const std::string from = R"("hello": 259)";
-    s.replace(s.find(from), from.size(), absl::StrCat(R"("hello": )", id));
-    return s;
+  const auto with_hello_id = [](int64_t id) {
+    return TinyByteLevelJsonWith(R"("hello": 259)", absl::StrCat(R"("hello": )", id));
   };
   for (int64_t bad : {int64_t{1} << 22, int64_t{1'465'000'000}, int64_t{2'147'483'647}}) {
     SCOPED_TRACE(bad);
