@@ -94,6 +94,11 @@ double PlacementPolicy::TierBlockWeight(kv::Tier tier, const WorkerLoad& load, i
       bandwidth = load.kv_disk_read_bytes_per_second;
       fallback = options_.disk_tier_weight;
       break;
+    case kv::Tier::kStore:
+      // TODO(#33): the store's residency and bandwidth reach the index (step 5); until
+      // then a store block, were one reported, weighs what an unmeasured disk block does.
+      fallback = options_.disk_tier_weight;
+      break;
   }
   if (bandwidth <= 0 || load.prefill_tokens_per_second <= 0 || block_bytes <= 0 || block_size_tokens <= 0) {
     return std::clamp(fallback, 0.0, 1.0);

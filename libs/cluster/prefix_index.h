@@ -31,13 +31,13 @@
 
 namespace kvmesh::cluster {
 
-inline constexpr int kNumTiers = 3;
+inline constexpr int kNumTiers = 4;
 
 // How much of a prompt's leading blocks one worker holds.
 struct PrefixMatch {
   int32_t num_blocks = 0;  // length of the leading run held on any tier (or in flight)
   // The run's blocks by the best (lowest-numbered) tier each is held on, indexed by
-  // kv::Tier: [device, host, disk]. Sums to num_blocks - num_blocks_in_flight.
+  // kv::Tier: [device, host, disk, store]. Sums to num_blocks - num_blocks_in_flight.
   std::array<int32_t, kNumTiers> num_blocks_by_tier{};
   // The run's tail that a request just placed on the worker is computing and the worker
   // has not reported yet (WorkerRegistry's InFlightPrefixes; the index itself leaves it 0).

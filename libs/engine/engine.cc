@@ -35,6 +35,10 @@ absl::Status AttachKvTiers(const EngineOptions& options, ModelRunner& runner, kv
       return absl::InvalidArgumentError(
           "--kv-disk-cache-dir needs --kv-host-cache-bytes: blocks read from disk land in the host tier");
     }
+    if (t.make_connectors) {
+      return absl::InvalidArgumentError(
+          "--kv-store needs --kv-host-cache-bytes: blocks read from the store land in the host tier");
+    }
     return absl::OkStatus();
   }
   if (!options.kv.enable_prefix_caching) {
@@ -53,24 +57,31 @@ absl::Status AttachKvTiers(const EngineOptions& options, ModelRunner& runner, kv
                                                   .allocate = t.host_allocate,
                                                   .deallocate = t.host_deallocate,
                                                   .record_events = options.kv.record_events}));
-  std::unique_ptr<kv::DiskKvTier> disk;
-  if (!t.disk_cache_dir.empty()) {
-    const KvSlotShape shape = runner.kv_slot_shape();
-    if (static_cast<int64_t>(shape.num_layers) * shape.block_bytes != slot_bytes) {
-      return absl::InternalError(absl::StrCat("--kv-disk-cache-dir: the runner's slot shape (", shape.num_layers,
-                                              " x ", shape.block_bytes, " bytes) is not its ", slot_bytes,
-                                              "-byte swap unit"));
-    }
-    KVMESH_ASSIGN_OR_RETURN(disk, kv::DiskKvTier::Create({.directory = t.disk_cache_dir,
-                                                          .capacity_bytes = t.disk_cache_bytes,
-                                                          .record_payload_bytes = slot_bytes,
-                                                          .salt = t.model_identity ^ options.kv.salt,
-                                                          .num_layers = shape.num_layers,
-                                                          .block_bytes = shape.block_bytes,
-                                                          .dtype = shape.dtype,
-                                                          .block_size_tokens = runner.block_size_tokens()}));
+  std::vector<std::unique_ptr<kv::KvConnector>> connectors;
+  const KvSlotShape shape = runner.kv_slot_shape();
+  if ((!t.disk_cache_dir.empty() || t.make_connectors) &&
+      static_cast<int64_t>(shape.num_layers) * shape.block_bytes != slot_bytes) {
+    return absl::InternalError(absl::StrCat("lower KV tiers: the runner's slot shape (", shape.num_layers, " x ",
+                                            shape.block_bytes, " bytes) is not its ", slot_bytes,
+                                            "-byte swap unit"));
   }
-  auto tiers = std::make_unique<kv::KvTiers>(std::move(host), std::move(disk), kv.block_size_tokens(),
+  if (!t.disk_cache_dir.empty()) {
+    KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<kv::DiskKvTier> disk,
+                            kv::DiskKvTier::Create({.directory = t.disk_cache_dir,
+                                                    .capacity_bytes = t.disk_cache_bytes,
+                                                    .record_payload_bytes = slot_bytes,
+                                                    .salt = t.model_identity ^ options.kv.salt,
+                                                    .num_layers = shape.num_layers,
+                                                    .block_bytes = shape.block_bytes,
+                                                    .dtype = shape.dtype,
+                                                    .block_size_tokens = runner.block_size_tokens()}));
+    connectors.push_back(std::move(disk));
+  }
+  if (t.make_connectors) {
+    KVMESH_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<kv::KvConnector>> more, t.make_connectors(shape, slot_bytes));
+    for (std::unique_ptr<kv::KvConnector>& c : more) connectors.push_back(std::move(c));
+  }
+  auto tiers = std::make_unique<kv::KvTiers>(std::move(host), std::move(connectors), kv.block_size_tokens(),
                                              options.kv.record_events);
   tiers->set_write_through(options.tiers.write_through);
   tiers->set_swap_ins_verified_by_copy(runner.verifies_swap_ins());
@@ -326,6 +337,7 @@ EngineStats Engine::stats() const {
   e.num_kv_blocks_stranded = CountStrandedBlocks();
   e.prefix_cache_host_hit_tokens = p.host_hit_tokens;
   e.num_waiting_for_disk = s.num_waiting_for_disk;
+  e.num_waiting_for_lookup = s.num_waiting_for_lookup;
   e.num_disk_blocks_lost = s.num_disk_blocks_lost;
   e.num_disk_loads_deferred = s.num_disk_loads_deferred;
   e.prefill_tokens_per_second = prefill_rate_.units_per_second();

@@ -45,6 +45,7 @@
 #include "engine/scheduler.h"
 #include "kv/busy_bandwidth.h"
 #include "kv/kv_cache_manager.h"
+#include "kv/kv_connector.h"
 
 namespace kvmesh::engine {
 
@@ -64,6 +65,12 @@ struct EngineKvTierOptions {
   // --kv-offload-policy=write-through: every block tier 0 caches is copied to the host
   // tier at once, instead of when it is evicted (write-back, the default).
   bool write_through = false;
+  // Connectors below the disk tier (kv/kv_connector.h: the cluster kv-store), asked after
+  // it. Called once, with the runner's host-slot shape and bytes (every connector moves
+  // whole host slots); null: none. Needs host_cache_bytes: blocks land in the host tier.
+  std::function<absl::StatusOr<std::vector<std::unique_ptr<kv::KvConnector>>>(const KvSlotShape& shape,
+                                                                             int64_t slot_bytes)>
+      make_connectors;
 };
 
 struct EngineOptions {
@@ -150,6 +157,7 @@ struct EngineStats {
   int64_t disk_tier_records = 0;
   int64_t prefix_cache_host_hit_tokens = 0;
   int64_t num_waiting_for_disk = 0;
+  int64_t num_waiting_for_lookup = 0;  // admissions put off a step for a connector's lookup in flight
   int64_t num_disk_blocks_lost = 0;  // read from disk, gone again before use (SchedulerStats)
   int64_t num_disk_loads_deferred = 0;  // steps a first load waited for room among load holds
   double prefill_tokens_per_second = 0;  // measured on prefill-heavy steps (0: not yet)

@@ -232,7 +232,7 @@ absl::Status Scheduler::RequeueRemotePrefill(const std::string& request_id) {
   seq->num_computed_tokens = 0;
   seq->num_prefill_tokens = seq->num_tokens();
   seq->admitted_block_hashes.clear();
-  seq->disk_load_from = -1;
+  KvLoadGate::Reset(*seq);
   it->second->num_cached_prompt_tokens = -1;
   EnqueueWaiting(seq, /*front=*/true);
   return absl::OkStatus();
@@ -360,7 +360,7 @@ absl::Status Scheduler::Preempt(Sequence* seq, SchedulerOutput* out, int32_t* bu
   seq->num_computed_tokens = 0;
   seq->num_prefill_tokens = seq->num_tokens();
   ++seq->num_preemptions;
-  seq->disk_load_from = -1;  // its blocks may be offloaded now: a resume may load them
+  KvLoadGate::Reset(*seq);  // its blocks may be offloaded now: a resume may load them
   ++stats_.num_preemptions;
   ++out->num_preempted;
   EnqueueWaiting(seq, /*front=*/true);
@@ -434,59 +434,24 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
   // admits nothing new then either).
   if (out.num_preempted == 0) {
     absl::flat_hash_set<kv::BlockHash> in_flight = InFlightBlockHashes();
-    // Once a first load waits for room among the load holds, later first loads wait
-    // too: the room that frees goes to the oldest waiter, so a large load is not
-    // starved by smaller ones behind it. (Sequences that hold already still load what
-    // fits: their admission is what frees the room.)
-    bool first_loads_wait = false;
+    load_gate_.BeginPass();
     size_t w = 0;
     while (w < waiting_.size() && budget > 0) {
       Sequence* seq = waiting_[w];
       if (NumRunningSlots() + seq->request->num_seq_slots_if_unforked() > options_.max_num_seqs) break;
-      int32_t loaded_end = -1;  // past the blocks the finished disk load read, if one did
-      // A sequence whose prefix is being read from disk waits for it (holding no
-      // tier-0 block, so the load cannot deadlock anyone); later ones may pass it.
-      if (!seq->loading_block_hashes.empty()) {
-        if (kv_.AnyLoading(seq->loading_block_hashes)) {
-          ++w;
-          continue;
-        }
-        loaded_end = seq->disk_load_from + static_cast<int32_t>(seq->loading_block_hashes.size());
-        seq->loading_block_hashes.clear();
+      int32_t loaded_end = -1;  // past the blocks the finished load read, if one did
+      // Waiting for KV from below the host tier (kv_load_gate.h): later ones may pass it.
+      if (load_gate_.StillLoading(*seq, &loaded_end)) {
+        ++w;
+        continue;
       }
       // A request that still needs its prompt logprobs computes the whole prompt: a block
       // taken from the prefix cache has no logits.
       kv::ComputedPrefix prefix =
           seq->request->wants_prompt_logprobs() ? kv::ComputedPrefix{} : kv_.FindCachedPrefix(seq->token_ids);
-      if (loaded_end > prefix.num_blocks()) {
-        stats_.num_disk_blocks_lost += loaded_end - std::max(prefix.num_blocks(), seq->disk_load_from);
-      }
-      if (prefix.num_disk_blocks > 0 && prefix.num_blocks() > seq->disk_load_from) {
-        // Onboard from disk first. Each load begins past the last one's start: what is
-        // gone again by then is recomputed, and the wait always ends. A load deferred
-        // for room among the load holds (kv/kv_tiers.h) holds nothing and waits for the
-        // holders ahead of it to be admitted, which needs no room of its own.
-        const bool first_load = !kv_.HasLoadHold(seq->kv_id);
-        const kv::DiskLoadStart load =
-            first_load && first_loads_wait ? kv::DiskLoadStart{.deferred = true} : kv_.StartDiskLoads(seq->kv_id, prefix);
-        if (load.deferred) {
-          first_loads_wait = true;
-          kv_.ReleasePrefix(prefix);
-          ++stats_.num_disk_loads_deferred;
-          ++w;
-          continue;
-        }
-        seq->disk_load_from = prefix.num_blocks();
-        if (load.num_blocks > 0) {
-          const size_t first = static_cast<size_t>(prefix.num_blocks());
-          seq->loading_block_hashes.assign(prefix.block_hashes.begin() + static_cast<std::ptrdiff_t>(first),
-                                           prefix.block_hashes.begin() +
-                                               static_cast<std::ptrdiff_t>(first + load.num_blocks));
-          kv_.ReleasePrefix(prefix);
-          ++stats_.num_waiting_for_disk;
-          ++w;
-          continue;
-        }
+      if (load_gate_.AfterLookup(*seq, prefix, loaded_end) == KvLoadGate::Verdict::kWait) {
+        ++w;
+        continue;
       }
       // NOTE: in-batch prefix sharing. When the first block this request would compute
       // is being computed right now by a running sequence (same hash), defer it: a step

@@ -48,6 +48,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/kv_load_gate.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/sequence.h"
@@ -119,14 +120,17 @@ struct SchedulerStats {
   // Admissions put off one step because a running sequence was computing the same
   // prefix block (in-batch prefix sharing).
   int64_t num_deferred_for_prefix = 0;
-  // Admissions put off to read the prefix from the disk tier first.
+  // Admissions put off to load the prefix from below the host tier first (disk tier,
+  // kv-store: kv::KvConnector).
   int64_t num_waiting_for_disk = 0;
-  // Blocks a disk load covered for a waiting sequence (kv::DiskLoadStart::num_blocks)
+  // Admissions put off a step for a connector's lookup still in flight.
+  int64_t num_waiting_for_lookup = 0;
+  // Blocks a load covered for a waiting sequence (kv::KvLoadStart::num_blocks)
   // that its lookup after the load no longer found in tier 0 or the host tier
   // (recomputed: the load was wasted).
   int64_t num_disk_blocks_lost = 0;
-  // Steps a sequence's first disk load waited because the load holds had no room
-  // (kv::KvTiers::StartDiskLoads), counted once per sequence and step.
+  // Steps a sequence's first load waited because the load holds had no room
+  // (kv::KvTiers::StartLoads), counted once per sequence and step.
   int64_t num_disk_loads_deferred = 0;
   int64_t num_prefill_tokens = 0;  // computed prefill tokens (cache hits excluded, recomputes included)
   int64_t num_decode_tokens = 0;
@@ -341,6 +345,7 @@ class Scheduler {
   int64_t next_arrival_ = 0;
   int64_t next_creation_ = 0;
   SchedulerStats stats_;
+  KvLoadGate load_gate_{kv_, stats_};
 };
 
 }  // namespace kvmesh::engine

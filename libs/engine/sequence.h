@@ -58,11 +58,12 @@ struct Sequence {
   // caching): while num_computed_tokens has not reached one of them, a waiting
   // request with the same block defers instead of computing it twice.
   std::vector<kv::BlockHash> admitted_block_hashes;
-  // Waiting for these blocks of its prefix to be read from the disk tier (empty: not
-  // waiting). disk_load_from: the prefix block the last disk load began at (-1: none
-  // since admission); a new load must begin further on, so a sequence cannot wait for
-  // the same blocks forever, yet a load cut short (host tier full) continues where the
-  // first one ended instead of recomputing the rest.
+  // Waiting for these blocks of its prefix to be loaded from below the host tier (a
+  // kv::KvConnector: disk, kv-store; empty: not waiting). disk_load_from: the prefix
+  // block the last load began at (-1: none since admission); a new load must begin
+  // further on, so a sequence cannot wait for the same blocks forever, yet a load cut
+  // short (host tier full) continues where the first one ended instead of recomputing
+  // the rest. (engine/kv_load_gate.h keeps these.)
   std::vector<kv::BlockHash> loading_block_hashes;
   int32_t disk_load_from = -1;
   // Not yet reported in a RequestOutput.

@@ -134,8 +134,8 @@ class DiskKvTier::Impl {
   absl::StatusOr<int64_t> StartWrite(const BlockHash& hash, const BlockHash& parent,
                                      std::span<const std::byte> payload, uint64_t checksum);
   absl::StatusOr<int64_t> StartRead(const BlockHash& hash, std::span<std::byte> dst);
-  std::vector<DiskIoCompletion> Poll() { return Reap(/*wait=*/false); }
-  std::vector<DiskIoCompletion> Drain() { return Reap(/*wait=*/true); }
+  std::vector<KvIoCompletion> Poll() { return Reap(/*wait=*/false); }
+  std::vector<KvIoCompletion> Drain() { return Reap(/*wait=*/true); }
   std::vector<KvEvent> DrainEvents() { return std::exchange(events_, {}); }
   int64_t num_records() const { return static_cast<int64_t>(lru_.size()); }
   int64_t capacity_records() const { return static_cast<int64_t>(slots_.size()); }
@@ -180,7 +180,7 @@ class DiskKvTier::Impl {
   void StartInvalidate(int32_t slot);
   // An SQE whose user data names the op and its link in the chain (0..2).
   io_uring_sqe* GetSqe(uint64_t op_id, uint32_t link, Op& op, uint32_t len);
-  std::vector<DiskIoCompletion> Reap(bool wait);
+  std::vector<KvIoCompletion> Reap(bool wait);
   // A completion as the reaper thread took it off the ring, with the time it did.
   struct ReapedCqe {
     uint64_t data = 0;
@@ -194,8 +194,8 @@ class DiskKvTier::Impl {
   void StartReaper();
   void StopReaper();
   void ReaperLoop();
-  void HandleCqe(const ReapedCqe& cqe, std::vector<DiskIoCompletion>* out);
-  void FinishOp(uint64_t op_id, Op& op, std::vector<DiskIoCompletion>* out, Clock::time_point now);
+  void HandleCqe(const ReapedCqe& cqe, std::vector<KvIoCompletion>* out);
+  void FinishOp(uint64_t op_id, Op& op, std::vector<KvIoCompletion>* out, Clock::time_point now);
   void Emit(KvEvent::Kind kind, const Slot& s) {
     events_.push_back(KvEvent{.kind = kind, .block_hash = s.hash, .parent_hash = s.parent, .tier = Tier::kDisk,
                               .num_tokens = options_.block_size_tokens});
@@ -682,8 +682,8 @@ void DiskKvTier::Impl::StopReaper() {
   reaper_.join();
 }
 
-std::vector<DiskIoCompletion> DiskKvTier::Impl::Reap(bool wait) {
-  std::vector<DiskIoCompletion> out;
+std::vector<KvIoCompletion> DiskKvTier::Impl::Reap(bool wait) {
+  std::vector<KvIoCompletion> out;
   if (!ring_ready_) return out;
   while (true) {
     std::vector<ReapedCqe> batch;
@@ -706,7 +706,7 @@ std::vector<DiskIoCompletion> DiskKvTier::Impl::Reap(bool wait) {
   return out;
 }
 
-void DiskKvTier::Impl::HandleCqe(const ReapedCqe& cqe, std::vector<DiskIoCompletion>* out) {
+void DiskKvTier::Impl::HandleCqe(const ReapedCqe& cqe, std::vector<KvIoCompletion>* out) {
   --sqes_in_flight_;
   const uint64_t data = cqe.data;
   const uint64_t id = data >> 2;
@@ -724,7 +724,7 @@ void DiskKvTier::Impl::HandleCqe(const ReapedCqe& cqe, std::vector<DiskIoComplet
   FinishOp(id, op, out, cqe.at);
 }
 
-void DiskKvTier::Impl::FinishOp(uint64_t op_id, Op& op, std::vector<DiskIoCompletion>* out, Clock::time_point now) {
+void DiskKvTier::Impl::FinishOp(uint64_t op_id, Op& op, std::vector<KvIoCompletion>* out, Clock::time_point now) {
   Slot& s = slots_[static_cast<size_t>(op.slot)];
   const int err = op.first_error;
   auto recycle = [this](AlignedBuffer& b) {
@@ -738,7 +738,7 @@ void DiskKvTier::Impl::FinishOp(uint64_t op_id, Op& op, std::vector<DiskIoComple
     case OpKind::kWrite: {
       --writes_in_flight_;
       --user_ops_in_flight_;
-      DiskIoCompletion c{.ticket = static_cast<int64_t>(op_id), .kind = DiskIoCompletion::Kind::kWrite, .hash = op.hash,
+      KvIoCompletion c{.ticket = static_cast<int64_t>(op_id), .kind = KvIoCompletion::Kind::kWrite, .hash = op.hash,
                          .completed_at = now};
       if (err == 0 && !op.short_io) {
         s.state = SlotState::kHeld;
@@ -786,7 +786,7 @@ void DiskKvTier::Impl::FinishOp(uint64_t op_id, Op& op, std::vector<DiskIoComple
       --reads_in_flight_;
       --user_ops_in_flight_;
       --s.pins;
-      DiskIoCompletion c{.ticket = static_cast<int64_t>(op_id), .kind = DiskIoCompletion::Kind::kRead, .hash = op.hash,
+      KvIoCompletion c{.ticket = static_cast<int64_t>(op_id), .kind = KvIoCompletion::Kind::kRead, .hash = op.hash,
                          .completed_at = now};
       if (err == 0 && !op.short_io) {
         if (op.staging) std::memcpy(op.read_dst.data(), op.staging.get(), op.read_dst.size());
@@ -889,21 +889,28 @@ DiskKvTier::DiskKvTier(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DiskKvTier::~DiskKvTier() = default;
 bool DiskKvTier::Lookup(const BlockHash& hash) { return impl_->Lookup(hash); }
 bool DiskKvTier::Contains(const BlockHash& hash) const { return impl_->Contains(hash); }
-absl::StatusOr<int64_t> DiskKvTier::StartWrite(const BlockHash& hash, const BlockHash& parent_hash,
+KvConnectorMatch DiskKvTier::Match(std::span<const BlockHash> hashes, size_t first, size_t limit) {
+  int32_t held = 0;
+  for (size_t i = first; i < limit && (held == 0 || Contains(hashes[i])); ++i, ++held) {
+    if (!Lookup(hashes[i])) break;
+  }
+  return {.num_blocks = held};
+}
+absl::StatusOr<int64_t> DiskKvTier::StartSave(const BlockHash& hash, const BlockHash& parent_hash,
                                                std::span<const std::byte> payload, uint64_t checksum) {
   return impl_->StartWrite(hash, parent_hash, payload, checksum);
 }
-absl::StatusOr<int64_t> DiskKvTier::StartRead(const BlockHash& hash, std::span<std::byte> dst) {
+absl::StatusOr<int64_t> DiskKvTier::StartLoad(const BlockHash& hash, std::span<std::byte> dst) {
   return impl_->StartRead(hash, dst);
 }
-std::vector<DiskIoCompletion> DiskKvTier::Poll() { return impl_->Poll(); }
-std::vector<DiskIoCompletion> DiskKvTier::Drain() { return impl_->Drain(); }
+std::vector<KvIoCompletion> DiskKvTier::Poll() { return impl_->Poll(); }
+std::vector<KvIoCompletion> DiskKvTier::Drain() { return impl_->Drain(); }
 std::vector<KvEvent> DiskKvTier::DrainEvents() { return impl_->DrainEvents(); }
 int64_t DiskKvTier::num_records() const { return impl_->num_records(); }
 int64_t DiskKvTier::capacity_records() const { return impl_->capacity_records(); }
 int32_t DiskKvTier::num_in_flight() const { return impl_->num_in_flight(); }
-bool DiskKvTier::CanStartWrite() const { return impl_->CanStartWrite(); }
-bool DiskKvTier::CanStartRead() const { return impl_->CanStartRead(); }
+bool DiskKvTier::CanStartSave() const { return impl_->CanStartWrite(); }
+bool DiskKvTier::CanStartLoad() const { return impl_->CanStartRead(); }
 const KvTierStats& DiskKvTier::stats() const { return impl_->stats(); }
 absl::Status DiskKvTier::CheckInvariants() const { return impl_->CheckInvariants(); }
 std::optional<DiskRecordLocation> DiskKvTier::LocationOf(const BlockHash& hash) const { return impl_->LocationOf(hash); }

@@ -23,7 +23,8 @@
 // the writes (reads since are not persisted) and keeps the newest of two records of
 // one hash.
 //
-// Asynchronous: StartWrite / StartRead queue I/O and return at once; Poll() reaps what
+// It is a KvConnector (kv/kv_connector.h): KvTiers drives it as it drives every tier
+// below the host tier. Asynchronous: StartSave / StartLoad queue I/O and return at once; Poll() reaps what
 // has completed without blocking. The engine thread calls Poll() every step: it never
 // waits for the disk. A full disk (ENOSPC) or a full queue fails that one write
 // (the block simply is not offloaded, or its caller retries: kv/kv_tiers.h) and never
@@ -36,16 +37,17 @@
 // figures are the disk's, not the engine's poll rate); it touches nothing else.
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kv/kv_connector.h"
 #include "kv/kv_tier_stats.h"
 #include "kv/kv_types.h"
 
@@ -85,75 +87,63 @@ struct DiskRecordLocation {
   int64_t offset = 0;
 };
 
-// One finished I/O, as Poll returns it.
-struct DiskIoCompletion {
-  enum class Kind : uint8_t { kWrite, kRead };
-  int64_t ticket = 0;
-  Kind kind = Kind::kWrite;
-  BlockHash hash;
-  // OK; kDataLoss (read: checksum mismatch, record dropped); kResourceExhausted (write:
-  // disk full, the tier evicted to make room for later writes); kInternal / kUnavailable
-  // for other I/O errors.
-  absl::Status status;
-  int64_t bytes = 0;  // payload bytes moved (0 on failure)
-  // A read that verified: the payload's checksum (kv::Checksum), which the host tier
-  // records for the block instead of hashing the bytes a second time.
-  uint64_t checksum = 0;
-  // When the I/O completed, as the tier's reaper thread saw it (not when Poll reaped it,
-  // which is up to an engine step later): load times measured from it are the disk's.
-  std::chrono::steady_clock::time_point completed_at;
-};
-
-class DiskKvTier {
+class DiskKvTier : public KvConnector {
  public:
   // InvalidArgument naming the flag (--kv-disk-cache-dir, --kv-disk-cache-bytes) for a
   // directory that cannot be created or written, or a capacity below one record.
   static absl::StatusOr<std::unique_ptr<DiskKvTier>> Create(const DiskKvTierOptions& options);
-  ~DiskKvTier();  // waits for the I/O in flight
+  ~DiskKvTier() override;  // waits for the I/O in flight
   DiskKvTier(const DiskKvTier&) = delete;
   DiskKvTier& operator=(const DiskKvTier&) = delete;
+
+  std::string_view name() const override { return "disk"; }
+  Tier tier() const override { return Tier::kDisk; }
 
   // Whether a complete, verified record of `hash` is held (writes still in flight do
   // not count). Counts a query (and a hit) in stats().
   bool Lookup(const BlockHash& hash);
+  // The leading held records of the range, by Lookup (a query counted for each hit and
+  // the first miss). Never pending: the index is local.
+  KvConnectorMatch Match(std::span<const BlockHash> hashes, size_t first, size_t limit) override;
   // As Lookup, without counting.
-  bool Contains(const BlockHash& hash) const;
+  bool Contains(const BlockHash& hash) const override;
 
   // Queues a write of `payload` (record_payload_bytes; the caller keeps it valid and
   // unchanged until the completion) under `hash`, whose payload checksum (XXH3-64 of
   // the bytes) is `checksum`. Evicts LRU records to stay within capacity. Returns the
   // ticket. AlreadyExists if the hash is held or being written; ResourceExhausted when
-  // writes hold their share of the queue (CanStartWrite); InvalidArgument for a payload
+  // writes hold their share of the queue (CanStartSave); InvalidArgument for a payload
   // of the wrong size.
-  absl::StatusOr<int64_t> StartWrite(const BlockHash& hash, const BlockHash& parent_hash,
-                                     std::span<const std::byte> payload, uint64_t checksum);
+  absl::StatusOr<int64_t> StartSave(const BlockHash& hash, const BlockHash& parent_hash,
+                                    std::span<const std::byte> payload, uint64_t checksum) override;
 
   // Queues a read of `hash` into `dst` (record_payload_bytes, valid until the
   // completion). The record is pinned (never evicted) until its read completes.
   // NotFound if not held; ResourceExhausted when the queue is full.
-  absl::StatusOr<int64_t> StartRead(const BlockHash& hash, std::span<std::byte> dst);
+  absl::StatusOr<int64_t> StartLoad(const BlockHash& hash, std::span<std::byte> dst) override;
 
-  // Whether StartWrite / StartRead would find room in the queue now (callers with a
+  // Whether StartSave / StartLoad would find room in the queue now (callers with a
   // backlog submit it as room frees, kv/kv_tiers.h).
-  bool CanStartWrite() const;
-  bool CanStartRead() const;
+  bool CanStartSave() const override;
+  bool CanStartLoad() const override;
 
-  // Reaps completed I/O without blocking.
-  std::vector<DiskIoCompletion> Poll();
+  // Reaps completed I/O without blocking. A read's completion is stamped by the reaper
+  // thread (so the bandwidth figures are the disk's, not the engine's poll rate).
+  std::vector<KvIoCompletion> Poll() override;
   // Waits until nothing is in flight and returns every completion (shutdown, tests).
-  std::vector<DiskIoCompletion> Drain();
+  std::vector<KvIoCompletion> Drain() override;
 
   // kStored when a write completes (and, after Create, one per record recovered from
   // disk, so a restarted worker re-announces what it holds); kRemoved when a record is
   // evicted or dropped; tier kDisk.
-  std::vector<KvEvent> DrainEvents();
+  std::vector<KvEvent> DrainEvents() override;
 
   int64_t num_records() const;
   int64_t capacity_records() const;
-  int32_t num_in_flight() const;
-  const KvTierStats& stats() const;
+  int32_t num_in_flight() const override;
+  const KvTierStats& stats() const override;
   // Index, LRU and slot accounting agree. Internal on the first violation; for tests.
-  absl::Status CheckInvariants() const;
+  absl::Status CheckInvariants() const override;
   // Where `hash`'s record sits, if held (tests corrupt records through it).
   std::optional<DiskRecordLocation> LocationOf(const BlockHash& hash) const;
   // Whether the slab files were opened with O_DIRECT (false: the filesystem refused it

@@ -42,7 +42,10 @@ ComputedPrefix KvCacheManager::FindCachedPrefix(std::span<const int32_t> prompt_
   }
   if (tiers_ != nullptr && prefix.blocks.size() < limit) {
     const TierCallTimer timer(&tier_call_seconds_);
-    prefix.num_disk_blocks = tiers_->ExtendPrefix(prefix.block_hashes, prefix.blocks.size(), limit, &prefix.host_slots);
+    const KvConnectorHits below =
+        tiers_->ExtendPrefix(prefix.block_hashes, prefix.blocks.size(), limit, &prefix.host_slots);
+    prefix.num_loadable_blocks = below.num_blocks;
+    prefix.lookup_pending = below.pending;
   }
   prefix.num_tokens = prefix.num_blocks() * bs;
   ++prefix_stats_.queries;
@@ -82,11 +85,11 @@ absl::Status KvCacheManager::AttachTiers(std::unique_ptr<KvTiers> tiers) {
   return absl::OkStatus();
 }
 
-DiskLoadStart KvCacheManager::StartDiskLoads(RequestId owner, const ComputedPrefix& prefix) {
-  if (tiers_ == nullptr || prefix.num_disk_blocks <= 0) return {};
+KvLoadStart KvCacheManager::StartLoads(RequestId owner, const ComputedPrefix& prefix) {
+  if (tiers_ == nullptr || prefix.num_loadable_blocks <= 0) return {};
   const TierCallTimer timer(&tier_call_seconds_);
-  return tiers_->StartDiskLoads(owner, prefix.block_hashes, static_cast<size_t>(prefix.num_blocks()),
-                                static_cast<size_t>(prefix.num_disk_blocks), prefix.host_slots);
+  return tiers_->StartLoads(owner, prefix.block_hashes, static_cast<size_t>(prefix.num_blocks()),
+                            static_cast<size_t>(prefix.num_loadable_blocks), prefix.host_slots);
 }
 
 absl::StatusOr<KvAllocation> KvCacheManager::AllocateSlots(RequestId id, std::span<const int32_t> all_tokens,

@@ -57,9 +57,12 @@ struct ComputedPrefix {
   std::vector<BlockId> blocks;          // tier-0 hits, in position order
   std::vector<HostSlot> host_slots;     // then host-tier hits (onboarded by AllocateSlots)
   int32_t num_tokens = 0;               // (blocks + host_slots) * block_size_tokens
-  // Blocks after those that only the disk tier holds and that are worth loading
-  // (KvCacheManager::StartDiskLoads); not part of num_tokens.
-  int32_t num_disk_blocks = 0;
+  // Blocks after those that only a connector below the host tier holds (disk, kv-store)
+  // and that are worth loading (KvCacheManager::StartLoads); not part of num_tokens.
+  int32_t num_loadable_blocks = 0;
+  // A connector is still finding out whether it holds the blocks after those (a remote
+  // lookup in flight, bounded by its deadline): the scheduler may wait for it.
+  bool lookup_pending = false;
   std::vector<BlockHash> block_hashes;  // hashes of ALL full prompt blocks (>= blocks.size())
 
   int32_t num_blocks() const { return static_cast<int32_t>(blocks.size() + host_slots.size()); }
@@ -175,12 +178,13 @@ class KvCacheManager {
     const TierCallTimer timer(&tier_call_seconds_);
     return tiers_->FinishSwaps(swaps, copied, out_seconds, in_seconds, out_checksums, in_checksums);
   }
-  // Starts reading, for `owner`, the disk blocks a lookup reported (prefix.num_disk_blocks)
-  // into the host tier; returns how many of them the load covers from the first on, or
-  // that it was deferred (KvTiers::StartDiskLoads: load holds are capped). What they
+  // Starts loading, for `owner`, the connector blocks a lookup reported
+  // (prefix.num_loadable_blocks) into the host tier; returns how many of them the load
+  // covers from the first on, or that it was deferred (KvTiers::StartLoads: load holds
+  // are capped). What they
   // read, and the lookup's host hits, stay pinned for `owner` until
   // ReleaseLoadHold(owner); the prefix itself must still be used or released.
-  DiskLoadStart StartDiskLoads(RequestId owner, const ComputedPrefix& prefix);
+  KvLoadStart StartLoads(RequestId owner, const ComputedPrefix& prefix);
   bool HasLoadHold(RequestId owner) const { return tiers_ != nullptr && tiers_->has_load_hold(owner); }
   // Drops `owner`'s load hold: call it once the owner is admitted or ends.
   void ReleaseLoadHold(RequestId owner) {
@@ -188,7 +192,7 @@ class KvCacheManager {
     const TierCallTimer timer(&tier_call_seconds_);
     tiers_->ReleaseLoadHold(owner);
   }
-  // Whether a block among `block_hashes` is still being read from disk.
+  // Whether a block among `block_hashes` is still being loaded from a connector.
   bool AnyLoading(std::span<const BlockHash> block_hashes) const {
     return tiers_ != nullptr && tiers_->AnyLoading(block_hashes);
   }

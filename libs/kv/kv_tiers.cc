@@ -1,6 +1,7 @@
 #include "kv/kv_tiers.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,10 +9,35 @@
 
 namespace kvmesh::kv {
 
-KvTiers::KvTiers(std::unique_ptr<HostKvTier> host, std::unique_ptr<DiskKvTier> disk, int32_t block_size_tokens,
+namespace {
+
+std::vector<std::unique_ptr<KvConnector>> OneOrNone(std::unique_ptr<KvConnector> connector) {
+  std::vector<std::unique_ptr<KvConnector>> out;
+  if (connector != nullptr) out.push_back(std::move(connector));
+  return out;
+}
+
+}  // namespace
+
+KvTiers::KvTiers(std::unique_ptr<HostKvTier> host, std::vector<std::unique_ptr<KvConnector>> connectors,
+                 int32_t block_size_tokens, bool record_events)
+    : host_(std::move(host)), block_size_tokens_(block_size_tokens), record_events_(record_events) {
+  lanes_.reserve(connectors.size());
+  for (std::unique_ptr<KvConnector>& c : connectors) lanes_.push_back(Lane{.connector = std::move(c)});
+}
+
+KvTiers::KvTiers(std::unique_ptr<HostKvTier> host, std::unique_ptr<KvConnector> connector, int32_t block_size_tokens,
                  bool record_events)
-    : host_(std::move(host)), disk_(std::move(disk)), block_size_tokens_(block_size_tokens),
-      record_events_(record_events) {}
+    : KvTiers(std::move(host), OneOrNone(std::move(connector)), block_size_tokens, record_events) {}
+
+DiskKvTier* KvTiers::disk() {
+  for (Lane& lane : lanes_) {
+    if (auto* disk = dynamic_cast<DiskKvTier*>(lane.connector.get()); disk != nullptr) return disk;
+  }
+  return nullptr;
+}
+
+const DiskKvTier* KvTiers::disk() const { return const_cast<KvTiers*>(this)->disk(); }
 
 void KvTiers::OnDeviceCache(BlockId block, const BlockHash& hash, const BlockHash& parent_hash) {
   if (write_through_) OnDeviceEvict(block, hash, parent_hash);  // a full cached block never changes: copy it now
@@ -23,7 +49,9 @@ void KvTiers::OnDeviceEvict(BlockId block, const BlockHash& hash, const BlockHas
   if (!slot.ok()) {
     ++stats_.offload_skipped;
     stats_.offload_skipped_held_slots += held_slots_;
-    stats_.offload_skipped_write_slots += static_cast<int64_t>(writes_.size() + write_backlog_.size());
+    for (const Lane& lane : lanes_) {
+      stats_.offload_skipped_write_slots += static_cast<int64_t>(lane.saves.size() + lane.save_backlog.size());
+    }
     stats_.offload_skipped_copy_slots +=
         static_cast<int64_t>(host_->num_filling()) + static_cast<int64_t>(pending_.in.size()) + lookup_pins_;
     return;
@@ -31,15 +59,25 @@ void KvTiers::OnDeviceEvict(BlockId block, const BlockHash& hash, const BlockHas
   pending_.out.push_back(KvSwap{.block = block, .slot = *slot, .host = host_->data(*slot).data()});
 }
 
-bool KvTiers::LoadBeatsRecompute(int64_t num_blocks, double bytes_per_second) const {
-  if (bytes_per_second <= 0 || prefill_tokens_per_second_ <= 0) return true;  // not measured yet
-  const double load_s = static_cast<double>(num_blocks * host_->slot_bytes()) / bytes_per_second;
-  const double recompute_s = static_cast<double>(num_blocks * block_size_tokens_) / prefill_tokens_per_second_;
-  return load_s < recompute_s;
+double KvTiers::LoadSeconds(int64_t num_blocks, double bytes_per_second) const {
+  return bytes_per_second <= 0 ? 0 : static_cast<double>(num_blocks * host_->slot_bytes()) / bytes_per_second;
 }
 
-int32_t KvTiers::ExtendPrefix(std::span<const BlockHash> hashes, size_t first, size_t limit,
-                              std::vector<HostSlot>* host_slots) {
+bool KvTiers::LoadBeatsRecompute(int64_t num_blocks, double load_seconds) const {
+  if (load_seconds <= 0 || prefill_tokens_per_second_ <= 0) return true;  // not measured yet
+  const double recompute_s = static_cast<double>(num_blocks * block_size_tokens_) / prefill_tokens_per_second_;
+  return load_seconds < recompute_s;
+}
+
+KvTiers::Lane* KvTiers::LaneHolding(const BlockHash& hash) {
+  for (Lane& lane : lanes_) {
+    if (lane.connector->Contains(hash)) return &lane;
+  }
+  return nullptr;
+}
+
+KvConnectorHits KvTiers::ExtendPrefix(std::span<const BlockHash> hashes, size_t first, size_t limit,
+                                      std::vector<HostSlot>* host_slots) {
   size_t i = first;
   std::vector<HostSlot> found;
   for (; i < limit; ++i) {
@@ -52,34 +90,59 @@ int32_t KvTiers::ExtendPrefix(std::span<const BlockHash> hashes, size_t first, s
     host_->Pin(*slot);
     found.push_back(*slot);
   }
-  if (!found.empty() && !LoadBeatsRecompute(static_cast<int64_t>(found.size()), host_->stats().read_bytes_per_second)) {
+  const auto num_found = static_cast<int64_t>(found.size());
+  if (!found.empty() && !LoadBeatsRecompute(num_found, LoadSeconds(num_found, host_->stats().read_bytes_per_second))) {
     ++stats_.recompute_decisions;
     for (const HostSlot s : found) host_->Unpin(s);
-    return 0;
+    return {};
   }
   if (!found.empty()) ++stats_.load_decisions;
   lookup_pins_ += static_cast<int32_t>(found.size());
   host_slots->insert(host_slots->end(), found.begin(), found.end());
-  if (disk_ == nullptr) return 0;
-  int32_t on_disk = 0;
-  for (; i < limit && (on_disk == 0 || disk_->Contains(hashes[i])); ++i) {
-    if (loading_.contains(hashes[i]) || !disk_->Lookup(hashes[i])) break;
-    ++on_disk;
+  if (lanes_.empty()) return {};
+  // A block being loaded for another owner ends the run: this owner finds it as a host
+  // hit once it lands.
+  size_t end = i;
+  while (end < limit && !loading_.contains(hashes[end])) ++end;
+  // Each block from the first connector that holds it: a connector's run ends where it
+  // misses, and another may continue it (the one that just matched is not asked again).
+  KvConnectorHits hits;
+  double load_seconds = 0;
+  bool unmeasured = false;
+  const Lane* last = nullptr;
+  while (i < end) {
+    const Lane* matched = nullptr;
+    for (Lane& lane : lanes_) {
+      if (&lane == last) continue;
+      const KvConnectorMatch m = lane.connector->Match(hashes, i, end);
+      hits.pending = hits.pending || m.pending;
+      if (m.num_blocks <= 0) continue;
+      matched = &lane;
+      i += static_cast<size_t>(m.num_blocks);
+      hits.num_blocks += m.num_blocks;
+      const double s = LoadSeconds(m.num_blocks, lane.connector->stats().read_bytes_per_second);
+      unmeasured = unmeasured || s <= 0;
+      load_seconds += s;
+      break;
+    }
+    if (matched == nullptr || lanes_.size() == 1) break;
+    last = matched;
   }
-  if (on_disk > 0 && !LoadBeatsRecompute(on_disk, disk_->stats().read_bytes_per_second)) {
+  if (hits.pending) ++stats_.lookups_pending;
+  if (hits.num_blocks > 0 && !unmeasured && !LoadBeatsRecompute(hits.num_blocks, load_seconds)) {
     // NOTE: a measurement only changes by loading; every kReprobeEvery-th hit that
-    // recomputing would win is loaded anyway, so one slow sample cannot rule the
-    // disk out for good.
-    if (++disk_recompute_streak_ < kReprobeEvery) {
+    // recomputing would win is loaded anyway, so one slow sample cannot rule a
+    // connector out for good.
+    if (++connector_recompute_streak_ < kReprobeEvery) {
       ++stats_.recompute_decisions;
-      return 0;
+      return {.pending = hits.pending};
     }
   }
-  if (on_disk > 0) {
-    disk_recompute_streak_ = 0;
+  if (hits.num_blocks > 0) {
+    connector_recompute_streak_ = 0;
     ++stats_.load_decisions;
   }
-  return on_disk;
+  return hits;
 }
 
 void KvTiers::Release(std::span<const HostSlot> host_slots) {
@@ -131,32 +194,37 @@ int32_t KvTiers::FinishSwaps(const KvSwaps& swaps, bool copied, double out_secon
 }
 
 void KvTiers::StartWriteThrough(HostSlot slot) {
-  if (disk_ == nullptr || disk_->Contains(host_->hash(slot))) return;
-  if (!write_backlog_.empty() || !disk_->CanStartWrite()) {
-    // NOTE: the queue is busy (a burst of evictions, or reads holding it): wait for
-    // room rather than drop the block, which would leave a hole in the disk's copy of
-    // the prefix and cut every later disk hit short at it.
+  for (Lane& lane : lanes_) StartSave(lane, slot);
+}
+
+void KvTiers::StartSave(Lane& lane, HostSlot slot) {
+  KvConnector& c = *lane.connector;
+  if (c.Contains(host_->hash(slot))) return;
+  if (!lane.save_backlog.empty() || !c.CanStartSave()) {
+    // NOTE: the queue is busy (a burst of evictions, or loads holding it): wait for
+    // room rather than drop the block, which would leave a hole in the connector's copy
+    // of the prefix and cut every later hit short at it.
     const size_t max_backlog = std::min<size_t>(kMaxWriteBacklog, static_cast<size_t>(host_->num_slots() / 2));
-    if (write_backlog_.size() >= max_backlog) {
+    if (lane.save_backlog.size() >= max_backlog) {
       ++stats_.writes_skipped;
       return;
     }
     host_->Pin(slot);
-    write_backlog_.push_back(slot);
+    lane.save_backlog.push_back(slot);
     ++stats_.writes_queued;
     return;
   }
   absl::StatusOr<int64_t> ticket =
-      disk_->StartWrite(host_->hash(slot), host_->parent_hash(slot), host_->data(slot), host_->checksum(slot));
-  if (!ticket.ok()) return;  // already held, or no slot / memory: the host copy is enough
+      c.StartSave(host_->hash(slot), host_->parent_hash(slot), host_->data(slot), host_->checksum(slot));
+  if (!ticket.ok()) return;  // already held, declined, or no room: the host copy is enough
   host_->Pin(slot);
-  writes_[*ticket] = slot;
+  lane.saves[*ticket] = slot;
 }
 
-bool KvTiers::SubmitRead(const Read& read) {
-  absl::StatusOr<int64_t> ticket = disk_->StartRead(read.hash, host_->data(read.slot));
+bool KvTiers::SubmitLoad(Lane& lane, const Read& read) {
+  absl::StatusOr<int64_t> ticket = lane.connector->StartLoad(read.hash, host_->data(read.slot));
   if (!ticket.ok()) return false;
-  reads_[*ticket] = read;
+  lane.loads[*ticket] = read;
   return true;
 }
 
@@ -172,36 +240,37 @@ int32_t KvTiers::max_held_slots() const {
   return std::max<int32_t>(1, static_cast<int32_t>(load_hold_share_ * host_->num_slots()));
 }
 
-void KvTiers::SubmitBacklog() {
-  // Reads first: a request is waiting for them; a write only makes a later hit possible.
-  while (!read_backlog_.empty() && disk_->CanStartRead()) {
-    const Read r = read_backlog_.front();
-    read_backlog_.pop_front();
-    if (SubmitRead(r)) continue;
-    // The record went (evicted or dropped) while the read waited: recompute the block.
+void KvTiers::SubmitBacklog(Lane& lane) {
+  KvConnector& c = *lane.connector;
+  // Loads first: a request is waiting for them; a save only makes a later hit possible.
+  while (!lane.load_backlog.empty() && c.CanStartLoad()) {
+    const Read r = lane.load_backlog.front();
+    lane.load_backlog.pop_front();
+    if (SubmitLoad(lane, r)) continue;
+    // The block went (evicted or dropped) while the load waited: recompute it.
     ++stats_.reads_lost;
     host_->AbortStore(r.slot);
     loading_.erase(r.hash);
     UnreserveRead(r);
   }
-  while (!write_backlog_.empty() && disk_->CanStartWrite()) {
-    const HostSlot slot = write_backlog_.front();
-    write_backlog_.pop_front();
+  while (!lane.save_backlog.empty() && c.CanStartSave()) {
+    const HostSlot slot = lane.save_backlog.front();
+    lane.save_backlog.pop_front();
     absl::StatusOr<int64_t> ticket =
-        disk_->Contains(host_->hash(slot))
+        c.Contains(host_->hash(slot))
             ? absl::StatusOr<int64_t>(absl::AlreadyExistsError("held"))
-            : disk_->StartWrite(host_->hash(slot), host_->parent_hash(slot), host_->data(slot), host_->checksum(slot));
+            : c.StartSave(host_->hash(slot), host_->parent_hash(slot), host_->data(slot), host_->checksum(slot));
     if (ticket.ok()) {
-      writes_[*ticket] = slot;  // the backlog's pin passes to the write
+      lane.saves[*ticket] = slot;  // the backlog's pin passes to the save
     } else {
-      host_->Unpin(slot);  // held already, or no disk slot: the host copy is enough
+      host_->Unpin(slot);  // held already, or no room: the host copy is enough
     }
   }
 }
 
-DiskLoadStart KvTiers::StartDiskLoads(RequestId owner, std::span<const BlockHash> hashes, size_t first, size_t n,
-                                     std::span<const HostSlot> host_hits) {
-  if (disk_ == nullptr || first >= hashes.size()) return {};
+KvLoadStart KvTiers::StartLoads(RequestId owner, std::span<const BlockHash> hashes, size_t first, size_t n,
+                                 std::span<const HostSlot> host_hits) {
+  if (lanes_.empty() || first >= hashes.size()) return {};
   n = std::min(n, hashes.size() - first);
   const auto existing = holds_.find(owner);
   const bool holds_already = existing != holds_.end();
@@ -254,18 +323,20 @@ DiskLoadStart KvTiers::StartDiskLoads(RequestId owner, std::span<const BlockHash
       }
       continue;
     }
+    Lane* lane = LaneHolding(hashes[i]);
+    if (lane == nullptr) break;  // gone from every connector since the lookup: recompute the rest
     const BlockHash& parent = i == 0 ? kRootBlockHash : hashes[i - 1];
     absl::StatusOr<HostSlot> slot = host_->BeginStore(hashes[i], parent);
     if (!slot.ok()) break;  // host full of pinned slots: recompute the rest
     const Read read{.slot = *slot, .hash = hashes[i], .owner = owner, .hold_id = hold.id};
-    if (read_backlog_.empty() && disk_->CanStartRead()) {
-      if (!SubmitRead(read)) {  // not held after all: recompute from here
+    if (lane->load_backlog.empty() && lane->connector->CanStartLoad()) {
+      if (!SubmitLoad(*lane, read)) {  // not held after all: recompute from here
         host_->AbortStore(*slot);
         break;
       }
     } else {
       // NOTE: a busy queue makes the load wait (Poll submits it), never a recompute.
-      read_backlog_.push_back(read);
+      lane->load_backlog.push_back(read);
       ++stats_.reads_queued;
     }
     loading_.insert(hashes[i]);
@@ -305,92 +376,92 @@ bool KvTiers::AnyLoading(std::span<const BlockHash> hashes) const {
 }
 
 void KvTiers::Poll() {
-  if (disk_ == nullptr) return;
-  if (!record_events_) (void)disk_->DrainEvents();  // nobody consumes them: keep the queue empty
-  if (writes_.empty() && reads_.empty() && read_backlog_.empty() && write_backlog_.empty()) return;
-  for (const DiskIoCompletion& c : disk_->Poll()) {
-    if (c.kind == DiskIoCompletion::Kind::kWrite) {
-      if (const auto it = writes_.find(c.ticket); it != writes_.end()) {
-        host_->Unpin(it->second);
-        writes_.erase(it);
-      }
-      continue;
-    }
-    FinishRead(c);
+  for (Lane& lane : lanes_) {
+    if (!record_events_) (void)lane.connector->DrainEvents();  // nobody consumes them: keep the queue empty
+    if (!lane.busy()) continue;
+    FinishIo(lane, lane.connector->Poll());
+    SubmitBacklog(lane);
   }
-  SubmitBacklog();
 }
 
-void KvTiers::FinishRead(const DiskIoCompletion& c) {
+void KvTiers::FinishIo(Lane& lane, std::span<const KvIoCompletion> completions) {
+  for (const KvIoCompletion& c : completions) {
+    if (c.kind == KvIoCompletion::Kind::kRead) {
+      FinishLoad(lane, c);
+    } else if (const auto it = lane.saves.find(c.ticket); it != lane.saves.end()) {
+      host_->Unpin(it->second);
+      lane.saves.erase(it);
+    }
+  }
+}
+
+void KvTiers::FinishLoad(Lane& lane, const KvIoCompletion& c) {
   const absl::Status& status = c.status;
-  const auto it = reads_.find(c.ticket);
-  if (it == reads_.end()) return;
+  const auto it = lane.loads.find(c.ticket);
+  if (it == lane.loads.end()) return;
   const Read& read = it->second;
   const auto hold = holds_.find(read.owner);
   const bool held = hold != holds_.end() && hold->second.id == read.hold_id;
   if (status.ok()) {
-    host_->CommitStore(read.slot, c.checksum);  // the disk tier verified the bytes against it
+    host_->CommitStore(read.slot, c.checksum);  // the connector verified the bytes against it
     if (held) {  // its reservation becomes the pin
       host_->Pin(read.slot);
       hold->second.slots.push_back(read.slot);
       --hold->second.reads_pending;
     }
   } else {
-    KVMESH_LOG(kWarning) << "disk KV tier: " << status.message() << ": recomputing the block";
+    KVMESH_LOG(kWarning) << lane.connector->name() << " KV tier: " << status.message() << ": recomputing the block";
     host_->AbortStore(read.slot);
     UnreserveRead(read);
   }
   loading_.erase(read.hash);
-  reads_.erase(it);
+  lane.loads.erase(it);
 }
 
-void KvTiers::DrainDisk() {
-  if (disk_ == nullptr) return;
-  auto busy = [this] { return writes_.size() + reads_.size() + read_backlog_.size() + write_backlog_.size(); };
-  while (busy() > 0) {
-    const size_t before = busy();
-    Poll();
-    if (busy() == before) {
-      // Nothing reaped without blocking: wait for the rest, then reap what Drain returned.
-      for (const DiskIoCompletion& c : disk_->Drain()) {
-        if (const auto w = writes_.find(c.ticket); w != writes_.end()) {
-          host_->Unpin(w->second);
-          writes_.erase(w);
-        } else {
-          FinishRead(c);
-        }
-      }
-      SubmitBacklog();
+void KvTiers::DrainConnectors() {
+  for (Lane& lane : lanes_) {
+    while (lane.busy()) {
+      // Waits for what is in flight, then submits the backlog into the room it freed.
+      const int32_t in_flight = lane.connector->num_in_flight();
+      FinishIo(lane, lane.connector->Drain());
+      SubmitBacklog(lane);
+      if (in_flight == 0 && lane.connector->num_in_flight() == 0) break;  // no room will ever free
     }
   }
 }
 
 std::vector<KvEvent> KvTiers::DrainEvents() {
   std::vector<KvEvent> events = host_->DrainEvents();
-  if (disk_ != nullptr) {
-    std::vector<KvEvent> disk_events = disk_->DrainEvents();
-    events.insert(events.end(), disk_events.begin(), disk_events.end());
+  for (Lane& lane : lanes_) {
+    std::vector<KvEvent> more = lane.connector->DrainEvents();
+    events.insert(events.end(), more.begin(), more.end());
   }
   return events;
 }
 
 absl::Status KvTiers::CheckInvariants() const {
   if (absl::Status s = host_->CheckInvariants(); !s.ok()) return s;
-  if (disk_ != nullptr) {
-    if (absl::Status s = disk_->CheckInvariants(); !s.ok()) return s;
+  for (const Lane& lane : lanes_) {
+    if (absl::Status s = lane.connector->CheckInvariants(); !s.ok()) return s;
   }
   // Pins nest, so count pin holders per slot against the slots' pinned flags.
   absl::flat_hash_map<int32_t, int32_t> holders;
   for (const KvSwap& s : pending_.in) ++holders[s.slot.value];
-  for (const auto& [ticket, slot] : writes_) ++holders[slot.value];
-  for (const HostSlot slot : write_backlog_) ++holders[slot.value];
+  size_t loads = 0;
+  for (const Lane& lane : lanes_) {
+    for (const auto& [ticket, slot] : lane.saves) ++holders[slot.value];
+    for (const HostSlot slot : lane.save_backlog) ++holders[slot.value];
+    loads += lane.loads.size() + lane.load_backlog.size();
+  }
   int32_t held = 0;
   for (const auto& [owner, hold] : holds_) {
     for (const HostSlot slot : hold.slots) ++holders[slot.value];
     held += static_cast<int32_t>(hold.slots.size()) + hold.reads_pending;
     int32_t reads = 0;
-    for (const auto& [ticket, r] : reads_) reads += r.owner == owner && r.hold_id == hold.id ? 1 : 0;
-    for (const Read& r : read_backlog_) reads += r.owner == owner && r.hold_id == hold.id ? 1 : 0;
+    for (const Lane& lane : lanes_) {
+      for (const auto& [ticket, r] : lane.loads) reads += r.owner == owner && r.hold_id == hold.id ? 1 : 0;
+      for (const Read& r : lane.load_backlog) reads += r.owner == owner && r.hold_id == hold.id ? 1 : 0;
+    }
     if (reads != hold.reads_pending) {
       return absl::InternalError(absl::StrCat("KV tiers: owner ", owner.value, "'s hold waits for ",
                                               hold.reads_pending, " reads but ", reads, " are running"));
@@ -413,12 +484,15 @@ absl::Status KvTiers::CheckInvariants() const {
       return absl::InternalError(absl::StrCat("KV tiers: host slot ", slot, " is held but not pinned"));
     }
   }
-  if (loading_.size() != reads_.size() + read_backlog_.size()) {
-    return absl::InternalError(absl::StrCat("KV tiers: ", loading_.size(), " blocks loading but ", reads_.size(),
-                                            " disk reads in flight and ", read_backlog_.size(), " queued"));
+  if (loading_.size() != loads) {
+    return absl::InternalError(
+        absl::StrCat("KV tiers: ", loading_.size(), " blocks loading but ", loads, " connector loads running or queued"));
   }
-  if (disk_ != nullptr && !read_backlog_.empty() && disk_->num_in_flight() == 0) {
-    return absl::InternalError("KV tiers: reads wait in the backlog while the disk queue is idle");
+  for (const Lane& lane : lanes_) {
+    if (!lane.load_backlog.empty() && lane.connector->num_in_flight() == 0) {
+      return absl::InternalError(
+          absl::StrCat("KV tiers: loads wait in the ", std::string(lane.connector->name()), " backlog while its queue is idle"));
+    }
   }
   return absl::OkStatus();
 }

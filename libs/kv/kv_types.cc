@@ -9,6 +9,7 @@ const char* TierName(Tier tier) {
     case Tier::kDevice: return "device";
     case Tier::kHost: return "host";
     case Tier::kDisk: return "disk";
+    case Tier::kStore: return "store";
   }
   return "unknown";
 }

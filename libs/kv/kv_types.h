@@ -17,10 +17,11 @@ namespace kvmesh::kv {
 inline constexpr int32_t kDefaultBlockSizeTokens = 16;
 
 // Where a block's KV data lives. Tier 0 is the accelerator (or, on a CPU-only worker,
-// the compute pool); lower tiers hold offloaded blocks.
-enum class Tier : uint8_t { kDevice, kHost, kDisk };
+// the compute pool); lower tiers hold offloaded blocks: the worker's host memory and
+// disk, then the cluster kv-store that every worker shares.
+enum class Tier : uint8_t { kDevice, kHost, kDisk, kStore };
 
-// "device", "host", "disk".
+// "device", "host", "disk", "store".
 const char* TierName(Tier tier);
 
 // Index of a block in one pool: 0 <= value < num_blocks. A block is never a pointer;

@@ -18,6 +18,7 @@ v1::Tier ToProto(kv::Tier tier) {
     case kv::Tier::kDevice: return v1::TIER_DEVICE;
     case kv::Tier::kHost: return v1::TIER_HOST;
     case kv::Tier::kDisk: return v1::TIER_DISK;
+    case kv::Tier::kStore: return v1::TIER_STORE;
   }
   return v1::TIER_UNSPECIFIED;
 }
@@ -27,6 +28,7 @@ absl::StatusOr<kv::Tier> FromProto(v1::Tier tier) {
     case v1::TIER_DEVICE: return kv::Tier::kDevice;
     case v1::TIER_HOST: return kv::Tier::kHost;
     case v1::TIER_DISK: return kv::Tier::kDisk;
+    case v1::TIER_STORE: return kv::Tier::kStore;
     default: break;
   }
   return absl::InvalidArgumentError(absl::StrCat("tier: unspecified or unknown (", static_cast<int>(tier), ")"));

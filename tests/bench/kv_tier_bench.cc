@@ -187,10 +187,10 @@ int main(int argc, char** argv) {
       // Writes may hold only part of the queue (a read always finds room): wait for that
       // room rather than retry into a refusal, which the tier counts as a write failure.
       while (next < num_blocks && !free_buffers.empty() &&
-             (write ? tier.CanStartWrite() : tier.num_in_flight() < queue_depth)) {
+             (write ? tier.CanStartSave() : tier.num_in_flight() < queue_depth)) {
         const int32_t b = free_buffers.back();
         const BlockHash h{.low = static_cast<uint64_t>(next) + 1, .high = 42};
-        auto t = write ? tier.StartWrite(h, {}, buffer(b), checksums[b]) : tier.StartRead(h, buffer(b));
+        auto t = write ? tier.StartSave(h, {}, buffer(b), checksums[b]) : tier.StartLoad(h, buffer(b));
         if (!t.ok()) break;
         free_buffers.pop_back();
         buffer_of_ticket_lo[static_cast<size_t>(*t)] = b;
@@ -246,7 +246,7 @@ int main(int argc, char** argv) {
       int32_t done = 0;
       for (int32_t b = 0; b < burst; ++b) {
         const BlockHash h{.low = static_cast<uint64_t>(first + b) + 1, .high = 42};
-        if (!t.StartRead(h, buffer(b)).ok()) {
+        if (!t.StartLoad(h, buffer(b)).ok()) {
           std::fprintf(stderr, "burst read refused\n");
           return 1;
         }

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
+#include "../kv/in_memory_kv_connector.h"
 #include "generation_checks.h"
 #include "engine/paged_model_runner.h"
 #include "engine/tensor_parallel_runner.h"
@@ -170,6 +171,52 @@ TEST_P(EngineTiersTest, PrefixFromEveryTierGivesBitIdenticalOutput) {
 // prefix at a time. The first loads; the others wait for room (holding nothing) rather
 // than load a part and recompute the rest; nothing read is lost before use, and every
 // output is the recomputed one, bit for bit.
+// Two workers over one shared connector below their host tiers (a stand-in for the
+// cluster kv-store, in memory): what worker A computed and saved through, worker B
+// loads instead of recomputing, bit-identically, also when the connector first answers
+// "still finding out" (the request waits in the one waiting-for-KV state), and a block
+// whose load fails is recomputed, never served.
+TEST_P(EngineTiersTest, PrefixSavedByOneWorkerIsLoadedByAnotherThroughAConnector) {
+  std::mt19937 rng(11);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 100);  // 6 full blocks + 4 tokens
+  Worker plain = MakeWorker(64, {});
+  const Generation recomputed = Generate(*plain.engine, "p", prompt, 12);
+
+  kv::InMemoryBlocks shared;
+  const int64_t slot_bytes = plain.runner->kv_swap_bytes_per_block();
+  auto tiers_over_shared = [&] {
+    EngineKvTierOptions t{.host_cache_bytes = 64 * slot_bytes, .write_through = true};
+    t.make_connectors = [&shared](const KvSlotShape&, int64_t) {
+      std::vector<std::unique_ptr<kv::KvConnector>> c;
+      c.push_back(std::make_unique<kv::InMemoryKvConnector>(shared));
+      return absl::StatusOr<std::vector<std::unique_ptr<kv::KvConnector>>>(std::move(c));
+    };
+    return t;
+  };
+  {
+    Worker a = MakeWorker(64, tiers_over_shared());
+    ExpectIdentical(Generate(*a.engine, "p", prompt, 12), recomputed, "worker A vs recompute");
+  }
+  ASSERT_GE(shared.saves, 6) << "worker A saves its full prompt blocks through";
+
+  shared.pending_matches = 3;  // B's first lookups find the connector still asking
+  Worker b = MakeWorker(64, tiers_over_shared());
+  const Generation loaded = Generate(*b.engine, "p", prompt, 12);
+  ExpectIdentical(loaded, recomputed, "worker B, prefix from worker A, vs recompute");
+  EXPECT_GE(shared.loads, 6);
+  const EngineStats s = b.engine->stats();
+  EXPECT_GE(s.prefix_cache_host_hit_tokens, 6 * kBlock) << "B onboards A's blocks instead of recomputing them";
+  EXPECT_GT(s.tiers.lookups_pending, 0);
+  EXPECT_EQ(s.num_kv_blocks_stranded, 0);
+
+  // A load that fails is recomputed: same output, the block not served.
+  shared.loads = 0;
+  shared.fail_loads.insert(shared.blocks.begin()->first);
+  Worker c = MakeWorker(64, tiers_over_shared());
+  ExpectIdentical(Generate(*c.engine, "p", prompt, 12), recomputed, "worker C with one failed load vs recompute");
+  EXPECT_EQ(c.engine->stats().num_kv_blocks_stranded, 0);
+}
+
 TEST_P(EngineTiersTest, WaitingLoadsShareTheHostTierWithoutLosingWhatTheyRead) {
   std::mt19937 rng(11);
   std::vector<std::vector<int32_t>> prompts;

@@ -86,10 +86,10 @@ std::map<uint64_t, std::vector<std::byte>> WriteAll(DiskKvTier& tier, uint64_t f
   for (int i = 0; i < n; ++i) {
     const uint64_t key = first + static_cast<uint64_t>(i);
     auto& p = payloads[key] = MakePayload(key, bytes);
-    auto ticket = tier.StartWrite(HashOf(key), ParentOf(key), p, Checksum(p));
+    auto ticket = tier.StartSave(HashOf(key), ParentOf(key), p, Checksum(p));
     if (ticket.status().code() == absl::StatusCode::kResourceExhausted) {  // queue full: wait, retry
       for (const auto& c : tier.Drain()) EXPECT_TRUE(c.status.ok()) << c.status;
-      ticket = tier.StartWrite(HashOf(key), ParentOf(key), p, Checksum(p));
+      ticket = tier.StartSave(HashOf(key), ParentOf(key), p, Checksum(p));
     }
     EXPECT_TRUE(ticket.ok()) << ticket.status();
   }
@@ -100,7 +100,7 @@ std::map<uint64_t, std::vector<std::byte>> WriteAll(DiskKvTier& tier, uint64_t f
 // Reads `key` and waits: its completion status, with `out` filled.
 absl::Status ReadOne(DiskKvTier& tier, uint64_t key, std::vector<std::byte>* out, int64_t bytes) {
   out->assign(static_cast<size_t>(bytes), std::byte{0});
-  auto ticket = tier.StartRead(HashOf(key), *out);
+  auto ticket = tier.StartLoad(HashOf(key), *out);
   if (!ticket.ok()) return ticket.status();
   absl::Status status = absl::InternalError("no completion");
   for (const auto& c : tier.Drain()) {
@@ -135,7 +135,7 @@ TEST_F(DiskKvTierTest, RoundTripIsBitExactAlignedAndUnaligned) {
     // An unaligned destination goes through staging and is exact too.
     std::vector<std::byte> buf(static_cast<size_t>(options.record_payload_bytes) + 1);
     std::span<std::byte> dst(buf.data() + 1, static_cast<size_t>(options.record_payload_bytes));
-    ASSERT_TRUE(tier->StartRead(HashOf(3), dst).ok());
+    ASSERT_TRUE(tier->StartLoad(HashOf(3), dst).ok());
     auto done = tier->Drain();
     ASSERT_EQ(done.size(), 1u);
     EXPECT_TRUE(done[0].status.ok());
@@ -179,23 +179,23 @@ TEST_F(DiskKvTierTest, RefusesDuplicatesWrongSizesMissesAndAFullQueue) {
   auto p0 = MakePayload(0, options.record_payload_bytes);
   auto p1 = MakePayload(1, options.record_payload_bytes);
   auto p2 = MakePayload(2, options.record_payload_bytes);
-  ASSERT_TRUE(tier->StartWrite(HashOf(0), kRootBlockHash, p0, Checksum(p0)).ok());
+  ASSERT_TRUE(tier->StartSave(HashOf(0), kRootBlockHash, p0, Checksum(p0)).ok());
   // Being written counts as held for writes, not for lookups.
-  EXPECT_EQ(tier->StartWrite(HashOf(0), kRootBlockHash, p0, Checksum(p0)).status().code(),
+  EXPECT_EQ(tier->StartSave(HashOf(0), kRootBlockHash, p0, Checksum(p0)).status().code(),
             absl::StatusCode::kAlreadyExists);
   EXPECT_FALSE(tier->Contains(HashOf(0)));
   std::vector<std::byte> small(10);
-  EXPECT_EQ(tier->StartWrite(HashOf(9), kRootBlockHash, small, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(tier->StartWrite(HashOf(1), HashOf(0), p1, Checksum(p1)).ok());
+  EXPECT_EQ(tier->StartSave(HashOf(9), kRootBlockHash, small, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(tier->StartSave(HashOf(1), HashOf(0), p1, Checksum(p1)).ok());
   EXPECT_EQ(tier->num_in_flight(), 2);
-  EXPECT_EQ(tier->StartWrite(HashOf(2), HashOf(1), p2, Checksum(p2)).status().code(),
+  EXPECT_EQ(tier->StartSave(HashOf(2), HashOf(1), p2, Checksum(p2)).status().code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(tier->CheckInvariants().ok());
   tier->Drain();
   EXPECT_EQ(tier->num_in_flight(), 0);
   std::vector<std::byte> dst(static_cast<size_t>(options.record_payload_bytes));
-  EXPECT_EQ(tier->StartRead(HashOf(7), dst).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(tier->StartRead(HashOf(0), small).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(tier->StartLoad(HashOf(7), dst).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(tier->StartLoad(HashOf(0), small).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(tier->CheckInvariants().ok());
 }
 
@@ -208,18 +208,18 @@ TEST_F(DiskKvTierTest, AFullWriteQueueNeverRefusesARead) {
   std::vector<std::vector<std::byte>> payloads;
   for (uint64_t key = 100; key < 164; ++key) {
     payloads.push_back(MakePayload(key, options.record_payload_bytes));
-    auto ticket = tier->StartWrite(HashOf(key), ParentOf(key), payloads.back(), Checksum(payloads.back()));
+    auto ticket = tier->StartSave(HashOf(key), ParentOf(key), payloads.back(), Checksum(payloads.back()));
     if (!ticket.ok()) {
       EXPECT_EQ(ticket.status().code(), absl::StatusCode::kResourceExhausted) << ticket.status();
       break;
     }
   }
   EXPECT_LE(tier->num_in_flight(), MaxWritesInFlight(options.queue_depth)) << "writes hold at most half the queue";
-  EXPECT_FALSE(tier->CanStartWrite());
-  EXPECT_TRUE(tier->CanStartRead());
+  EXPECT_FALSE(tier->CanStartSave());
+  EXPECT_TRUE(tier->CanStartLoad());
   // A request's prefix hit on disk still gets its read (it would be recomputed otherwise).
   std::vector<std::byte> dst(static_cast<size_t>(options.record_payload_bytes));
-  auto read = tier->StartRead(HashOf(0), dst);
+  auto read = tier->StartLoad(HashOf(0), dst);
   ASSERT_TRUE(read.ok()) << read.status();
   bool read_done = false;
   for (const auto& c : tier->Drain()) {
@@ -384,11 +384,11 @@ TEST_F(DiskKvTierTest, ARecordBeingReadIsNeverEvicted) {
   WriteAll(*tier, 0, 2, options.record_payload_bytes);
   std::vector<std::byte> a(static_cast<size_t>(options.record_payload_bytes));
   std::vector<std::byte> b(static_cast<size_t>(options.record_payload_bytes));
-  ASSERT_TRUE(tier->StartRead(HashOf(0), a).ok());
-  ASSERT_TRUE(tier->StartRead(HashOf(1), b).ok());
+  ASSERT_TRUE(tier->StartLoad(HashOf(0), a).ok());
+  ASSERT_TRUE(tier->StartLoad(HashOf(1), b).ok());
   auto p = MakePayload(9, options.record_payload_bytes);
   // Both records pinned: the write is refused rather than evicting one.
-  EXPECT_EQ(tier->StartWrite(HashOf(9), kRootBlockHash, p, Checksum(p)).status().code(),
+  EXPECT_EQ(tier->StartSave(HashOf(9), kRootBlockHash, p, Checksum(p)).status().code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(tier->CheckInvariants().ok());
   for (const auto& c : tier->Drain()) EXPECT_TRUE(c.status.ok());
@@ -443,7 +443,7 @@ TEST_F(DiskKvTierTest, KilledWhileWritingRestartsWithOnlyIntactBlocks) {
     std::map<uint64_t, std::vector<std::byte>> live;
     for (uint64_t key = 0;; ++key) {
       auto& p = live[key] = MakePayload(key, options.record_payload_bytes);
-      while (!(*tier)->StartWrite(HashOf(key), ParentOf(key), p, Checksum(p)).ok()) {
+      while (!(*tier)->StartSave(HashOf(key), ParentOf(key), p, Checksum(p)).ok()) {
         for (const auto& c : (*tier)->Poll()) live.erase(c.hash.low - 1);
       }
       for (const auto& c : (*tier)->Poll()) live.erase(c.hash.low - 1);
@@ -488,7 +488,7 @@ void ExpectFullDiskEvictsAndKeepsServing(const std::string& dir, int64_t capacit
   int full = 0, ok = 0;
   for (uint64_t key = 0; key < 400; ++key) {
     auto& p = payloads[key] = MakePayload(key, options.record_payload_bytes);
-    auto ticket = tier->StartWrite(HashOf(key), ParentOf(key), p, Checksum(p));
+    auto ticket = tier->StartSave(HashOf(key), ParentOf(key), p, Checksum(p));
     if (!ticket.ok()) {
       EXPECT_EQ(ticket.status().code(), absl::StatusCode::kResourceExhausted) << ticket.status();
       ++full;
@@ -554,9 +554,9 @@ TEST_F(DiskKvTierTest, RandomizedSoakKeepsInvariants) {
   std::map<int64_t, std::pair<uint64_t, std::vector<std::byte>>> reads;
   std::map<int64_t, uint64_t> writes;
   int64_t ok_reads = 0, restarts = 0, corruptions = 0, data_loss = 0;
-  auto handle = [&](const std::vector<DiskIoCompletion>& done) {
+  auto handle = [&](const std::vector<KvIoCompletion>& done) {
     for (const auto& c : done) {
-      if (c.kind == DiskIoCompletion::Kind::kRead) {
+      if (c.kind == KvIoCompletion::Kind::kRead) {
         auto it = reads.find(c.ticket);
         ASSERT_NE(it, reads.end());
         if (c.status.ok()) {
@@ -582,7 +582,7 @@ TEST_F(DiskKvTierTest, RandomizedSoakKeepsInvariants) {
       case 0: case 1: case 2: {
         if (write_buffers.contains(key)) break;
         auto& p = write_buffers[key] = MakePayload(key, options.record_payload_bytes);
-        auto t = tier->StartWrite(HashOf(key), ParentOf(key), p, Checksum(p));
+        auto t = tier->StartSave(HashOf(key), ParentOf(key), p, Checksum(p));
         if (t.ok()) {
           writes[*t] = key;
         } else {
@@ -595,7 +595,7 @@ TEST_F(DiskKvTierTest, RandomizedSoakKeepsInvariants) {
       case 3: case 4: case 5: {
         std::vector<std::byte> dst(static_cast<size_t>(options.record_payload_bytes));
         const bool held = tier->Contains(HashOf(key));
-        auto t = tier->StartRead(HashOf(key), dst);
+        auto t = tier->StartLoad(HashOf(key), dst);
         if (t.ok()) {
           reads[*t] = {key, std::move(dst)};  // the vector's heap buffer does not move
         } else {

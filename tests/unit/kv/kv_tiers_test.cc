@@ -232,7 +232,7 @@ TEST_F(KvTiersDiskTest, ABurstOfWriteThroughsLargerThanTheQueueAllReachTheDisk) 
   const std::vector<BlockHash> hashes = Chain(20);
   OffloadBurst(*tiers, hashes);
   EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
-  tiers->DrainDisk();
+  tiers->DrainConnectors();
   EXPECT_EQ(tiers->disk()->num_records(), 20) << "a write-through refused by a full queue must wait, not vanish";
   for (const BlockHash& h : hashes) EXPECT_TRUE(tiers->disk()->Contains(h));
   EXPECT_EQ(tiers->stats().writes_skipped, 0);
@@ -245,7 +245,7 @@ TEST_F(KvTiersDiskTest, WritesInFlightNeverMakeADiskHitRecompute) {
   {
     auto writer = MakeTiers(64);
     OffloadBurst(*writer, prefix);
-    writer->DrainDisk();
+    writer->DrainConnectors();
     ASSERT_EQ(writer->disk()->num_records(), 12);
   }
   // A restarted worker: the prefix is on disk only. Another burst of offloads keeps
@@ -256,19 +256,19 @@ TEST_F(KvTiersDiskTest, WritesInFlightNeverMakeADiskHitRecompute) {
   for (int i = 0; i < 16; ++i) other.push_back(BlockHash{.low = 5000 + static_cast<uint64_t>(i), .high = 9});
   OffloadBurst(*tiers, other);
   std::vector<HostSlot> host_slots;
-  const int32_t on_disk = tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots);
+  const int32_t on_disk = tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots).num_blocks;
   EXPECT_TRUE(host_slots.empty());
   ASSERT_EQ(on_disk, 12);
   // Every block of the hit is loaded (12 reads, more than the whole queue of 4): the
   // ones that find no room wait for it.
-  EXPECT_EQ(tiers->StartDiskLoads(RequestId{1}, prefix, 0, static_cast<size_t>(on_disk)).num_blocks, 12);
+  EXPECT_EQ(tiers->StartLoads(RequestId{1}, prefix, 0, static_cast<size_t>(on_disk)).num_blocks, 12);
   EXPECT_TRUE(tiers->AnyLoading(prefix));
   EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
-  tiers->DrainDisk();
+  tiers->DrainConnectors();
   EXPECT_FALSE(tiers->AnyLoading(prefix));
   EXPECT_EQ(tiers->stats().reads_lost, 0);
   // Now all 12 are host hits, byte for byte what was offloaded.
-  const int32_t still_on_disk = tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots);
+  const int32_t still_on_disk = tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots).num_blocks;
   EXPECT_EQ(still_on_disk, 0);
   ASSERT_EQ(host_slots.size(), 12u);
   for (size_t i = 0; i < host_slots.size(); ++i) {
@@ -276,7 +276,7 @@ TEST_F(KvTiersDiskTest, WritesInFlightNeverMakeADiskHitRecompute) {
   }
   tiers->Release(host_slots);
   tiers->ReleaseLoadHold(RequestId{1});
-  tiers->DrainDisk();
+  tiers->DrainConnectors();
   EXPECT_EQ(tiers->host().num_pinned(), 0);
   EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
 }
@@ -299,35 +299,35 @@ TEST_F(KvTiersDiskTest, ADiskLoadAndTheHostHitsBeforeItStayUntilTheOwnerReleases
   {
     auto writer = MakeTiers(64);
     OffloadBurst(*writer, prefix);
-    writer->DrainDisk();
+    writer->DrainConnectors();
     ASSERT_EQ(writer->disk()->num_records(), 12);
   }
   // A restarted worker with a 32-slot host tier (load holds may take 16): the first 4
   // blocks come back into it (tier 0 offloads them again), the other 8 are on disk only.
   auto tiers = MakeTiers(32);
   OffloadBurst(*tiers, std::vector<BlockHash>(prefix.begin(), prefix.begin() + 4));
-  tiers->DrainDisk();
+  tiers->DrainConnectors();
   std::vector<HostSlot> host_slots;
-  const int32_t on_disk = tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots);
+  const int32_t on_disk = tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots).num_blocks;
   ASSERT_EQ(host_slots.size(), 4u);
   ASSERT_EQ(on_disk, 8);
   const RequestId owner{7};
-  EXPECT_EQ(tiers->StartDiskLoads(owner, prefix, 4, static_cast<size_t>(on_disk), host_slots).num_blocks, 8);
+  EXPECT_EQ(tiers->StartLoads(owner, prefix, 4, static_cast<size_t>(on_disk), host_slots).num_blocks, 8);
   tiers->Release(host_slots);  // the request waits for the load holding no lookup
   host_slots.clear();
-  tiers->DrainDisk();
+  tiers->DrainConnectors();
   EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
 
   // Running requests evict 20 other blocks meanwhile: all the host tier has besides the hold.
   std::vector<BlockHash> other;
   for (int i = 0; i < 20; ++i) other.push_back(BlockHash{.low = 5000 + static_cast<uint64_t>(i), .high = 9});
   OffloadSteps(*tiers, other);
-  tiers->DrainDisk();
+  tiers->DrainConnectors();
   EXPECT_EQ(tiers->stats().offload_skipped, 0) << "the hold is within its share: the rest is the offloads'";
   EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
 
   // Admission: the whole prefix is in the host tier, byte for byte what was offloaded.
-  EXPECT_EQ(tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots), 0);
+  EXPECT_EQ(tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots).num_blocks, 0);
   ASSERT_EQ(host_slots.size(), 12u) << "the load (or the hits before it) was evicted before the owner came back";
   for (size_t i = 0; i < host_slots.size(); ++i) {
     EXPECT_EQ(tiers->host().data(host_slots[i])[kSlotBytes - 1], std::byte{static_cast<uint8_t>(i + 1)}) << i;
@@ -348,14 +348,14 @@ TEST_F(KvTiersDiskTest, AReleasedOwnersReadsLandUnheld) {
   {
     auto writer = MakeTiers(64);
     OffloadBurst(*writer, prefix);
-    writer->DrainDisk();
+    writer->DrainConnectors();
   }
   auto tiers = MakeTiers(16);
   std::vector<HostSlot> host_slots;
-  ASSERT_EQ(tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots), 6);
-  EXPECT_EQ(tiers->StartDiskLoads(RequestId{3}, prefix, 0, 6).num_blocks, 6);
+  ASSERT_EQ(tiers->ExtendPrefix(prefix, 0, prefix.size(), &host_slots).num_blocks, 6);
+  EXPECT_EQ(tiers->StartLoads(RequestId{3}, prefix, 0, 6).num_blocks, 6);
   tiers->ReleaseLoadHold(RequestId{3});  // the request ended while its load ran
-  tiers->DrainDisk();
+  tiers->DrainConnectors();
   EXPECT_TRUE(tiers->load_holds().empty());
   EXPECT_EQ(tiers->host().num_pinned(), 0);
   EXPECT_EQ(tiers->host().num_resident(), 6) << "the blocks still land, as a plain cache";
@@ -374,12 +374,12 @@ class KvTiersLoadHoldTest : public KvTiersDiskTest {
   void WriteChains(const std::vector<std::vector<BlockHash>>& chains) {
     auto writer = MakeTiers(64);
     for (const auto& chain : chains) OffloadBurst(*writer, chain);
-    writer->DrainDisk();
+    writer->DrainConnectors();
   }
   // The lookup of `chain` on `tiers`: its host hits (pinned; appended to `hits`) and how
   // many disk blocks follow them.
   static int32_t Lookup(KvTiers& tiers, const std::vector<BlockHash>& chain, std::vector<HostSlot>* hits) {
-    return tiers.ExtendPrefix(chain, 0, chain.size(), hits);
+    return tiers.ExtendPrefix(chain, 0, chain.size(), hits).num_blocks;
   }
 };
 
@@ -394,11 +394,11 @@ TEST_F(KvTiersLoadHoldTest, HoldsStayWithinTheirShareAndLeaveTheRestToOffloads) 
   ASSERT_EQ(tiers->max_held_slots(), 8);
   std::vector<HostSlot> hits;
   ASSERT_EQ(Lookup(*tiers, a, &hits), 6);
-  EXPECT_EQ(tiers->StartDiskLoads(RequestId{1}, a, 0, 6).num_blocks, 6);
+  EXPECT_EQ(tiers->StartLoads(RequestId{1}, a, 0, 6).num_blocks, 6);
   EXPECT_EQ(tiers->held_slots(), 6);
 
   ASSERT_EQ(Lookup(*tiers, b, &hits), 6);
-  const DiskLoadStart second = tiers->StartDiskLoads(RequestId{2}, b, 0, 6);
+  const KvLoadStart second = tiers->StartLoads(RequestId{2}, b, 0, 6);
   EXPECT_TRUE(second.deferred) << "6 more would take the holds past their 8 slots";
   EXPECT_EQ(second.num_blocks, 0);
   EXPECT_FALSE(tiers->has_load_hold(RequestId{2})) << "a deferred load holds nothing";
@@ -406,13 +406,13 @@ TEST_F(KvTiersLoadHoldTest, HoldsStayWithinTheirShareAndLeaveTheRestToOffloads) 
   EXPECT_EQ(tiers->stats().loads_deferred, 1);
   EXPECT_EQ(tiers->stats().load_blocks_cut, 0);
   EXPECT_FALSE(tiers->AnyLoading(b));
-  tiers->DrainDisk();
+  tiers->DrainConnectors();
   EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
 
   // Running requests evict 10 blocks: the host tier's 16 slots minus the 6 held.
   std::vector<BlockHash> other = ChainOf(10, 3);
   OffloadSteps(*tiers, other);
-  tiers->DrainDisk();
+  tiers->DrainConnectors();
   EXPECT_EQ(tiers->stats().offload_skipped, 0);
   EXPECT_EQ(tiers->host().num_resident(), 16);
   ASSERT_EQ(Lookup(*tiers, a, &hits), 0);
@@ -424,8 +424,8 @@ TEST_F(KvTiersLoadHoldTest, HoldsStayWithinTheirShareAndLeaveTheRestToOffloads) 
   tiers->ReleaseLoadHold(RequestId{1});
   EXPECT_EQ(tiers->held_slots(), 0);
   ASSERT_EQ(Lookup(*tiers, b, &hits), 6);
-  EXPECT_EQ(tiers->StartDiskLoads(RequestId{2}, b, 0, 6).num_blocks, 6);
-  tiers->DrainDisk();
+  EXPECT_EQ(tiers->StartLoads(RequestId{2}, b, 0, 6).num_blocks, 6);
+  tiers->DrainConnectors();
   ASSERT_EQ(Lookup(*tiers, b, &hits), 0);
   EXPECT_EQ(hits.size(), 6u);
   tiers->Release(hits);
@@ -442,23 +442,23 @@ TEST_F(KvTiersLoadHoldTest, AnOwnerThatHoldsIsNeverDeferred) {
   auto tiers = MakeTiers(16);  // holds may take 8
   std::vector<HostSlot> hits;
   ASSERT_EQ(Lookup(*tiers, a, &hits), 6);
-  EXPECT_EQ(tiers->StartDiskLoads(RequestId{1}, a, 0, 4).num_blocks, 4);  // a load cut at 4, say
+  EXPECT_EQ(tiers->StartLoads(RequestId{1}, a, 0, 4).num_blocks, 4);  // a load cut at 4, say
   ASSERT_EQ(Lookup(*tiers, b, &hits), 3);
-  EXPECT_EQ(tiers->StartDiskLoads(RequestId{2}, b, 0, 3).num_blocks, 3);
+  EXPECT_EQ(tiers->StartLoads(RequestId{2}, b, 0, 3).num_blocks, 3);
   EXPECT_EQ(tiers->held_slots(), 7);
-  tiers->DrainDisk();
+  tiers->DrainConnectors();
 
   // Owner 1 comes back: its first 4 blocks are host hits (held already), 2 more on disk.
   ASSERT_EQ(Lookup(*tiers, a, &hits), 2);
   ASSERT_EQ(hits.size(), 4u);
-  const DiskLoadStart more = tiers->StartDiskLoads(RequestId{1}, a, 4, 2, hits);
+  const KvLoadStart more = tiers->StartLoads(RequestId{1}, a, 4, 2, hits);
   EXPECT_FALSE(more.deferred);
   EXPECT_EQ(more.num_blocks, 1) << "one slot of the share is left; its own hits are not counted twice";
   EXPECT_EQ(tiers->held_slots(), 8);
   EXPECT_EQ(tiers->stats().load_blocks_cut, 1);
   tiers->Release(hits);
   hits.clear();
-  tiers->DrainDisk();
+  tiers->DrainConnectors();
   EXPECT_TRUE(tiers->CheckInvariants().ok()) << tiers->CheckInvariants();
   ASSERT_EQ(tiers->load_holds().size(), 2u);
   tiers->ReleaseLoadHold(RequestId{1});
@@ -476,11 +476,11 @@ TEST_F(KvTiersLoadHoldTest, ALoneLoadLargerThanTheShareLoadsWhatFits) {
   auto tiers = MakeTiers(16);
   std::vector<HostSlot> hits;
   ASSERT_EQ(Lookup(*tiers, a, &hits), 12);
-  const DiskLoadStart load = tiers->StartDiskLoads(RequestId{1}, a, 0, 12);
+  const KvLoadStart load = tiers->StartLoads(RequestId{1}, a, 0, 12);
   EXPECT_FALSE(load.deferred);
   EXPECT_EQ(load.num_blocks, 8);
   EXPECT_EQ(tiers->stats().load_blocks_cut, 4);
-  tiers->DrainDisk();
+  tiers->DrainConnectors();
   EXPECT_EQ(Lookup(*tiers, a, &hits), 4);
   EXPECT_EQ(hits.size(), 8u);
   tiers->Release(hits);
@@ -509,9 +509,9 @@ TEST_F(KvTiersLoadHoldTest, AReadThatFailsGivesItsReservationBack) {
   auto tiers = MakeTiers(16);
   std::vector<HostSlot> hits;
   ASSERT_EQ(Lookup(*tiers, a, &hits), 4);
-  EXPECT_EQ(tiers->StartDiskLoads(RequestId{1}, a, 0, 4).num_blocks, 4);
+  EXPECT_EQ(tiers->StartLoads(RequestId{1}, a, 0, 4).num_blocks, 4);
   EXPECT_EQ(tiers->held_slots(), 4);
-  tiers->DrainDisk();
+  tiers->DrainConnectors();
   EXPECT_EQ(tiers->held_slots(), 3) << "the failed read's slot is no longer counted";
   ASSERT_EQ(tiers->load_holds().size(), 1u);
   EXPECT_EQ(tiers->load_holds()[0].second, 3);
