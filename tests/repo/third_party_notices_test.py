@@ -58,6 +58,8 @@ def test_notice_has_an_entry_for_every_installed_package():
      "missing: pypi package new-package (installed by tools/setup PYTHON_PACKAGES)"),
     ("tools/setup", "REFERENCE_PACKAGES=(torch ", "REFERENCE_PACKAGES=(torch vllm ",
      "missing: pypi package vllm (installed by tools/setup REFERENCE_PACKAGES)"),
+    ("tools/setup", "REFERENCE_PACKAGES=(", "DATA_ONLY_PYTHON_PACKAGES=(llm-foo)\nREFERENCE_PACKAGES=(",
+     "missing: pypi package llm-foo (installed by tools/setup DATA_ONLY_PYTHON_PACKAGES)"),
     ("tools/setup", "tokenizers==0.23.3", "tokenizers==0.24.0",
      "version: pypi package tokenizers is pinned to 0.24.0, the notice says 0.23.3"),
     ("deploy/docker/Dockerfile", "ca-certificates sudo", "ca-certificates sudo curl",
