@@ -62,7 +62,7 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 
 int main(int argc, char** argv) {
   std::string text_path, hf_path;
-  std::string data_dir = "/work/shared/data/tokenizers";
+  std::string data_dir = KVMESH_TOKENIZER_DATA_DIR;  // tests/data/tokenizers of this checkout
   std::string tiny_dir = KVMESH_TINY_MODEL_DIR;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--text")) text_path = argv[i + 1];

@@ -11,10 +11,11 @@
 
 namespace kvmesh::model::testing {
 
-// Where the shared tokenizer files (gpt2/, mistral-7b/) live.
+// The real tokenizers (gpt2/, mistral-7b/), committed under tests/data/tokenizers;
+// KVMESH_TOKENIZER_DATA_DIR points the tests at another copy.
 inline std::string TokenizerDataDir() {
   const char* env = std::getenv("KVMESH_TOKENIZER_DATA_DIR");
-  return env != nullptr ? env : "/work/shared/data/tokenizers";
+  return env != nullptr ? env : std::string(KVMESH_SOURCE_DIR) + "/tests/data/tokenizers";
 }
 
 // The committed fixtures; KVMESH_TOKENIZER_FIXTURE_DIR points the parity tests
