@@ -225,7 +225,8 @@ KvStoreGetResult KvStoreClient::Get(KvStoreLookup& lookup, std::span<const std::
         r.status = absl::DataLossError(absl::StrCat("block ", j, " of the stream is not the key asked for"));
       } else if (data.size() != out[i].size()) {
         r.status = absl::DataLossError(
-            absl::StrCat("block ", lookup.keys[i].ToHex(), " has ", data.size(), " bytes, ", out[i].size(), " expected"));
+            absl::StrCat("block ", lookup.keys[i].ToHex(), " has ", data.size(), " bytes, ", out[i].size(),
+                         " expected"));
       } else if (kv::Checksum({reinterpret_cast<const std::byte*>(data.data()), data.size()}) != block.checksum()) {
         ++r.checksum_failures;
         r.status = absl::DataLossError(absl::StrCat("block ", lookup.keys[i].ToHex(), ": checksum mismatch"));
@@ -300,8 +301,9 @@ KvStorePutResult KvStoreClient::Put(std::span<const StoreKey> keys, std::span<co
   KvStorePutResult result;
   if (keys.empty()) return result;
   const size_t block_bytes = blocks.empty() ? 0 : blocks[0].size();
+  const auto other_size = [&](std::span<const std::byte> b) { return b.size() != block_bytes; };
   if (keys.size() != blocks.size() || (!checksums.empty() && checksums.size() != keys.size()) || block_bytes == 0 ||
-      std::any_of(blocks.begin(), blocks.end(), [&](std::span<const std::byte> b) { return b.size() != block_bytes; })) {
+      std::any_of(blocks.begin(), blocks.end(), other_size)) {
     result.error = absl::InvalidArgumentError(
         "kv-store put: needs one non-empty block per key, all of one size, and one checksum per key or none");
     return result;

@@ -1,6 +1,7 @@
 #include "kv_store_server/kv_store_metrics.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "core/status_macros.h"
@@ -39,14 +40,13 @@ absl::StatusOr<std::unique_ptr<KvStoreMetrics>> KvStoreMetrics::Create(metrics::
        &BlockStoreStats::evictions},
       {"kvmesh_kv_store_expired_intents", "Put intents that expired before their block was put (since start).",
        &BlockStoreStats::expired_intents},
-      {"kvmesh_kv_store_checksum_failures", "Puts refused because the bytes did not match their checksum (since start).",
+      {"kvmesh_kv_store_checksum_failures",
+       "Puts refused because the bytes did not match their checksum (since start).",
        &BlockStoreStats::checksum_failures},
   };
   for (const GaugeSpec& spec : gauges) {
-    KVMESH_RETURN_IF_ERROR(registry
-                               .AddCallbackGauge(spec.name, spec.help,
-                                                 [s, field = spec.field] { return static_cast<double>(s->Stats().*field); })
-                               .status());
+    auto read = [s, field = spec.field] { return static_cast<double>(s->Stats().*field); };
+    KVMESH_RETURN_IF_ERROR(registry.AddCallbackGauge(spec.name, spec.help, std::move(read)).status());
   }
   KVMESH_RETURN_IF_ERROR(registry
                              .AddCallbackGauge("kvmesh_kv_store_uptime_seconds", "Seconds since the store started.",
