@@ -1,10 +1,8 @@
 #include "cli/cli_common.h"
 
-#include <pthread.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -81,28 +79,6 @@ void ApplyEnvironmentDefaults() {
 std::string ModelDirFlag() { return absl::GetFlag(FLAGS_model); }
 
 std::string ChatTemplateFlag() { return absl::GetFlag(FLAGS_chat_template); }
-
-namespace {
-sigset_t StopSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  return set;
-}
-}  // namespace
-
-void BlockStopSignals() {
-  const sigset_t set = StopSignals();
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
-
-int WaitForStopSignal() {
-  const sigset_t set = StopSignals();
-  int signal = 0;
-  sigwait(&set, &signal);
-  return signal;
-}
 
 std::string BaseName(std::string path) {
   while (!path.empty() && path.back() == '/') path.pop_back();

@@ -42,21 +42,14 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags(bool quiet);
 // that thread, so the engine thread's pool is the process's only one (see the .cc).
 absl::StatusOr<LoadedModel> LoadModelOffThread(bool quiet);
 
+// The last component of a directory path ("/models/llama/" -> "llama").
+std::string BaseName(std::string path);
+
 // Parses `argv` (after the subcommand) with Abseil flags: `--max-tokens` is
 // accepted for `--max_tokens`; KVMESH_<FLAG> environment variables set defaults
 // (e.g. KVMESH_MODEL=/models/x); `--help` lists the flags of `help_files` (file
 // name fragments of the subcommand's sources) and of cli_common.cc. Returns the
 // positional arguments.
-// Blocks SIGINT and SIGTERM in the calling thread; threads started afterwards
-// inherit the mask, so WaitForStopSignal() on this thread receives them. Call first
-// thing in a long-running command (serve, worker, router).
-void BlockStopSignals();
-// Waits for SIGINT or SIGTERM (after BlockStopSignals) and returns its number.
-int WaitForStopSignal();
-
-// The last component of a directory path ("/models/llama/" -> "llama").
-std::string BaseName(std::string path);
-
 std::vector<std::string> ParseSubcommandFlags(int argc, char** argv, const std::string& usage,
                                               const std::vector<std::string>& help_files);
 

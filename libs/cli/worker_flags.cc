@@ -12,6 +12,7 @@
 #include "cli/engine_flags.h"
 #include "core/flag_checks.h"
 #include "core/logging.h"
+#include "core/stop_signals.h"
 #include "rpc/tls_flags.h"
 #include "worker/worker.h"
 

@@ -23,10 +23,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "cluster/clock.h"
 #include "cluster/in_flight_prefixes.h"
 #include "cluster/prefix_index.h"
 #include "cluster/worker_info.h"
+#include "core/clock.h"
 #include "kv/kv_types.h"
 
 namespace kvmesh::cluster {

@@ -16,10 +16,10 @@
 #include "core/logging.h"
 #include "engine/request_validator.h"
 #include "http/api_error.h"
+#include "rpc/api_key_auth.h"
 #include "rpc/sampling_conversions.h"
 #include "rpc/status_conversion.h"
 #include "core/retry_after.h"
-#include "serving/api_key.h"
 #include "serving/request_ids.h"
 #include "serving/text_generation_stream.h"
 
@@ -564,15 +564,7 @@ GrpcInferenceService::~GrpcInferenceService() {
 }
 
 absl::StatusOr<std::string> GrpcInferenceService::Authenticate(const grpc::CallbackServerContext& context) const {
-  if (options_.api_keys.empty()) return std::string();
-  const auto& metadata = context.client_metadata();
-  const auto it = metadata.find("authorization");
-  if (it != metadata.end()) {
-    const std::string_view value(it->second.data(), it->second.size());
-    if (std::optional<std::string> key = MatchBearerKey(value, options_.api_keys)) return *std::move(key);
-  }
-  return absl::UnauthenticatedError(
-      "incorrect or missing API key: pass it as 'authorization: Bearer <key>' metadata");
+  return rpc::AuthenticateApiKey(context, options_.api_keys);
 }
 
 absl::Status GrpcInferenceService::CheckModel(const std::string& model) const {

@@ -5,11 +5,11 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
+#include "core/api_key.h"
 #include "core/logging.h"
 #include "engine/request_validator.h"
 #include "http/api_error.h"
 #include "http/openai_protocol.h"
-#include "serving/api_key.h"
 #include "serving/request_ids.h"
 #include "serving/text_generation_stream.h"
 

@@ -12,5 +12,6 @@ int RunBenchThroughput(int argc, char** argv);
 int RunBenchMultiTurn(int argc, char** argv);
 int RunWorker(int argc, char** argv);
 int RunRouter(int argc, char** argv);
+int RunKvStore(int argc, char** argv);
 
 }  // namespace kvmesh::cli

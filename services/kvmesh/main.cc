@@ -18,6 +18,7 @@ constexpr char kUsage[] =
     "  tokenize   Print the token ids of --text (or standard input) as a JSON array\n"
     "  worker     A prefill and/or decode worker of the cluster (kvmesh.v1.Worker gRPC)\n"
     "  router     The cluster's OpenAI-compatible REST front door (scheduler + workers)\n"
+    "  kv-store   The cluster KV store: KV blocks in host memory every worker shares (kvmesh.v1.KvStore)\n"
     "  bench      Measure prefill and decode speed against the memory-bandwidth roofline\n"
     "             (bench throughput: the continuous-batching engine on a synthetic workload)\n"
     "\n"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   if (command == "bench") return kvmesh::cli::RunBench(argc - 1, argv + 1);
   if (command == "worker") return kvmesh::cli::RunWorker(argc - 1, argv + 1);
   if (command == "router") return kvmesh::cli::RunRouter(argc - 1, argv + 1);
+  if (command == "kv-store") return kvmesh::cli::RunKvStore(argc - 1, argv + 1);
   std::fprintf(stderr, "kvmesh: unknown command \"%s\"\n\n%s", command.c_str(), kUsage);
   return 2;
 }

@@ -15,6 +15,7 @@
 #include "cli/cli_common.h"
 #include "commands.h"
 #include "core/logging.h"
+#include "core/stop_signals.h"
 #include "router/router.h"
 #include "router/admission_flags.h"
 #include "rpc/tls_flags.h"

@@ -24,6 +24,7 @@
 #include "commands.h"
 #include "cli/engine_flags.h"
 #include "core/logging.h"
+#include "core/stop_signals.h"
 #include "engine/async_engine.h"
 #include "engine/paged_model_runner.h"
 #include "http/http_server.h"

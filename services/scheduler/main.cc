@@ -23,9 +23,9 @@
 #include "core/command_line.h"
 #include "core/logging.h"
 #include "core/status_macros.h"
-#include "http/http_server.h"
+#include "core/host_port.h"
+#include "http/metrics_endpoint.h"
 #include "metrics/registry.h"
-#include "metrics/text_format.h"
 #include "rpc/grpc_server.h"
 #include "rpc/tls_flags.h"
 #include "scheduler_metrics.h"
@@ -70,31 +70,6 @@ KVMESH_FLAG_RANGE(metrics_port, -1, 65535);
 
 namespace kvmesh::scheduler {
 namespace {
-
-// "0.0.0.0:50052" -> "0.0.0.0", "[::1]:0" -> "::1".
-std::string ListenHost(const std::string& listen_address) {
-  std::string host = listen_address.substr(0, listen_address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return host;
-}
-
-// GET /metrics (the registry's Prometheus text) and GET /health on host:port.
-absl::StatusOr<std::unique_ptr<http::HttpServer>> StartMetricsServer(const std::string& host, int port,
-                                                                    const metrics::Registry& registry) {
-  KVMESH_ASSIGN_OR_RETURN(std::unique_ptr<http::HttpServer> server,
-                          http::HttpServer::Create({.address = host, .port = static_cast<uint16_t>(port),
-                                                    .num_threads = 1}));
-  server->Handle("GET", "/metrics", [&registry](http::HttpRequest, std::shared_ptr<http::ResponseWriter> writer) {
-    (void)writer->Send(
-        http::HttpResponse::Text(200, registry.Exposition(), std::string(metrics::kExpositionContentType)));
-  });
-  server->Handle("GET", "/health", [](http::HttpRequest, std::shared_ptr<http::ResponseWriter> writer) {
-    (void)writer->Send(http::HttpResponse::Json(200, R"({"status":"ok"})"));
-  });
-  KVMESH_RETURN_IF_ERROR(server->Start());
-  KVMESH_LOG(kInfo) << "scheduler metrics on http://" << host << ":" << server->port() << "/metrics";
-  return server;
-}
 
 constexpr char kUsage[] =
     "kvmesh-scheduler: the kvmesh control plane (worker registry, global prefix index, placement).\n"
@@ -175,8 +150,10 @@ int Run(int argc, char** argv) {
   }
   std::unique_ptr<http::HttpServer> metrics_server;
   if (options.metrics_port >= 0) {
+    absl::StatusOr<HostPort> listen = ParseHostPort(options.listen_address);
     absl::StatusOr<std::unique_ptr<http::HttpServer>> started =
-        StartMetricsServer(ListenHost(options.listen_address), options.metrics_port, metrics_registry);
+        listen.ok() ? http::StartMetricsEndpoint(listen->host, options.metrics_port, metrics_registry, "scheduler")
+                    : listen.status();
     if (!started.ok()) {
       KVMESH_LOG(kError) << "cannot start the metrics server" << LogKv("error", started.status().ToString());
       return 1;

@@ -1,15 +1,8 @@
 // The real kvmesh-scheduler process on 127.0.0.1, driven by gRPC C++ clients: worker
 // registration and heartbeats with KV events, cache-aware Place(), lease expiry,
 // gRPC health and reflection, and a clean exit on SIGTERM.
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
@@ -28,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "child_process.h"
 #include "kv/block_hash.h"
 #include "kvmesh/v1/scheduler.grpc.pb.h"
 #include "rpc/channel.h"
@@ -46,83 +40,18 @@ constexpr int kTtlMs = 1000;
 class SchedulerProcess {
  public:
   void Start() {
-    int fds[2];
-    ASSERT_EQ(pipe(fds), 0);
-    pid_ = fork();
-    ASSERT_GE(pid_, 0);
-    if (pid_ == 0) {
-      // Dies with the test: a test killed mid-run (a sanitizer's halt, a ctest timeout)
-      // must not leave a scheduler behind holding the test's inherited descriptors.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      dup2(fds[1], STDERR_FILENO);
-      close(fds[0]);
-      close(fds[1]);
-      const std::string hb = absl::StrCat("--heartbeat_interval_ms=", kHeartbeatMs);
-      const std::string ttl = absl::StrCat("--worker_ttl_ms=", kTtlMs);
-      execl(KVMESH_SCHEDULER_BIN, KVMESH_SCHEDULER_BIN, "--listen=127.0.0.1:0", hb.c_str(), ttl.c_str(),
-            "--disaggregation-threshold-tokens=64", "--shutdown_grace_ms=2000", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    close(fds[1]);
-    reader_ = std::thread([this, fd = fds[0]] {
-      FILE* in = fdopen(fd, "r");
-      char line[4096];
-      while (fgets(line, sizeof(line), in) != nullptr) {
-        std::lock_guard<std::mutex> lock(mu_);
-        log_ += line;
-        const std::string s(line);
-        if (port_ == 0 && s.find("scheduler listening") != std::string::npos) {
-          const size_t at = s.find(" port=");
-          if (at != std::string::npos) port_ = std::atoi(s.c_str() + at + 6);
-          cv_.notify_all();
-        }
-      }
-      fclose(in);
-      std::lock_guard<std::mutex> lock(mu_);
-      eof_ = true;
-      cv_.notify_all();
-    });
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(20), [&] { return port_ != 0 || eof_; });
-    ASSERT_NE(port_, 0) << "scheduler did not report its port; log:\n" << log_;
+    process_.Start({KVMESH_SCHEDULER_BIN, "--listen=127.0.0.1:0", absl::StrCat("--heartbeat_interval_ms=", kHeartbeatMs),
+                    absl::StrCat("--worker_ttl_ms=", kTtlMs), "--disaggregation-threshold-tokens=64",
+                    "--shutdown_grace_ms=2000"},
+                   "scheduler listening");
   }
-
   // SIGTERM, then the exit status (-1 if it had to be killed).
-  int Stop() {
-    if (pid_ <= 0) return -1;
-    kill(pid_, SIGTERM);
-    int status = 0;
-    for (int i = 0; i < 100; ++i) {
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = 0;
-        if (reader_.joinable()) reader_.join();
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    kill(pid_, SIGKILL);
-    waitpid(pid_, &status, 0);
-    pid_ = 0;
-    if (reader_.joinable()) reader_.join();
-    return -1;
-  }
-
-  ~SchedulerProcess() { Stop(); }
-
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-  std::string log() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return log_;
-  }
+  int Stop() { return process_.Stop(); }
+  std::string address() { return process_.address(); }
+  std::string log() { return process_.log(); }
 
  private:
-  pid_t pid_ = 0;
-  std::thread reader_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::string log_;
-  int port_ = 0;
-  bool eof_ = false;
+  testing::ChildProcess process_;
 };
 
 v1::RegisterRequest Registration(const std::string& id, v1::WorkerRole role) {

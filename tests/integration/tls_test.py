@@ -4,7 +4,6 @@ serving over mTLS, and peers without a valid client certificate refused."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,6 +11,7 @@ import urllib.request
 
 import pytest
 
+import certs as certs_lib
 import grpc_stubs
 
 grpc = pytest.importorskip("grpc")
@@ -29,37 +29,11 @@ pb, pb_grpc, common, sched_pb, sched_grpc, health_pb, health_grpc = grpc_stubs.l
      "kvmesh.v1.scheduler_pb2_grpc"])
 
 
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _make_ca_and_cert(directory, ca_name, cert_name):
-    """A CA (ca_name.pem/.key) and a certificate it signs for 127.0.0.1 / localhost,
-    usable as server and client certificate (cert_name.pem/.key)."""
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={ca_name}",
-             "-keyout", f"{ca_name}.key", "-out", f"{ca_name}.pem", cwd=directory)
-    with open(os.path.join(directory, f"{cert_name}.ext"), "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                "extendedKeyUsage=serverAuth,clientAuth\n")
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cert_name}",
-             "-keyout", f"{cert_name}.key", "-out", f"{cert_name}.csr", cwd=directory)
-    _openssl("x509", "-req", "-in", f"{cert_name}.csr", "-CA", f"{ca_name}.pem", "-CAkey", f"{ca_name}.key",
-             "-CAcreateserial", "-days", "2", "-extfile", f"{cert_name}.ext", "-out", f"{cert_name}.pem",
-             cwd=directory)
-
-
-def _read(directory, name):
-    with open(os.path.join(directory, name), "rb") as f:
-        return f.read()
-
-
 @pytest.fixture(scope="module")
 def certs():
-    if shutil.which("openssl") is None:
+    directory = certs_lib.make_test_certs("kvmesh-tls-")
+    if directory is None:
         pytest.skip("openssl is not installed")
-    directory = tempfile.mkdtemp(prefix="kvmesh-tls-")
-    _make_ca_and_cert(directory, "ca", "service")
-    _make_ca_and_cert(directory, "rogue-ca", "rogue")  # a certificate of another CA
     return directory
 
 
@@ -104,9 +78,9 @@ def _list_workers(address, credentials):
 
 
 def test_a_peer_with_the_clusters_client_certificate_is_served(cluster, certs):
-    creds = grpc.ssl_channel_credentials(root_certificates=_read(certs, "ca.pem"),
-                                         private_key=_read(certs, "service.key"),
-                                         certificate_chain=_read(certs, "service.pem"))
+    creds = grpc.ssl_channel_credentials(root_certificates=certs_lib.read(certs, "ca.pem"),
+                                         private_key=certs_lib.read(certs, "service.key"),
+                                         certificate_chain=certs_lib.read(certs, "service.pem"))
     workers = _list_workers(cluster["scheduler"]["address"], creds).workers
     assert sorted(w.worker_id for w in workers) == ["dev-decode", "dev-prefill"]
 
@@ -114,14 +88,14 @@ def test_a_peer_with_the_clusters_client_certificate_is_served(cluster, certs):
 @pytest.mark.parametrize("who", ["plaintext", "no client certificate", "certificate of another CA"])
 @pytest.mark.parametrize("service", ["scheduler", "decode"])
 def test_a_peer_without_a_valid_client_certificate_is_refused(cluster, certs, who, service):
-    ca = _read(certs, "ca.pem")
+    ca = certs_lib.read(certs, "ca.pem")
     if who == "plaintext":
         creds = None
     elif who == "no client certificate":
         creds = grpc.ssl_channel_credentials(root_certificates=ca)
     else:
-        creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=_read(certs, "rogue.key"),
-                                             certificate_chain=_read(certs, "rogue.pem"))
+        creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=certs_lib.read(certs, "rogue.key"),
+                                             certificate_chain=certs_lib.read(certs, "rogue.pem"))
     address = cluster[service]["address"]
     channel = grpc.insecure_channel(address) if creds is None else grpc.secure_channel(address, creds)
     with channel:
@@ -133,7 +107,7 @@ def test_a_peer_without_a_valid_client_certificate_is_refused(cluster, certs, wh
 
 
 def test_the_routers_client_api_uses_tls_without_a_client_certificate(cluster, certs):
-    creds = grpc.ssl_channel_credentials(root_certificates=_read(certs, "ca.pem"))
+    creds = grpc.ssl_channel_credentials(root_certificates=certs_lib.read(certs, "ca.pem"))
     with grpc.secure_channel(cluster["router"]["grpc_address"], creds) as channel:
         models = pb_grpc.InferenceStub(channel).ListModels(pb.ListModelsRequest(), timeout=30)
     assert [m.id for m in models.models] == ["tiny-llama"]

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
-#include "cluster/clock.h"
 #include "cluster/worker_registry.h"
+#include "core/clock.h"
 #include "metrics/registry.h"
 
 namespace kvmesh::scheduler {
@@ -25,7 +25,7 @@ class SchedulerMetricsTest : public ::testing::Test {
  protected:
   bool Has(const std::string& line) { return absl::StrContains(registry_.Exposition(), line + "\n"); }
 
-  cluster::ManualClock clock_;
+  ManualClock clock_;
   cluster::WorkerRegistry workers_{{.heartbeat_interval_ms = 100, .worker_ttl_ms = 1000, .clock = &clock_}};
   metrics::Registry registry_;
   std::unique_ptr<SchedulerMetrics> metrics_ = SchedulerMetrics::Create(registry_, workers_).value();

@@ -1,8 +1,8 @@
-#include "serving/api_key.h"
+#include "core/api_key.h"
 
 #include <cstdint>
 
-namespace kvmesh::serving {
+namespace kvmesh {
 
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   // Volatile: keeps the compiler from turning the loop into an early-exit memcmp.
@@ -26,4 +26,4 @@ std::optional<std::string> MatchBearerKey(std::string_view authorization, const 
   return match;
 }
 
-}  // namespace kvmesh::serving
+}  // namespace kvmesh

@@ -1,8 +1,8 @@
-#include "serving/api_key.h"
+#include "core/api_key.h"
 
 #include <gtest/gtest.h>
 
-namespace kvmesh::serving {
+namespace kvmesh {
 namespace {
 
 TEST(ApiKeyTest, ConstantTimeEqualsIsEquality) {
@@ -23,4 +23,4 @@ TEST(ApiKeyTest, MatchBearerKeyReturnsTheMatchingKey) {
 }
 
 }  // namespace
-}  // namespace kvmesh::serving
+}  // namespace kvmesh

@@ -1,6 +1,6 @@
-#include "cluster/clock.h"
+#include "core/clock.h"
 
-namespace kvmesh::cluster {
+namespace kvmesh {
 namespace {
 
 class RealClock final : public Clock {
@@ -15,4 +15,4 @@ Clock& Clock::Real() {
   return *clock;
 }
 
-}  // namespace kvmesh::cluster
+}  // namespace kvmesh

@@ -1,5 +1,6 @@
-// Clock: the time source of the cluster state (leases, heartbeat ages), injectable so
-// tests can expire workers without sleeping.
+// Clock: the time source of state that expires (the scheduler's worker leases and
+// heartbeat ages, the kv-store's read leases and put intents), injectable so tests can
+// expire things without sleeping.
 //
 // Thread-safety: Now() is thread-safe on every implementation; ManualClock's setters too.
 #pragma once
@@ -8,7 +9,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
-namespace kvmesh::cluster {
+namespace kvmesh {
 
 class Clock {
  public:
@@ -39,4 +40,4 @@ class ManualClock final : public Clock {
   absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1'000'000);
 };
 
-}  // namespace kvmesh::cluster
+}  // namespace kvmesh
