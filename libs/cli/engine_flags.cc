@@ -1,4 +1,5 @@
 #include "cli/engine_flags.h"
+#include "cli/engine_flags_kv_store.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -47,9 +48,11 @@ ABSL_FLAG(int64_t, kv_host_cache_bytes, 0,
 ABSL_FLAG(std::string, kv_host_memory, "auto",
           "Memory of the host KV tier: auto (huge pages on a CPU worker, pinned on --device cuda) or uvm (CUDA managed "
           "memory with advise/prefetch; --device cuda only).");
-ABSL_FLAG(std::string, kv_offload_policy, "write-back",
-          "When a block goes down to the host tier: write-back (as tier 0 evicts it) or write-through (as soon as tier 0 "
-          "caches it).");
+ABSL_FLAG(std::string, kv_offload_policy, "auto",
+          "When a block goes down to the host tier: write-back (as tier 0 evicts it), write-through (as soon as tier 0 "
+          "caches it), or auto: write-through with --kv-store (so other workers can load a prefix soon after it was "
+          "computed), else write-back.");
+ABSL_DECLARE_FLAG(std::string, kv_store);
 ABSL_FLAG(std::string, kv_disk_cache_dir, "",
           "Directory of the disk KV tier (io_uring, survives restarts); needs --kv-host-cache-bytes. Empty: off.");
 ABSL_FLAG(int64_t, kv_disk_cache_bytes, int64_t{16} << 30, "Capacity of the disk KV tier in bytes.");
@@ -174,6 +177,8 @@ absl::StatusOr<EngineFromFlags> BuildEngineFromFlags(engine::LlamaModel& model, 
   out.options.kv.record_events = false;  // nothing consumes KV events in one process
   out.options.max_model_len = max_model_len;
   KVMESH_ASSIGN_OR_RETURN(out.options.tiers, KvTierOptionsFromFlags(model, cuda_device));
+  KVMESH_RETURN_IF_ERROR(AddKvStoreFromFlags(model, tp, absl::GetFlag(FLAGS_block_size),
+                                             out.options.kv.enable_prefix_caching, &out.options.tiers));
   return out;
 }
 
@@ -201,11 +206,11 @@ absl::StatusOr<engine::EngineKvTierOptions> KvTierOptionsFromFlags(const engine:
     tiers.host_deallocate = std::move(memory.deallocate);
   }
   const std::string policy = absl::GetFlag(FLAGS_kv_offload_policy);
-  if (policy != "write-back" && policy != "write-through") {
+  if (policy != "auto" && policy != "write-back" && policy != "write-through") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--kv-offload-policy must be write-back or write-through, got '", policy, "'"));
+        absl::StrCat("--kv-offload-policy must be auto, write-back or write-through, got '", policy, "'"));
   }
-  tiers.write_through = policy == "write-through";
+  tiers.write_through = policy == "write-through" || (policy == "auto" && !absl::GetFlag(FLAGS_kv_store).empty());
   tiers.disk_cache_dir = absl::GetFlag(FLAGS_kv_disk_cache_dir);
   tiers.disk_cache_bytes = absl::GetFlag(FLAGS_kv_disk_cache_bytes);
   if (!tiers.disk_cache_dir.empty() && tiers.disk_cache_bytes <= 0) {

@@ -21,6 +21,7 @@
 #include "kv/checksum.h"
 #include "kv_store/kv_store_wire.h"
 #include "kv_store_server/kv_store_server.h"
+#include "store_test_util.h"
 #include "kvmesh/v1/kv_store.grpc.pb.h"
 #include "rpc/grpc_server.h"
 
@@ -43,15 +44,6 @@ std::vector<StoreKey> Keys(int n, uint64_t salt = 0) {
   return keys;
 }
 
-std::vector<std::vector<std::byte>> Blocks(int n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::vector<std::byte>> blocks(n, std::vector<std::byte>(kBlockBytes));
-  for (auto& b : blocks) {
-    for (std::byte& x : b) x = static_cast<std::byte>(rng());
-  }
-  return blocks;
-}
-
 std::vector<std::span<const std::byte>> Spans(const std::vector<std::vector<std::byte>>& blocks) {
   return {blocks.begin(), blocks.end()};
 }
@@ -61,29 +53,6 @@ std::vector<std::span<std::byte>> Spans(std::vector<std::vector<std::byte>>& blo
 }
 
 absl::Time Deadline(int64_t ms = 5000) { return absl::Now() + absl::Milliseconds(ms); }
-
-// A port that accepts TCP connections and never speaks: a store stopped (SIGSTOP) or
-// hung behind a live socket.
-class SilentListener {
- public:
-  SilentListener() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    EXPECT_EQ(listen(fd_, 16), 0);
-    socklen_t len = sizeof(addr);
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-  }
-  ~SilentListener() { close(fd_); }
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
 
 // A port nothing listens on: a dead store.
 std::string DeadAddress() {
@@ -137,7 +106,7 @@ TEST_F(KvStoreClientTest, PutLookupGetRoundTripsBitIdenticallyOverSeveralStores)
   StartStores(3);
   auto client = Client(Addresses());
   const std::vector<StoreKey> keys = Keys(48);
-  const auto blocks = Blocks(48, 1);
+  const auto blocks = RandomBlocks(48, kBlockBytes, 1);
   const KvStorePutResult put = client->Put(keys, Spans(blocks), {}, Deadline());
   ASSERT_TRUE(put.error.ok()) << put.error;
   EXPECT_EQ(put.num_committed, 48);
@@ -160,7 +129,7 @@ TEST_F(KvStoreClientTest, LookupStopsAtTheFirstMissingBlockOfTheChain) {
   StartStores(2);
   auto client = Client(Addresses());
   const std::vector<StoreKey> keys = Keys(10);
-  const auto blocks = Blocks(10, 2);
+  const auto blocks = RandomBlocks(10, kBlockBytes, 2);
   std::vector<StoreKey> some = {keys[0], keys[1], keys[2], keys[5]};
   std::vector<std::span<const std::byte>> some_blocks = {blocks[0], blocks[1], blocks[2], blocks[5]};
   ASSERT_EQ(client->Put(some, some_blocks, {}, Deadline()).num_committed, 4);
@@ -176,7 +145,7 @@ TEST_F(KvStoreClientTest, APutOfBlocksTheClientKnowsAreStoredSendsNothing) {
   StartStores(1);
   auto client = Client(Addresses());
   const std::vector<StoreKey> keys = Keys(8);
-  const auto blocks = Blocks(8, 3);
+  const auto blocks = RandomBlocks(8, kBlockBytes, 3);
   ASSERT_EQ(client->Put(keys, Spans(blocks), {}, Deadline()).num_committed, 8);
   const KvStorePutResult again = client->Put(keys, Spans(blocks), {}, Deadline());
   EXPECT_EQ(again.num_committed, 0);
@@ -194,7 +163,7 @@ TEST_F(KvStoreClientTest, ANewEpochMakesTheClientForgetWhatTheStoreHeld) {
   StartStores(1);
   auto client = Client(Addresses());
   const std::vector<StoreKey> keys = Keys(2);
-  const auto blocks = Blocks(2, 4);
+  const auto blocks = RandomBlocks(2, kBlockBytes, 4);
   ASSERT_EQ(client->Put(keys, Spans(blocks), {}, Deadline()).num_committed, 2);
   const uint64_t first_epoch = client->epoch(0);
   ASSERT_NE(first_epoch, 0u);
@@ -215,7 +184,7 @@ TEST_F(KvStoreClientTest, AGetUnderALeaseOfAnEarlierEpochIsAMiss) {
   StartStores(1);
   auto client = Client(Addresses());
   const std::vector<StoreKey> keys = Keys(1);
-  const auto blocks = Blocks(1, 5);
+  const auto blocks = RandomBlocks(1, kBlockBytes, 5);
   ASSERT_EQ(client->Put(keys, Spans(blocks), {}, Deadline()).num_committed, 1);
   KvStoreLookup lookup = client->Lookup(keys, Deadline());
   ASSERT_EQ(lookup.num_present, 1);
@@ -232,7 +201,7 @@ TEST_F(KvStoreClientTest, ARestartedStoreIsGivenPutsGradually) {
   StartStores(1);
   auto client = Client(Addresses(), /*warmup_ms=*/60'000);
   const std::vector<StoreKey> keys = Keys(64);
-  const auto blocks = Blocks(64, 6);
+  const auto blocks = RandomBlocks(64, kBlockBytes, 6);
   // First contact is not a restart: no warm-up.
   EXPECT_EQ(client->Put(keys, Spans(blocks), {}, Deadline()).num_committed, 64);
   Restart(0);
@@ -247,7 +216,7 @@ TEST_F(KvStoreClientTest, AHungStoreIsAMissWithinTheDeadline) {
   SilentListener hung;
   auto client = Client({Addresses()[0], hung.address()});
   const std::vector<StoreKey> keys = Keys(32);
-  const auto blocks = Blocks(32, 7);
+  const auto blocks = RandomBlocks(32, kBlockBytes, 7);
   const absl::Time start = absl::Now();
   const KvStorePutResult put = client->Put(keys, Spans(blocks), {}, start + absl::Milliseconds(300));
   const KvStoreLookup lookup = client->Lookup(keys, absl::Now() + absl::Milliseconds(300));
@@ -266,7 +235,7 @@ TEST_F(KvStoreClientTest, ADeadStoreIsAMissAndTheOthersShareStillHits) {
   const std::string dead = DeadAddress();
   auto client = Client({Addresses()[0], dead});
   const std::vector<StoreKey> keys = Keys(64);
-  const auto blocks = Blocks(64, 8);
+  const auto blocks = RandomBlocks(64, kBlockBytes, 8);
   client->Put(keys, Spans(blocks), {}, Deadline(2000));
   // Each key on its own: the live store's keys all hit.
   int hits = 0;
@@ -293,7 +262,7 @@ TEST_F(KvStoreClientTest, AnotherCacheSaltNeverHits) {
   const StoreKeySpace none = StoreKeySpace::Create({.model = "m", .block_spec = spec}).value();
   std::vector<kv::BlockHash> chain;
   for (uint64_t i = 0; i < 16; ++i) chain.push_back({.low = i, .high = 99});
-  const auto blocks = Blocks(16, 9);
+  const auto blocks = RandomBlocks(16, kBlockBytes, 9);
   ASSERT_EQ(client->Put(a.Keys(chain), Spans(blocks), {}, Deadline()).num_committed, 16);
   EXPECT_EQ(client->Lookup(a.Keys(chain), Deadline()).num_present, 16);
   EXPECT_EQ(client->Lookup(b.Keys(chain), Deadline()).num_present, 0);
@@ -308,7 +277,7 @@ TEST_F(KvStoreClientTest, WithApiKeysAClientWithoutTheKeyCannotLookUpPutOrGet) {
   auto none = Client(Addresses());
   auto wrong = Client(Addresses(), 0, "guess");
   const std::vector<StoreKey> keys = Keys(4);
-  const auto blocks = Blocks(4, 10);
+  const auto blocks = RandomBlocks(4, kBlockBytes, 10);
   for (KvStoreClient* c : {none.get(), wrong.get()}) {
     const KvStorePutResult put = c->Put(keys, Spans(blocks), {}, Deadline());
     EXPECT_EQ(put.num_committed, 0);
