@@ -232,7 +232,9 @@ void KvStoreConnector::LookupLoop() {
     // NOTE: the lease is not kept for the load: the load takes its own (the engine may
     // decide to recompute, or load much later); a held lease would only delay eviction.
     if (found.num_present > 0) client_->Release(found, DeadlineIn(options_.lookup_timeout_ms));
-    if (!found.error.ok()) KVMESH_LOG(kInfo) << "kv-store lookup: " << found.error.message() << ": a miss";
+    if (!found.error.ok()) {
+      KVMESH_LOG(kInfo) << "kv-store lookup: " << found.error.message() << ": a miss";
+    }
     const Clock::time_point until = Clock::now() + std::chrono::milliseconds(options_.believe_ms);
     absl::MutexLock lock(&mu_);
     const auto present = static_cast<size_t>(std::max(found.num_present, 0));
@@ -324,6 +326,9 @@ void KvStoreConnector::SaveLoop() {
     std::vector<kv::BlockHash> hashes;
     std::vector<std::span<const std::byte>> blocks;
     std::vector<uint64_t> checksums;
+    // NOTE: tail first: the store commits in this order, so a chain's head is its most
+    // recently used block and is evicted last (BlockStore's eviction).
+    std::reverse(batch.begin(), batch.end());
     for (const Save& s : batch) {
       hashes.push_back(s.hash);
       blocks.push_back(s.payload);

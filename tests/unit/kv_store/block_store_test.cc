@@ -201,6 +201,15 @@ TEST_F(BlockStoreTest, EvictionTakesTheLeastRecentlyUsedUnleasedBlock) {
   EXPECT_EQ(store->Stats().evictions, 1);
 }
 
+TEST_F(BlockStoreTest, EvictionTakesAChainsTailBeforeItsHead) {
+  auto store = Make(4);
+  for (const int k : {3, 2, 1}) ASSERT_TRUE(PutOne(*store, Key(k), Bytes(k)).ok());  // as a client puts a chain
+  ASSERT_TRUE(store->Release(store->Lookup({{Key(1), Key(2), Key(3)}}).lease));
+  ASSERT_TRUE(PutOne(*store, Key(9), Bytes(9)).ok());
+  ASSERT_TRUE(PutOne(*store, Key(10), Bytes(10)).ok());  // full: one block of the chain goes
+  EXPECT_EQ(store->Lookup({{Key(1), Key(2), Key(3)}}).num_present, 2) << "the tail went, the leading run stays";
+}
+
 TEST_F(BlockStoreTest, EvictionSkipsLeasedBlocksUntilTheLeaseEnds) {
   auto store = Make(2);
   ASSERT_TRUE(PutOne(*store, Key(1), Bytes(1)).ok());
@@ -213,8 +222,8 @@ TEST_F(BlockStoreTest, EvictionSkipsLeasedBlocksUntilTheLeaseEnds) {
   EXPECT_TRUE(store->Release(lease.lease));
   EXPECT_FALSE(store->Release(lease.lease));
   EXPECT_EQ(store->PutIntent({{Key(3)}}, kSlotBytes).value().blocks[0].outcome, IntentOutcome::kReserved);
-  // Expired: evictable again too.
-  const LookupResult second = store->Lookup({{Key(2)}});
+  // Expired: evictable again too. (Key(3)'s intent evicted the chain's tail, Key(2).)
+  const LookupResult second = store->Lookup({{Key(1)}});
   ASSERT_EQ(second.num_present, 1);
   EXPECT_EQ(store->PutIntent({{Key(4)}}, kSlotBytes).value().blocks[0].outcome, IntentOutcome::kNoSpace);
   clock_.Advance(absl::Milliseconds(kLeaseMs));
