@@ -237,7 +237,7 @@ void Engine::Deliver(const std::vector<RequestOutput>& outputs) {
       streamed_prefills_.erase(output.request_id);
       // Commit, fail and expiry close their lease themselves: what is left was aborted.
       if (const KvTransferId* lease = handoffs_.LeaseOf(output.request_id); lease != nullptr) {
-        handoffs_.Close(*lease, kv::KvHandoffLedger::LeaseEnd::kAborted);
+        CloseLease(*lease, kv::KvHandoffLedger::LeaseEnd::kAborted);
       }
     }
     const auto it = callbacks_.find(output.request_id);
@@ -335,6 +335,7 @@ EngineStats Engine::stats() const {
   e.num_remote_prefill_fallbacks = num_remote_prefill_fallbacks_;
   e.num_prefill_releases_expired = h.pins_expired;
   e.num_kv_blocks_stranded = CountStrandedBlocks();
+  e.num_kv_blocks_quarantined = handoffs_.num_quarantined_blocks();
   e.prefix_cache_host_hit_tokens = p.host_hit_tokens;
   e.num_waiting_for_disk = s.num_waiting_for_disk;
   e.num_waiting_for_lookup = s.num_waiting_for_lookup;

@@ -143,8 +143,12 @@ struct EngineStats {
   // Blocks that nothing live should be holding: held by no live request, leased or
   // pinned past their deadline, host slots pinned by a lookup nobody used, or
   // held for a disk load whose request is gone. Always 0
-  // unless something leaks (kvmesh_kv_blocks_stranded).
+  // unless something leaks (kvmesh_kv_blocks_stranded). Quarantined blocks count once
+  // their quarantine has lasted a lease timeout.
   int64_t num_kv_blocks_stranded = 0;
+  // Blocks of failed remote-prefill leases kept out of the pool while a transport's
+  // writer may still write into them (ExpectDirectKvWrites); also counted as used.
+  int64_t num_kv_blocks_quarantined = 0;
   // Lower tiers (all zero without them).
   bool has_host_tier = false;
   bool has_disk_tier = false;
@@ -244,6 +248,19 @@ class Engine {
   // FailedPrecondition for a lease that is not open (the request ended meanwhile).
   absl::Status FallBackToLocalPrefill(KvTransferId transfer_id, const absl::Status& why);
 
+  // The transport writes the open lease's blocks itself, and a writer of its may outlive
+  // the lease (a same-host write stopped mid-way: kv/transport/kv_transport.h,
+  // on_released). Until KvWritersGone, an end of the lease other than a commit
+  // (failure, fallback, abort, expiry) quarantines its transferred blocks: the request
+  // ends (or is prefilled again, in other blocks) at once, but those blocks stay out of
+  // the pool, counted as used and num_kv_blocks_quarantined. No-op for a lease that is
+  // not open.
+  void ExpectDirectKvWrites(KvTransferId transfer_id);
+  // The transport says no writer of the lease can write any more: a quarantine of its
+  // blocks ends (they return to the pool), or the open lease's end quarantines nothing.
+  // No-op for an unknown or committed lease.
+  void KvWritersGone(KvTransferId transfer_id);
+
   // Ends every request that waits for its first scheduling and streamed nothing yet,
   // with `status` (a draining worker hands them back for placement elsewhere); returns
   // (and streams) their final outputs. InvalidArgument for an OK `status`.
@@ -340,6 +357,9 @@ class Engine {
   // Ends expired leases and pinned prefills (DeadlineExceeded); returns their delivered
   // final outputs.
   std::vector<RequestOutput> ReclaimExpired();
+  // Ends a lease in the ledger, holding the blocks it quarantines (ExpectDirectKvWrites)
+  // out of the pool.
+  void CloseLease(KvTransferId id, kv::KvHandoffLedger::LeaseEnd end);
   // The blocks this step completes for each streamed prefill in `scheduled` (advancing
   // their next_block); empty when none streams.
   std::vector<LayerExport> PlanLayerExports(const SchedulerOutput& scheduled);

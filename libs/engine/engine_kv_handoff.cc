@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
 #include "core/status_macros.h"
 #include "engine/engine.h"
 #include "kv/kv_layout.h"
@@ -121,7 +122,7 @@ absl::StatusOr<RequestOutput> Engine::CommitRemotePrefill(KvTransferId transfer_
   const std::string request_id = lease->request_id;
   KVMESH_ASSIGN_OR_RETURN(RequestOutput output,
                           scheduler_->CommitRemotePrefill(request_id, first_token_id, first_token_logprobs));
-  handoffs_.Close(transfer_id, kv::KvHandoffLedger::LeaseEnd::kCommitted);
+  CloseLease(transfer_id, kv::KvHandoffLedger::LeaseEnd::kCommitted);
   if (!output.outputs.empty() || output.finished) Deliver({output});
   return output;
 }
@@ -135,7 +136,7 @@ absl::StatusOr<RequestOutput> Engine::FailRemotePrefill(KvTransferId transfer_id
   }
   const std::string request_id = lease->request_id;
   KVMESH_ASSIGN_OR_RETURN(RequestOutput output, scheduler_->FailRequest(request_id, status));
-  handoffs_.Close(transfer_id, kv::KvHandoffLedger::LeaseEnd::kFailed);
+  CloseLease(transfer_id, kv::KvHandoffLedger::LeaseEnd::kFailed);
   Deliver({output});
   return output;
 }
@@ -148,9 +149,31 @@ absl::Status Engine::FallBackToLocalPrefill(KvTransferId transfer_id, const absl
   }
   const std::string request_id = lease->request_id;
   KVMESH_RETURN_IF_ERROR(scheduler_->RequeueRemotePrefill(request_id));
-  handoffs_.Close(transfer_id, kv::KvHandoffLedger::LeaseEnd::kFailed);
+  CloseLease(transfer_id, kv::KvHandoffLedger::LeaseEnd::kFailed);
   ++num_remote_prefill_fallbacks_;
   return absl::OkStatus();
+}
+
+void Engine::ExpectDirectKvWrites(KvTransferId transfer_id) { handoffs_.ExpectDirectWrites(transfer_id); }
+
+void Engine::KvWritersGone(KvTransferId transfer_id) {
+  const std::vector<kv::BlockId> released = handoffs_.WritersGone(transfer_id);
+  if (released.empty()) return;
+  if (const absl::Status s = kv_->ReleaseHeldBlocks(released); !s.ok()) {
+    KVMESH_LOG(kError) << "releasing quarantined KV blocks failed" << LogKv("status", s.ToString());
+  }
+}
+
+void Engine::CloseLease(KvTransferId id, kv::KvHandoffLedger::LeaseEnd end) {
+  // NOTE: the request's table may have freed these blocks already (in this same engine
+  // call: nothing allocated them since); HoldBlocks takes them back out of the pool.
+  // A quarantine is stranded once it lasted a whole lease timeout: a live writer is
+  // refused at its next message and says it stopped long before.
+  const std::vector<kv::BlockId> quarantined = handoffs_.Close(id, end, DeadlineAfter(lease_timeout_ms_));
+  if (quarantined.empty()) return;
+  if (const absl::Status s = kv_->HoldBlocks(quarantined); !s.ok()) {
+    KVMESH_LOG(kError) << "quarantining KV blocks failed" << LogKv("status", s.ToString());
+  }
 }
 
 absl::StatusOr<std::vector<RequestOutput>> Engine::HandBackUnstarted(const absl::Status& status) {
@@ -290,7 +313,7 @@ std::vector<RequestOutput> Engine::ReclaimExpired() {
   // Collected first (ending a request edits the ledger), in a deterministic order.
   for (const KvTransferId id : handoffs_.ExpiredLeases(now)) {
     const std::string request_id = handoffs_.lease(id)->request_id;
-    handoffs_.Close(id, kv::KvHandoffLedger::LeaseEnd::kExpired);
+    CloseLease(id, kv::KvHandoffLedger::LeaseEnd::kExpired);
     absl::StatusOr<RequestOutput> out = scheduler_->FailRequest(
         request_id, absl::DeadlineExceededError(absl::StrCat("KV transfer lease ", id.value, " expired after ",
                                                              lease_timeout_ms_, " ms without a commit")));

@@ -35,7 +35,9 @@
 // (FailRemotePrefill: the transfer failed; a retry takes a new lease), aborted
 // (Engine::Abort of the request) or expired (EngineOptions::lease_timeout_ms, reclaimed
 // in Step). Every ending but commit frees the blocks and ends the request with a final
-// output; commit hands them to the running sequence. No block is stranded.
+// output (a lease whose transport writes the blocks itself keeps them quarantined until
+// its writers are gone: Engine::ExpectDirectKvWrites); commit hands them to the running
+// sequence. No block is stranded.
 //
 // Thread-safety: plain values.
 #pragma once

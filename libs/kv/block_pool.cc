@@ -137,6 +137,18 @@ absl::Status BlockPool::Touch(std::span<const BlockId> blocks) {
   return absl::OkStatus();
 }
 
+absl::Status BlockPool::Hold(std::span<const BlockId> blocks) {
+  for (const BlockId id : blocks) {
+    if (!IsValid(id)) return absl::InvalidArgumentError(absl::StrCat("Hold: block ", id.value, " out of range"));
+  }
+  for (const BlockId id : blocks) {
+    BlockMeta& m = blocks_[id.value];
+    if (m.ref_count == 0) Unlink(ListOf(m), id.value);
+    ++m.ref_count;
+  }
+  return absl::OkStatus();
+}
+
 std::optional<BlockId> BlockPool::LookupCached(const BlockHash& hash) const {
   const auto it = hash_to_block_.find(hash);
   if (it == hash_to_block_.end()) return std::nullopt;

@@ -71,6 +71,13 @@ class BlockPool {
   // FailedPrecondition for a free block (it holds no valid KV); on error nothing changes.
   absl::Status Touch(std::span<const BlockId> blocks);
 
+  // Adds one reference per listed block whatever its state: a free block leaves the free
+  // list (used, hash-less), a cached one the eviction list (its hash kept), so that
+  // Allocate() hands none of them out until Release() drops the reference. For blocks
+  // something outside the pool may still write into (a quarantine: KvCacheManager::
+  // HoldBlocks). InvalidArgument for an id out of range; on error nothing changes.
+  absl::Status Hold(std::span<const BlockId> blocks);
+
   // The block (used or cached) that holds `hash`, if any.
   std::optional<BlockId> LookupCached(const BlockHash& hash) const;
 

@@ -344,6 +344,32 @@ KvUsage KvCacheManager::GetUsage() const {
   return u;
 }
 
+absl::Status KvCacheManager::HoldBlocks(std::span<const BlockId> blocks) {
+  KVMESH_RETURN_IF_ERROR(pool_->Hold(blocks));
+  for (const BlockId b : blocks) {
+    if (held_[b.value]++ == 0) ++num_held_blocks_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvCacheManager::ReleaseHeldBlocks(std::span<const BlockId> blocks) {
+  absl::flat_hash_map<int32_t, int32_t> releases;
+  for (const BlockId b : blocks) {
+    const auto it = held_.find(b.value);
+    if (it == held_.end() || ++releases[b.value] > it->second) {
+      return absl::FailedPreconditionError(absl::StrCat("ReleaseHeldBlocks: block ", b.value, " is not held"));
+    }
+  }
+  KVMESH_RETURN_IF_ERROR(pool_->Release(blocks));
+  for (const BlockId b : blocks) {
+    if (--held_[b.value] == 0) {
+      held_.erase(b.value);
+      --num_held_blocks_;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvCacheManager::CheckInvariants() const {
   KVMESH_RETURN_IF_ERROR(pool_->CheckInvariants());
   if (tiers_ != nullptr) KVMESH_RETURN_IF_ERROR(tiers_->CheckInvariants());
@@ -380,6 +406,7 @@ absl::Status KvCacheManager::CheckInvariants() const {
       }
     }
   }
+  for (const auto& [b, n] : held_) holders[b] += n;
   for (int32_t b = 0; b < num_blocks(); ++b) {
     if (holders[b] != pool_->ref_count(BlockId{b})) {
       return absl::InternalError(absl::StrCat("block ", b, " has ref_count ", pool_->ref_count(BlockId{b}), " but ",

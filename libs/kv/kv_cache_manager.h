@@ -211,6 +211,16 @@ class KvCacheManager {
   // its prefix. FailedPrecondition for an unknown request.
   absl::Status Free(RequestId id);
 
+  // Quarantine: keeps `blocks` out of use, whoever else holds or frees them, until
+  // ReleaseHeldBlocks — blocks a writer outside the engine may still write into (a
+  // failed KV transfer's, kv/kv_handoff_ledger.h). One reference each (BlockPool::
+  // Hold): they count as used. InvalidArgument for an id out of range, nothing held.
+  absl::Status HoldBlocks(std::span<const BlockId> blocks);
+  // Drops one HoldBlocks reference per block. FailedPrecondition, nothing released, for
+  // a block not held.
+  absl::Status ReleaseHeldBlocks(std::span<const BlockId> blocks);
+  int32_t num_held_blocks() const { return num_held_blocks_; }
+
   // Gives `child` the parent's table, computed count and computed blocks' hashes, sharing every block
   // (ref_count + 1): parallel sampling n > 1. The shared partial last block is copied on
   // the first write (AllocateSlots / PrepareAppend). FailedPrecondition for an unknown
@@ -257,7 +267,7 @@ class KvCacheManager {
   const KvCacheManagerOptions& options() const { return options_; }
 
   // Pool invariants plus: each block's ref_count equals the number of tables holding it
-  // (so no table holds a free block), no table holds a block twice, computed counts fit
+  // plus its HoldBlocks references (so no table holds a free block), no table holds a block twice, computed counts fit
   // the tables, and every registered block holds its own hash or none. Internal on the
   // first violation. O(num_blocks + blocks in all tables); for tests.
   absl::Status CheckInvariants() const;
@@ -291,6 +301,8 @@ class KvCacheManager {
   std::unique_ptr<KvTiers> tiers_;  // null without lower tiers
   double tier_call_seconds_ = 0;
   absl::flat_hash_map<RequestId, RequestState> requests_;
+  absl::flat_hash_map<int32_t, int32_t> held_;  // HoldBlocks references by block id
+  int32_t num_held_blocks_ = 0;                 // distinct blocks in held_
   PrefixCacheStats prefix_stats_;
 };
 

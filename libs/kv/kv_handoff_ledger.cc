@@ -63,9 +63,17 @@ void KvHandoffLedger::RecordImport(KvLease& lease, int32_t layer, int32_t block_
   }
 }
 
-void KvHandoffLedger::Close(KvTransferId id, LeaseEnd end) {
+std::vector<BlockId> KvHandoffLedger::Close(KvTransferId id, LeaseEnd end, int64_t quarantine_deadline_ms) {
   const auto it = leases_.find(id);
-  if (it == leases_.end()) return;
+  if (it == leases_.end()) return {};
+  std::vector<BlockId> quarantined;
+  if (end != LeaseEnd::kCommitted && it->second.direct_writes_pending) {
+    const KvLease& lease = it->second;
+    quarantined.assign(lease.block_ids.begin() + lease.num_cached_blocks, lease.block_ids.end());
+    num_quarantined_blocks_ += static_cast<int64_t>(quarantined.size());
+    quarantined_[id] = Quarantine{.block_ids = quarantined, .deadline_ms = quarantine_deadline_ms};
+    ++stats_.leases_quarantined;
+  }
   lease_of_request_.erase(it->second.request_id);
   leases_.erase(it);
   switch (end) {
@@ -82,6 +90,24 @@ void KvHandoffLedger::Close(KvTransferId id, LeaseEnd end) {
       ++stats_.leases_expired;
       break;
   }
+  return quarantined;
+}
+
+void KvHandoffLedger::ExpectDirectWrites(KvTransferId id) {
+  if (const auto it = leases_.find(id); it != leases_.end()) it->second.direct_writes_pending = true;
+}
+
+std::vector<BlockId> KvHandoffLedger::WritersGone(KvTransferId id) {
+  if (const auto it = leases_.find(id); it != leases_.end()) {
+    it->second.direct_writes_pending = false;
+    return {};
+  }
+  const auto it = quarantined_.find(id);
+  if (it == quarantined_.end()) return {};
+  std::vector<BlockId> released = std::move(it->second.block_ids);
+  quarantined_.erase(it);
+  num_quarantined_blocks_ -= static_cast<int64_t>(released.size());
+  return released;
 }
 
 const KvTransferId* KvHandoffLedger::LeaseOf(const std::string& request_id) const {
@@ -132,6 +158,9 @@ int64_t KvHandoffLedger::StrandedBlocks(int64_t now_ms) const {
   }
   for (const auto& [id, pin] : pins_) {
     if (now_ms >= pin.deadline_ms) stranded += static_cast<int64_t>(pin.block_ids.size());
+  }
+  for (const auto& [id, q] : quarantined_) {
+    if (now_ms >= q.deadline_ms) stranded += static_cast<int64_t>(q.block_ids.size());
   }
   return stranded;
 }

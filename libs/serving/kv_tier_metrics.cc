@@ -84,8 +84,16 @@ absl::Status AddKvTierMetrics(metrics::Registry& registry, std::function<engine:
   KVMESH_RETURN_IF_ERROR(
       registry
           .AddCallbackGauge("kvmesh_kv_blocks_stranded",
-                            "KV blocks held by no live request, or leased or pinned past their deadline (must be 0).",
+                            "KV blocks held by no live request, or leased, pinned or quarantined past their deadline "
+                            "(must be 0).",
                             [engine_stats] { return static_cast<double>(engine_stats().num_kv_blocks_stranded); })
+          .status());
+  KVMESH_RETURN_IF_ERROR(
+      registry
+          .AddCallbackGauge("kvmesh_kv_blocks_quarantined",
+                            "KV blocks of failed transfers kept out of use while their sender may still write into "
+                            "them (also counted as used).",
+                            [engine_stats] { return static_cast<double>(engine_stats().num_kv_blocks_quarantined); })
           .status());
   return absl::OkStatus();
 }

@@ -1,5 +1,6 @@
-// The KV hierarchy's metrics (kvmesh_kv_tier_*{tier="host"|"disk"} and
-// kvmesh_kv_blocks_stranded), read from the engine's stats at scrape time.
+// The KV hierarchy's metrics (kvmesh_kv_tier_*{tier="host"|"disk"},
+// kvmesh_kv_blocks_stranded and kvmesh_kv_blocks_quarantined), read from the engine's
+// stats at scrape time.
 //
 // Thread-safety: registration is not thread-safe; the callbacks call `engine_stats`
 // from the scraping thread (it must be thread-safe, as AsyncEngine::stats is).

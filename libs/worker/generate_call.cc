@@ -101,7 +101,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
           [this, prefill, sampling, prompt](engine::Engine& e, engine::EngineRequest r) -> absl::Status {
             auto lease = e.ReserveForRemotePrefill(std::move(r));
             if (!lease.ok()) return lease.status();
-            StartRemotePrefill(*lease, prefill, *sampling, *prompt);
+            StartRemotePrefill(e, *lease, prefill, *sampling, *prompt);
             return absl::OkStatus();
           });
     }
@@ -125,8 +125,9 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
 
   // On the engine thread, right after the lease is granted: asks the prefill worker to
   // fill it. The reply (gRPC thread) posts the commit or the failure.
-  void StartRemotePrefill(const engine::RemotePrefillLease& lease, const std::string& prefill_address,
-                          const v1::SamplingParams& sampling, const std::vector<int32_t>& prompt) {
+  void StartRemotePrefill(engine::Engine& engine, const engine::RemotePrefillLease& lease,
+                          const std::string& prefill_address, const v1::SamplingParams& sampling,
+                          const std::vector<int32_t>& prompt) {
     const std::string transfer_id = absl::StrCat(state_.worker_id(), "/", lease.transfer_id.value);
     WorkerState::Lease entry{.id = lease.transfer_id, .index_of_block = {}};
     for (int32_t i = lease.num_cached_blocks(); i < lease.num_blocks(); ++i) {
@@ -186,8 +187,12 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
               call->ucx_stats = stats;
             }
             Resolve(call, *state, id, want_logprobs);
-          });
+          },
+          // Until then the lease's blocks stay quarantined should it end uncommitted:
+          // a same-host sender may still write into them.
+          [state, id] { state->engine().Post([id](engine::Engine& e) { e.KvWritersGone(id); }); });
       if (grant.ok()) {
+        engine.ExpectDirectKvWrites(id);
         call->ucx_offered = true;
         call->ucx_tokens = grant->lease_tokens;
         dest->set_transport(v1::KV_TRANSPORT_UCX);

@@ -120,9 +120,12 @@ absl::Status Worker::StartUcx(const std::vector<kv::KvStorage*>& rank_storages) 
                                          : absl::OkStatus();
   for (size_t r = 0; r < rank_storages.size() && s.ok(); ++r) {
     kv::KvStorage* storage = rank_storages[r];
+    // Runs carry their checksums, checked as they land (kv_transport_bench
+    // --checksum-runs 0|1 for what that costs).
     auto created = kv::UcxKvTransport::Create({.tls = options_.ucx_tls,
                                                .progress_timeout_ms = options_.kv_progress_timeout_ms,
-                                               .receiver_timeout_ms = options_.kv_progress_timeout_ms});
+                                               .receiver_timeout_ms = options_.kv_progress_timeout_ms,
+                                               .checksum_runs = true});
     s = created.status();
     if (!created.ok()) break;
     auto pool = (*created)->RegisterPool(storage->data(), storage->layout());

@@ -25,12 +25,12 @@
 // SmolLM2-135M-like one (30 layers, 3 KV heads, head_dim 64, bf16).
 //
 //   kv_transport_bench [--tls "sm;tcp-netns"] [--iters 20] [--layer-gap-us 500]
-//                      [--perftest /usr/bin/ucx_perftest]
+//                      [--perftest /usr/bin/ucx_perftest] [--checksum-runs 1]
+// (--checksum-runs 0: runs without their XXH3 checksums, to measure what they cost.)
 // (--tls: ';'-separated UCX_TLS values; "tcp-netns" is tcp across the namespaces.)
 //
 // The receiver is this binary re-executed with --receiver (a fresh process, no UCX
 // state inherited through fork; under `ip netns exec` for tcp-netns).
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -40,6 +40,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -56,8 +57,8 @@
 #include "kvmesh/v1/worker.grpc.pb.h"
 #include "worker/kv_push_stream.h"
 #include "rpc/channel.h"
+#include "util/piped_child.h"
 
-extern char** environ;
 
 namespace kvmesh {
 namespace {
@@ -107,10 +108,23 @@ bool WriteAll(int fd, const void* buf, size_t n) {
   return true;
 }
 
+// Whether runs carry checksums (UcxKvTransportOptions::checksum_runs, both sides):
+// --checksum-runs 1 (the worker's setting) or 0, for the cost of the check.
+bool g_checksum_runs = true;
+
 // What the worker's UcxKvTransport gets (libs/worker/worker.cc, with WorkerOptions
 // defaults); `cma` false: same-host puts through ucp_put_nbx too, for comparison.
 kv::UcxKvTransportOptions WorkerOptions(const std::string& tls, bool cma = true) {
-  return {.tls = tls, .progress_timeout_ms = 1000, .receiver_timeout_ms = 1000, .cross_memory_attach = cma};
+  return {.tls = tls, .progress_timeout_ms = 1000, .receiver_timeout_ms = 1000, .cross_memory_attach = cma,
+          .checksum_runs = g_checksum_runs};
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
 }
 
 int64_t MonotonicNs() {
@@ -151,42 +165,15 @@ int RunReceiver(const std::string& tls, int shape_index, bool cma) {
   return 0;
 }
 
-struct Child {
-  pid_t pid = -1;
-  int to = -1;    // its stdin
-  int from = -1;  // its stdout
-};
+using Child = testing::PipedChild;
 
 // `prefix` runs before the binary (e.g. {"ip", "netns", "exec", NS}); `env` adds to the
 // environment.
 Child Spawn(const std::vector<std::string>& prefix, const std::vector<std::string>& args,
             const std::vector<std::string>& env_extra) {
-  int in[2], out[2];
-  if (pipe(in) != 0 || pipe(out) != 0) return {};
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_addclose(&fa, in[1]);
-  posix_spawn_file_actions_addclose(&fa, out[0]);
   std::vector<std::string> all = prefix;
   all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& x : all) argv.push_back(x.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_strings = env_extra;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
-  std::vector<char*> envp;
-  for (auto& x : env_strings) envp.push_back(x.data());
-  envp.push_back(nullptr);
-  Child c;
-  if (posix_spawnp(&c.pid, argv[0], &fa, nullptr, argv.data(), envp.data()) != 0) c.pid = -1;
-  posix_spawn_file_actions_destroy(&fa);
-  close(in[0]);
-  close(out[1]);
-  c.to = in[1];
-  c.from = out[0];
-  return c;
+  return testing::SpawnPiped(std::move(all), env_extra);
 }
 
 void StopReceiver(Child& c) {
@@ -299,7 +286,9 @@ Result BenchUcx(const Site& site, int shape_index, int iters, int64_t layer_gap_
   const kv::KvPoolHandle pool = transport->RegisterPool(storage->data(), storage->layout()).value();
   std::vector<kv::BlockId> src;
   for (int32_t i = 0; i < kPromptBlocks; ++i) src.push_back(kv::BlockId{i});
-  Child child = Spawn(prefix, {SelfPath(), "--receiver", site.tls, std::to_string(shape_index), site.cma ? "cma" : "nocma"},
+  Child child = Spawn(prefix,
+                      {SelfPath(), "--receiver", site.tls, std::to_string(shape_index), site.cma ? "cma" : "nocma",
+                       g_checksum_runs ? "sums" : "nosums"},
                       child_env);
   Result result;
   std::vector<double> gbps, tails;
@@ -491,6 +480,7 @@ int Main(int argc, char** argv) {
     else if (flag == "--iters") iters = std::max(1, std::atoi(argv[i + 1]));
     else if (flag == "--perftest") perftest = argv[i + 1];
     else if (flag == "--layer-gap-us") layer_gap_us = std::max(0, std::atoi(argv[i + 1]));
+    else if (flag == "--checksum-runs") g_checksum_runs = std::atoi(argv[i + 1]) != 0;
     else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -516,6 +506,9 @@ int Main(int argc, char** argv) {
       }
     }
   }
+  std::printf("cpu: %s  isa: %s  checksum_runs: %d\n", CpuModel().c_str(),
+              __builtin_cpu_supports("avx512f") ? "AVX-512" : __builtin_cpu_supports("avx2") ? "AVX2" : "baseline",
+              g_checksum_runs ? 1 : 0);
   std::printf("KV of a 4096-token prompt (256 blocks x 16 tokens, every layer), sender -> receiver process\n");
   std::printf("%-48s %-9s %7s %9s %9s %7s %9s %7s %8s %7s %6s %6s %9s %9s %5s\n", "shape", "transport", "MB",
               "ucx GB/s", "perftest", "ratio", "pt@xfer", "ratio", "memcpy", "ratio", "desc", "runs", "tail ms",
@@ -580,6 +573,7 @@ int Main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc >= 4 && std::string(argv[1]) == "--receiver") {
+    kvmesh::g_checksum_runs = argc < 6 || std::string(argv[5]) != "nosums";
     return kvmesh::RunReceiver(argv[2], std::atoi(argv[3]), argc < 5 || std::string(argv[4]) != "nocma");
   }
   return kvmesh::Main(argc, argv);

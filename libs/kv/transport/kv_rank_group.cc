@@ -67,10 +67,36 @@ class RankJoin {
   std::function<void(const absl::Status&)> on_first_failure_;                 // guarded by mu_
 };
 
+// The ranks' releases of one group lease (KvLeaseOptions::on_released): the group's runs
+// after the last. Thread-safety: thread-safe.
+class ReleaseJoin {
+ public:
+  ReleaseJoin(int32_t ranks, KvLeaseReleasedFn on_released) : remaining_(ranks), on_released_(std::move(on_released)) {}
+
+  void Report() {
+    KvLeaseReleasedFn released;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--remaining_ == 0) released = std::move(on_released_);
+    }
+    if (released) released();
+  }
+  void Abandon() {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_released_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  int32_t remaining_;                // guarded by mu_
+  KvLeaseReleasedFn on_released_;    // guarded by mu_
+};
+
 }  // namespace
 
 absl::StatusOr<KvRankGroupGrant> OpenRankGroupLease(std::span<const KvRankPool> ranks,
-                                                    const std::vector<BlockId>& block_ids, KvLeaseDoneFn on_done) {
+                                                    const std::vector<BlockId>& block_ids, KvLeaseDoneFn on_done,
+                                                    KvLeaseReleasedFn on_released) {
   if (ranks.empty()) return absl::InvalidArgumentError("a rank group lease needs at least one rank");
   KvRankGroupGrant grant;
   // The tokens are known only as the leases open; the hook reads them under its own lock.
@@ -86,9 +112,11 @@ absl::StatusOr<KvRankGroupGrant> OpenRankGroupLease(std::span<const KvRankPool> 
         // The other ranks' senders are refused from now on; a rank already closed ignores it.
         CloseRankGroupLease(pools, open, status);
       });
+  // The last rank's release releases the group; a group that never formed releases nothing.
+  auto released = std::make_shared<ReleaseJoin>(static_cast<int32_t>(ranks.size()), std::move(on_released));
   for (size_t r = 0; r < ranks.size(); ++r) {
     absl::StatusOr<KvLeaseGrant> lease = ranks[r].transport->OpenLease(
-        ranks[r].pool, {.block_ids = block_ids},
+        ranks[r].pool, {.block_ids = block_ids, .on_released = [released] { released->Report(); }},
         [join, r](const absl::Status& status, const KvTransferStats& stats) {
           join->Report(static_cast<int32_t>(r), status, stats);
         });
@@ -96,6 +124,7 @@ absl::StatusOr<KvRankGroupGrant> OpenRankGroupLease(std::span<const KvRankPool> 
       // The leases already open report Cancelled into the join; the caller hears of the
       // failure from the return value only.
       join->Abandon(static_cast<int32_t>(ranks.size() - r));
+      released->Abandon();
       CloseRankGroupLease(ranks, grant.lease_tokens, absl::CancelledError("another rank's lease was refused"));
       return absl::Status(lease.status().code(), absl::StrCat("rank ", r, ": ", lease.status().message()));
     }

@@ -37,9 +37,12 @@ struct KvRankGroupGrant {
 
 // Opens one lease per rank over `block_ids` (the same ids in every rank's pool).
 // on_done runs once: OK with the ranks' stats summed when every lease landed, else the
-// first failure (the other leases are closed with it). On error nothing stays open.
+// first failure (the other leases are closed with it). on_released (may be empty) runs
+// once after it, when every rank's lease was released (KvLeaseOptions::on_released):
+// the blocks are free in no rank before. On error nothing stays open and neither runs.
 absl::StatusOr<KvRankGroupGrant> OpenRankGroupLease(std::span<const KvRankPool> ranks,
-                                                    const std::vector<BlockId>& block_ids, KvLeaseDoneFn on_done);
+                                                    const std::vector<BlockId>& block_ids, KvLeaseDoneFn on_done,
+                                                    KvLeaseReleasedFn on_released = nullptr);
 
 // Ends every rank's lease early (KvTransport::CloseLease with `status`).
 void CloseRankGroupLease(std::span<const KvRankPool> ranks, const std::vector<uint64_t>& lease_tokens,

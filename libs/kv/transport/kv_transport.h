@@ -24,6 +24,14 @@
 // then). A lease ends in exactly one on_done: OK, or an error (the sender died or went
 // quiet past the progress deadline, sent a bad completion, or CloseLease).
 //
+// Its blocks are free again only at its on_released (KvLeaseOptions), which runs once,
+// after on_done, when no sender can write into them any more: with on_done for a lease
+// that landed or never had a sender; later for one that failed while a sender writing
+// straight into the pool (a same-host write the receiver cannot refuse) might still
+// run — when that sender says it stopped or its process is gone, never while it lives
+// silent (a stopped process keeps them: ucx/writer_fence.h). Until then the caller
+// keeps them out of use (quarantined), whatever became of its request.
+//
 // Thread-safety: implementations are thread-safe; callbacks run on the transport's own
 // thread and must be quick (post elsewhere) and must not call back into the transport
 // synchronously except for CloseLease / Cancel.
@@ -62,11 +70,16 @@ struct KvTransferStats {
   double seconds = 0;            // OpenPush to the completion's acknowledgement
 };
 
+using KvLeaseReleasedFn = std::function<void()>;
+
 // The receiver's side of one lease.
 struct KvLeaseOptions {
   // Destination block ids in the receiver's pool, in the order the sender indexes them.
   // Distinct, in range of the pool.
   std::vector<BlockId> block_ids;
+  // Runs once, after on_done, when nothing can write into the blocks any more (see the
+  // header comment); may be empty. Not run when the transport is destroyed first.
+  KvLeaseReleasedFn on_released;
 };
 
 // What OpenLease grants: the token that names the lease here and the descriptor to hand
@@ -116,8 +129,9 @@ class KvTransport {
   virtual absl::StatusOr<KvPoolHandle> RegisterPool(std::byte* base, const KvLayout& layout) = 0;
 
   // Receiver: lets one sender write `options.block_ids` of `pool` (every layer) and
-  // returns the lease descriptor to hand it. on_done runs once (see the header
-  // comment). InvalidArgument for an unknown pool or bad block ids.
+  // returns the lease descriptor to hand it. on_done runs once, then
+  // options.on_released (see the header comment). InvalidArgument for an unknown pool
+  // or bad block ids.
   virtual absl::StatusOr<KvLeaseGrant> OpenLease(KvPoolHandle pool, KvLeaseOptions options,
                                                  KvLeaseDoneFn on_done) = 0;
   // Receiver: ends a lease early (on_done gets `status` unless it already ran); the

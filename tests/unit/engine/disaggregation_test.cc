@@ -5,6 +5,7 @@
 // reference ones (so every block of every layer arrived in the right place), and that
 // every way a lease or a pinned prefill can end — commit, fail, abort, timeout, release
 // — gives exactly one final output and strands no block.
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -669,6 +670,100 @@ TEST_F(DisaggregationTest, FallBackAfterAbortIsRefusedAndStrandsNothing) {
             absl::StatusCode::kFailedPrecondition);
   d.ExpectNoBlockHeld();
 }
+
+// How a lease ends without a commit.
+enum class LeaseEnding { kFail, kFallBack, kAbort, kExpire };
+
+class QuarantineTest : public ::testing::TestWithParam<LeaseEnding> {
+ protected:
+  int64_t now_ = 0;
+};
+
+// A transport that writes a lease's blocks itself (cross-memory attach) may have a
+// writer that outlives the lease: stopped mid-write, it lands its write whenever it
+// resumes. However the lease ends, its blocks stay out of the pool until the transport
+// says its writers are gone, so the late write never reaches another request's KV; the
+// other request waits for blocks instead, and decodes the reference tokens.
+TEST_P(QuarantineTest, BlocksOfALeaseEndedUncommittedStayOutOfUseUntilItsWritersAreGone) {
+  Side d(/*num_blocks=*/4, &now_);
+  const EngineRequest leased = Req("leased", Prompt(10), Greedy(2));
+  absl::StatusOr<RemotePrefillLease> lease = d.engine->ReserveForRemotePrefill(d.Track(leased));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_EQ(lease->num_blocks(), 3);
+  d.engine->ExpectDirectKvWrites(lease->transfer_id);
+  switch (GetParam()) {
+    case LeaseEnding::kFail:
+      ASSERT_TRUE(d.engine->FailRemotePrefill(lease->transfer_id, absl::DeadlineExceededError("sender quiet")).ok());
+      break;
+    case LeaseEnding::kFallBack:
+      ASSERT_TRUE(d.engine->FallBackToLocalPrefill(lease->transfer_id, absl::UnavailableError("sender quiet")).ok());
+      break;
+    case LeaseEnding::kAbort:
+      ASSERT_TRUE(d.engine->Abort("leased").ok());
+      break;
+    case LeaseEnding::kExpire:
+      now_ += kTimeoutMs;
+      d.Step();
+      break;
+  }
+  EXPECT_EQ(d.engine->stats().num_kv_blocks_quarantined, 3);
+  EXPECT_EQ(d.engine->stats().num_kv_blocks_stranded, 0);  // not before a lease timeout passed
+  const EngineRequest other = Req("other", Prompt(6, 5), Greedy(8));
+  ASSERT_TRUE(d.engine->AddRequest(d.Track(other)).ok());
+  for (int i = 0; i < 2; ++i) d.Step();
+  // The stopped writer resumes: its late write lands in the quarantined blocks.
+  for (const kv::BlockId b : lease->block_ids) {
+    for (int32_t layer = 0; layer < kLayers; ++layer) {
+      const std::span<std::byte> bytes = d.runner.kv_storage()->BlockData(layer, b);
+      std::memset(bytes.data(), 0x5a, bytes.size());
+    }
+  }
+  EXPECT_EQ(d.engine->stats().num_kv_blocks_quarantined, 3);
+  d.engine->KvWritersGone(lease->transfer_id);
+  EXPECT_EQ(d.engine->stats().num_kv_blocks_quarantined, 0);
+  d.RunToCompletion();
+  EXPECT_TRUE(d.rec.statuses["other"].ok()) << d.rec.statuses["other"];
+  EXPECT_EQ(d.rec.completions["other"][0], Reference(other, 0)) << "a late write reached another request's KV";
+  if (GetParam() == LeaseEnding::kFallBack) {
+    EXPECT_TRUE(d.rec.statuses["leased"].ok()) << d.rec.statuses["leased"];
+    EXPECT_EQ(d.rec.completions["leased"][0], Reference(leased, 0));
+  }
+  d.ExpectNoBlockHeld();
+  EXPECT_EQ(d.engine->stats().num_kv_blocks_stranded, 0);
+  EXPECT_TRUE(d.engine->kv_cache().CheckInvariants().ok());
+}
+
+// A quarantine that lasts a lease timeout (a writer stopped for good) is reported as
+// stranded; writers that were gone before the lease ended quarantine nothing.
+TEST_F(DisaggregationTest, AQuarantineThatLastsALeaseTimeoutIsStrandedAndGoneWritersQuarantineNothing) {
+  Side d(8, &now_);
+  absl::StatusOr<RemotePrefillLease> stuck = d.engine->ReserveForRemotePrefill(d.Track(Req("s", Prompt(10), Greedy(2))));
+  absl::StatusOr<RemotePrefillLease> done = d.engine->ReserveForRemotePrefill(d.Track(Req("g", Prompt(5), Greedy(2))));
+  ASSERT_TRUE(stuck.ok() && done.ok());
+  d.engine->ExpectDirectKvWrites(stuck->transfer_id);
+  d.engine->ExpectDirectKvWrites(done->transfer_id);
+  d.engine->KvWritersGone(done->transfer_id);  // e.g. the sender's process died first
+  ASSERT_TRUE(d.engine->FailRemotePrefill(stuck->transfer_id, absl::DeadlineExceededError("quiet")).ok());
+  ASSERT_TRUE(d.engine->FailRemotePrefill(done->transfer_id, absl::UnavailableError("dead")).ok());
+  EXPECT_EQ(d.engine->stats().num_kv_blocks_quarantined, 3);
+  EXPECT_EQ(d.engine->stats().num_kv_blocks_stranded, 0);
+  now_ += kTimeoutMs;
+  EXPECT_EQ(d.engine->stats().num_kv_blocks_stranded, 3);
+  d.engine->KvWritersGone(stuck->transfer_id);
+  d.engine->KvWritersGone(stuck->transfer_id);  // twice: nothing more to release
+  d.ExpectNoBlockHeld();
+  EXPECT_EQ(d.engine->stats().num_kv_blocks_stranded, 0);
+}
+
+std::string EndingName(const ::testing::TestParamInfo<LeaseEnding>& info) {
+  static constexpr const char* kNames[] = {"Fail", "FallBack", "Abort", "Expire"};
+  return kNames[static_cast<int>(info.param)];
+}
+
+INSTANTIATE_TEST_SUITE_P(Endings, QuarantineTest,
+                         ::testing::Values(LeaseEnding::kFail, LeaseEnding::kFallBack, LeaseEnding::kAbort,
+                                           LeaseEnding::kExpire),
+                         EndingName);
 
 // A request resumed from the tokens another engine streamed continues the same stream:
 // greedy, and seeded (the sampler skips one draw per carried token).

@@ -372,6 +372,30 @@ TEST(KvCacheManagerTest, EmitsOneEventPerStoreAndPerEviction) {
   ExpectInvariants(*m);
 }
 
+// Held blocks stay out of use whoever frees them, count as used, and return to the pool
+// only when released; a release of a block not held changes nothing.
+TEST(KvCacheManagerTest, HeldBlocksAreNotHandedOutUntilReleased) {
+  auto m = Make(4);
+  ASSERT_TRUE(m->AllocateSlots(RequestId{1}, Tokens(8), 8).ok());
+  const std::vector<BlockId> leased = Table(*m, RequestId{1});
+  ASSERT_EQ(leased.size(), 2u);
+  ASSERT_TRUE(m->Free(RequestId{1}).ok());
+  ASSERT_TRUE(m->HoldBlocks(leased).ok());  // freed already: taken back out of the pool
+  EXPECT_EQ(m->num_held_blocks(), 2);
+  EXPECT_EQ(m->num_used_blocks(), 2);
+  EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
+  EXPECT_EQ(m->AllocateSlots(RequestId{2}, Tokens(12), 12).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(m->AllocateSlots(RequestId{2}, Tokens(8), 8).ok());
+  for (const BlockId b : Table(*m, RequestId{2})) EXPECT_EQ(std::count(leased.begin(), leased.end(), b), 0);
+  const std::vector<BlockId> twice = {leased[0], leased[0]};  // held once
+  EXPECT_EQ(m->ReleaseHeldBlocks(twice).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m->num_held_blocks(), 2);
+  ASSERT_TRUE(m->ReleaseHeldBlocks(leased).ok());
+  EXPECT_EQ(m->num_held_blocks(), 0);
+  EXPECT_EQ(m->num_free_blocks(), 2);
+  EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants();
+}
+
 TEST(KvCacheManagerTest, MarkComputedValidatesCounts) {
   auto m = Make(4);
   const std::vector<int32_t> prompt = Tokens(6);

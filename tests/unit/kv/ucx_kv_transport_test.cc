@@ -1,23 +1,34 @@
 // UcxKvTransport between two real UCX contexts (each with its own worker and progress
 // thread) in one process, on the transports Debian's UCX has here: shared memory + cma,
-// and tcp, and all of them (UCX's choice).
+// and tcp, and all of them (UCX's choice); and, where one side must be stopped or
+// killed, between this process and a peer process (ucx_kv_peer.cc).
 #include "kv/transport/ucx/ucx_kv_transport.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <future>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "kv/kv_layout.h"
 #include "kv/transport/kv_lease_descriptor.h"
 #include "kv/transport/kv_runs.h"
 #include "kv/transport/ucx/same_host.h"
+#include "ucx_kv_peer.h"
+#include "util/piped_child.h"
 
 namespace kvmesh::kv {
 namespace {
@@ -306,6 +317,24 @@ TEST_P(UcxKvTransportTest, SilentSenderFailsTheLeaseAtTheProgressDeadline) {
   EXPECT_EQ(receiver_->num_open_leases(), 0);
 }
 
+// A receiver with checksum_runs requires the checksum of every run: a sender that sends
+// none is refused (DataLoss), not trusted.
+TEST_P(UcxKvTransportTest, ASenderWithoutChecksumsIsRefused) {
+  UcxKvTransportOptions o{.tls = GetParam().tls, .progress_timeout_ms = 300, .keepalive_interval_ms = 50,
+                          .receiver_timeout_ms = 300, .ack_timeout_ms = 500, .cross_memory_attach = GetParam().cma,
+                          .checksum_runs = false};
+  auto unchecked = UcxKvTransport::Create(o).value();
+  const KvPoolHandle pool = unchecked->RegisterPool(src_->data(), src_->layout()).value();
+  const auto ids = Ids({1, 2, 3});
+  Outcome lease, push_done;
+  auto grant = receiver_->OpenLease(dst_pool_, {.block_ids = ids}, lease.Fn()).value();
+  auto push = unchecked->OpenPush(pool, grant.descriptor).value();
+  for (int32_t layer = 0; layer < 4; ++layer) ASSERT_TRUE(push->PutLayer(layer, 0, ids).ok());
+  push->Finish(push_done.Fn());
+  EXPECT_EQ(push_done.Get().first.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(lease.Get().first.code(), absl::StatusCode::kDataLoss);
+}
+
 // The decode side goes away mid-transfer: the push fails (tcp: UCX's endpoint error;
 // shm: the missing ProgressAcks) and on_done runs, so the sender can unpin its blocks.
 TEST_P(UcxKvTransportTest, ReceiverGoneFailsTheSender) {
@@ -322,6 +351,271 @@ TEST_P(UcxKvTransportTest, ReceiverGoneFailsTheSender) {
   EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kNotFound) << s;
   EXPECT_EQ(sender_->num_open_pushes(), 0);
 }
+
+// ---- Two processes: this one and ucx_kv_peer, which a test stops, resumes or kills ----
+
+// ucx_kv_peer run with `args`, its stdin and stdout piped to this process. Killed (if
+// still running) and reaped on destruction.
+class PeerProcess {
+ public:
+  explicit PeerProcess(std::vector<std::string> args) {
+    args.insert(args.begin(), KVMESH_UCX_KV_PEER);
+    const testing::PipedChild child = testing::SpawnPiped(std::move(args));
+    EXPECT_GT(child.pid, 0);
+    pid_ = child.pid;
+    to_ = child.to;
+    from_ = child.from;
+  }
+  ~PeerProcess() {
+    if (to_ >= 0) close(to_);
+    close(from_);
+    if (!reaped_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  pid_t pid() const { return pid_; }
+  // A line of its stdout, without the newline; empty after 10 s or at its end.
+  std::string ReadLine() {
+    std::string line;
+    const auto deadline = std::chrono::steady_clock::now() + seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{.fd = from_, .events = POLLIN, .revents = 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      char c = 0;
+      if (read(from_, &c, 1) != 1) break;
+      if (c == '\n') return line;
+      line.push_back(c);
+    }
+    return "";
+  }
+  void WriteLine(const std::string& line) {
+    const std::string text = line + "\n";
+    EXPECT_EQ(write(to_, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  }
+  // Closing its stdin lets it exit.
+  void CloseStdin() {
+    close(to_);
+    to_ = -1;
+  }
+  // Whether it stopped (SIGSTOP), within 10 s.
+  bool WaitStopped() { return Wait(WUNTRACED, [](int status) { return WIFSTOPPED(status); }); }
+  // Whether it exited (or was killed), within 10 s.
+  bool WaitExited() {
+    reaped_ = Wait(0, [](int status) { return WIFEXITED(status) || WIFSIGNALED(status); });
+    return reaped_;
+  }
+
+ private:
+  template <typename Pred>
+  bool Wait(int flags, Pred pred) {
+    for (int i = 0; i < 1000; ++i) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG | flags) == pid_ && pred(status)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  pid_t pid_ = -1;
+  int to_ = -1;
+  int from_ = -1;
+  bool reaped_ = false;
+};
+
+// Whether every byte of `ids` in every layer of `pool` is `value`.
+bool BlocksHold(const KvStorage& pool, const std::vector<BlockId>& ids, int value, int32_t only_layer = -1) {
+  for (int32_t layer = 0; layer < pool.layout().num_layers(); ++layer) {
+    if (only_layer >= 0 && layer != only_layer) continue;
+    for (const BlockId id : ids) {
+      for (const std::byte b : pool.BlockData(layer, id)) {
+        if (b != static_cast<std::byte>(value)) return false;
+      }
+    }
+  }
+  return true;
+}
+
+void FillBlocks(KvStorage& pool, const std::vector<BlockId>& ids, int value) {
+  for (int32_t layer = 0; layer < pool.layout().num_layers(); ++layer) {
+    for (const BlockId id : ids) {
+      const std::span<std::byte> b = pool.BlockData(layer, id);
+      std::memset(b.data(), value, b.size());
+    }
+  }
+}
+
+// The receiver's side of the fence cases: a pool on shared memory + cma (so the peer
+// sender writes by cross-memory attach) and a lease over 8 of its blocks whose
+// on_released hands them at once to "the next request", which fills them with
+// kNextRequestByte, as the engine would reuse them.
+class UcxKvFenceTest : public ::testing::Test {
+ protected:
+  static constexpr int kNextRequestByte = 0x3C;
+
+  void SetUp() override {
+    receiver_ = UcxKvTransport::Create({.tls = "sm", .progress_timeout_ms = 300, .keepalive_interval_ms = 50,
+                                        .receiver_timeout_ms = 300, .ack_timeout_ms = 500})
+                    .value();
+    dst_ = KvStorage::Create(PeerPoolShape()).value();
+    pool_ = receiver_->RegisterPool(dst_->data(), dst_->layout()).value();
+    for (int32_t i = 8; i < 16; ++i) ids_.push_back(BlockId{i});
+  }
+
+  // Opens the lease and starts a peer sender into it that stops itself just before its
+  // first cross-memory-attach write; returns once it has stopped there.
+  std::unique_ptr<PeerProcess> StartSenderThatStopsBeforeItsFirstWrite() {
+    auto grant = receiver_->OpenLease(pool_, {.block_ids = ids_, .on_released = [this] {
+                                                FillBlocks(*dst_, ids_, kNextRequestByte);
+                                                released_.set_value();
+                                              }},
+                                      lease_.Fn());
+    EXPECT_TRUE(grant.ok()) << grant.status();
+    auto sender = std::make_unique<PeerProcess>(std::vector<std::string>{"sender", "sm", "1"});
+    sender->WriteLine(absl::BytesToHexString(grant->descriptor));
+    EXPECT_EQ(sender->ReadLine(), "open 0");
+    EXPECT_TRUE(sender->WaitStopped());
+    return sender;
+  }
+
+  std::unique_ptr<UcxKvTransport> receiver_;
+  std::unique_ptr<KvStorage> dst_;
+  KvPoolHandle pool_;
+  std::vector<BlockId> ids_;
+  Outcome lease_;
+  std::promise<void> released_;
+  std::future<void> released_future_ = released_.get_future();
+};
+
+// A sender stopped inside its write loop (after its last check, before its write) is
+// still running as far as its receiver can tell; its lease fails at the progress
+// deadline, but its blocks are not handed back until the sender, resumed, has made its
+// late write and said it writes no more: the next request's KV is never overwritten.
+TEST_F(UcxKvFenceTest, AStoppedWritersLateWriteLandsBeforeItsBlocksAreReleased) {
+  std::unique_ptr<PeerProcess> sender = StartSenderThatStopsBeforeItsFirstWrite();
+  EXPECT_EQ(lease_.Get().first.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(released_future_.wait_for(seconds(1)), std::future_status::timeout)
+      << "the blocks were released while their writer could still write";
+  EXPECT_EQ(receiver_->num_fenced_leases(), 1);
+  kill(sender->pid(), SIGCONT);
+  ASSERT_EQ(released_future_.wait_for(seconds(10)), std::future_status::ready)
+      << "the resumed writer's lease was never released";
+  EXPECT_EQ(receiver_->num_fenced_leases(), 0);
+  sender->CloseStdin();
+  ASSERT_TRUE(sender->WaitExited());
+  // Nothing the writer did after the release reached the next request's blocks.
+  EXPECT_TRUE(BlocksHold(*dst_, ids_, kNextRequestByte)) << "a late write corrupted the next request's KV";
+}
+
+// A stopped writer that is killed never writes again: its lease is released once its
+// process is gone, without any word from it.
+TEST_F(UcxKvFenceTest, AKilledWritersLeaseIsReleasedWhenItsProcessIsGone) {
+  std::unique_ptr<PeerProcess> sender = StartSenderThatStopsBeforeItsFirstWrite();
+  EXPECT_EQ(lease_.Get().first.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(released_future_.wait_for(seconds(1)), std::future_status::timeout);
+  kill(sender->pid(), SIGKILL);
+  ASSERT_TRUE(sender->WaitExited());
+  ASSERT_EQ(released_future_.wait_for(seconds(5)), std::future_status::ready)
+      << "the dead writer's lease was never released";
+  EXPECT_EQ(receiver_->num_fenced_leases(), 0);
+  EXPECT_TRUE(BlocksHold(*dst_, ids_, kNextRequestByte));
+}
+
+// A kernel that refuses cross-memory attach (ptrace policy, seccomp) fails the push that
+// finds out; the transport's later pushes to same-host receivers go as rendezvous runs
+// over an endpoint with peer-failure handling, and land.
+TEST(UcxKvCmaRefusedTest, TheFirstRefusalFailsItsPushAndLaterPushesGoOverUcx) {
+  UcxKvTransportOptions o{.tls = "all", .progress_timeout_ms = 300, .keepalive_interval_ms = 50,
+                          .receiver_timeout_ms = 300, .ack_timeout_ms = 500};
+  auto receiver = UcxKvTransport::Create(o).value();
+  o.cma_write = [](pid_t, const std::byte*, size_t, uint64_t) { return absl::PermissionDeniedError("EPERM"); };
+  auto sender = UcxKvTransport::Create(o).value();
+  auto dst = KvStorage::Create(PeerPoolShape()).value();
+  auto src = KvStorage::Create(PeerPoolShape()).value();
+  FillRandom(*src, 11);
+  const KvPoolHandle dst_pool = receiver->RegisterPool(dst->data(), dst->layout()).value();
+  const KvPoolHandle src_pool = sender->RegisterPool(src->data(), src->layout()).value();
+  const auto ids = Ids({4, 5, 6});
+  {
+    Outcome lease, push_done;
+    auto grant = receiver->OpenLease(dst_pool, {.block_ids = ids}, lease.Fn()).value();
+    auto push = sender->OpenPush(src_pool, grant.descriptor).value();
+    EXPECT_EQ(push->PutLayer(0, 0, ids).code(), absl::StatusCode::kAborted);
+    push->Finish(push_done.Fn());
+    EXPECT_EQ(push_done.Get().first.code(), absl::StatusCode::kAborted);
+    EXPECT_FALSE(lease.Get().first.ok());
+  }
+  Outcome lease, push_done;
+  auto grant = receiver->OpenLease(dst_pool, {.block_ids = ids}, lease.Fn()).value();
+  auto push = sender->OpenPush(src_pool, grant.descriptor).value();
+  for (int32_t layer = 0; layer < 4; ++layer) ASSERT_TRUE(push->PutLayer(layer, 0, ids).ok());
+  push->Finish(push_done.Fn());
+  ASSERT_TRUE(push_done.Get().first.ok());
+  ASSERT_TRUE(lease.Get().first.ok());
+  for (int32_t layer = 0; layer < 4; ++layer) {
+    for (const BlockId id : ids) {
+      const auto a = src->BlockData(layer, id);
+      const auto b = dst->BlockData(layer, id);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0) << "layer " << layer << " block " << id.value;
+    }
+  }
+  const std::vector<std::string> lanes = sender->peer_transports();
+  EXPECT_TRUE(std::any_of(lanes.begin(), lanes.end(), [](const std::string& l) { return l.rfind("tcp/", 0) == 0; }))
+      << "no endpoint with peer-failure handling (tcp) to the receiver";
+}
+
+// Rendezvous runs posted to a receiver that then dies (killed while stopped, so they
+// are still waiting for it) are all returned to UCX: the sender ends its push and holds
+// no request afterwards.
+struct KilledReceiver {
+  const char* tls;
+  int64_t receiver_timeout_ms;  // 60 s: UCX's endpoint error (tcp) ends the push
+  bool kill_before_timeout;
+};
+class UcxKvRequestTest : public ::testing::TestWithParam<KilledReceiver> {};
+
+TEST_P(UcxKvRequestTest, RunsToAKilledReceiverAreAllReturnedToUcx) {
+  auto sender = UcxKvTransport::Create({.tls = GetParam().tls, .keepalive_interval_ms = 50,
+                                        .receiver_timeout_ms = GetParam().receiver_timeout_ms,
+                                        .ack_timeout_ms = 60'000, .cross_memory_attach = false})
+                    .value();
+  auto src = KvStorage::Create(PeerPoolShape()).value();
+  FillRandom(*src, 3);
+  const KvPoolHandle pool = sender->RegisterPool(src->data(), src->layout()).value();
+  PeerProcess receiver({"receiver", GetParam().tls, "48"});
+  const std::string descriptor = absl::HexStringToBytes(receiver.ReadLine());
+  auto push = sender->OpenPush(pool, descriptor);
+  ASSERT_TRUE(push.ok()) << push.status();
+  kill(receiver.pid(), SIGSTOP);
+  ASSERT_TRUE(receiver.WaitStopped());
+  // Alternate source blocks: 48 one-block runs a layer, 192 rendezvous sends in all,
+  // which the stopped receiver never takes.
+  std::vector<BlockId> src_ids;
+  for (int32_t i = 0; i < 48; ++i) src_ids.push_back(BlockId{(i % 2) * 32 + i / 2});
+  for (int32_t layer = 0; layer < 4; ++layer) ASSERT_TRUE((*push)->PutLayer(layer, 0, src_ids).ok());
+  for (int i = 0; i < 500 && sender->num_outstanding_requests() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GT(sender->num_outstanding_requests(), 0);
+  if (!GetParam().kill_before_timeout) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(GetParam().receiver_timeout_ms * 2));
+  }
+  kill(receiver.pid(), SIGKILL);
+  ASSERT_TRUE(receiver.WaitExited());
+  Outcome done;
+  (*push)->Finish(done.Fn());
+  EXPECT_EQ(done.Get().first.code(), absl::StatusCode::kUnavailable);
+  for (int i = 0; i < 500 && sender->num_outstanding_requests() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(sender->num_outstanding_requests(), 0) << "requests to the dead receiver were never returned to UCX";
+  EXPECT_EQ(sender->num_open_pushes(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Receivers, UcxKvRequestTest,
+                         ::testing::Values(KilledReceiver{"tcp", 60'000, true}, KilledReceiver{"tcp", 300, false},
+                                           KilledReceiver{"all", 60'000, true}, KilledReceiver{"all", 300, false}));
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxKvTransportTest,
                          ::testing::Values(Path{"all", true}, Path{"sm", true}, Path{"sm", false}, Path{"tcp", true}),

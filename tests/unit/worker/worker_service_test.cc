@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/async_engine.h"
 #include "engine/engine.h"
+#include "kv/transport/ucx/cma_put.h"
 #include "kv/transport/ucx/ucx_kv_transport.h"
 #include "fake_kv_storage_runner.h"
 #include "metrics/registry.h"
@@ -115,6 +116,15 @@ struct Worker {
   }
 
   std::string Metrics() const { return registry.Exposition(); }
+
+  // Moves this worker's KV over `ucx` (which must outlive nothing of this worker's but
+  // be destroyed before it), registered over its pool as Worker::StartUcx does.
+  void UseUcx(kv::UcxKvTransport& ucx) {
+    kv::KvStorage* storage = runner.kv_storage();
+    const kv::KvPoolHandle pool = ucx.RegisterPool(storage->data(), storage->layout()).value();
+    state->SetKvTransports(
+        {{.pool = {.transport = &ucx, .pool = pool}, .base = storage->data(), .layout = storage->layout()}});
+  }
 
   engine::testing::FakeKvStorageRunner runner;
   kv::KvBlockSpec block_spec;
@@ -380,6 +390,41 @@ std::vector<int32_t> GenerateTokens(Worker& decode, const v1::WorkerGenerateRequ
   while (reader->Read(&response)) tokens.insert(tokens.end(), response.token_ids().begin(), response.token_ids().end());
   *status = reader->Finish();
   return tokens;
+}
+
+// A run corrupted on its way into the decode worker's pool (here one byte, flipped
+// between the sender's checksum and its cross-memory-attach write) is refused end to
+// end with the transports as the worker builds them: the lease fails with DataLoss,
+// the decode worker prefills the request itself and streams the tokens a local
+// prefill gives, and every block comes back (the failed lease's once its sender said
+// it writes no more).
+TEST(WorkerServiceTest, AUcxRunCorruptedOnItsWayIsRefusedAndTheRequestIsPrefilledLocally) {
+  Worker prefill, decode, local;
+  kv::UcxKvTransportOptions production;  // checksum_runs as the worker has it
+  production.tls = "sm";
+  kv::UcxKvTransportOptions corrupting = production;
+  corrupting.cma_write = [](pid_t pid, const std::byte* src, size_t bytes, uint64_t remote) {
+    std::vector<std::byte> copy(src, src + bytes);
+    copy[bytes / 2] ^= std::byte{0x01};
+    return kv::CmaWrite(pid, copy.data(), bytes, remote);
+  };
+  std::unique_ptr<kv::UcxKvTransport> receiver = kv::UcxKvTransport::Create(production).value();
+  std::unique_ptr<kv::UcxKvTransport> sender = kv::UcxKvTransport::Create(corrupting).value();
+  decode.UseUcx(*receiver);
+  prefill.UseUcx(*sender);
+  const std::vector<int32_t> prompt = Prompt(23, 7);
+  grpc::Status local_status;
+  const std::vector<int32_t> want = GenerateTokens(local, GenerateRequest("l", prompt, ""), &local_status);
+  ASSERT_TRUE(local_status.ok()) << local_status.error_message();
+  grpc::Status status;
+  const std::vector<int32_t> got =
+      GenerateTokens(decode, GenerateRequest("r", prompt, prefill.server->address()), &status);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(decode.async->stats().num_remote_prefill_fallbacks, 1) << "the corrupted KV was not refused";
+  EXPECT_EQ(decode.UsedBlocksEventually(), 0);
+  EXPECT_EQ(prefill.UsedBlocksEventually(), 0);
+  EXPECT_EQ(decode.async->stats().num_kv_blocks_quarantined, 0);
 }
 
 TEST(WorkerServiceTest, DisaggregatedGenerateStreamsTheKvAndMatchesALocalPrefill) {

@@ -8,7 +8,9 @@
 //
 // A sender uses it only when the receiver's descriptor says it runs on this host in
 // this PID namespace (same_host.h) and UCX_TLS allows cma; a kernel that refuses
-// (ptrace policy, seccomp) makes the push fall back to the transport's rendezvous runs.
+// (ptrace policy, seccomp) fails that push, and the transport's later pushes go as
+// rendezvous runs. The receiver cannot refuse such a write: writer_fence.h is how it
+// keeps a late one out of reused blocks.
 //
 // Thread-safety: pure functions.
 #pragma once

@@ -34,6 +34,7 @@
 #include "kv/transport/kv_lease_descriptor.h"
 #include "kv/transport/ucx/cma_put.h"
 #include "kv/transport/ucx/same_host.h"
+#include "kv/transport/ucx/writer_fence.h"
 #include "kv/transport/kv_runs.h"
 
 namespace kvmesh::kv {
@@ -41,16 +42,35 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Active-message ids. To the receiver: Hello, Progress, Done, Abort. Back to the
-// sender: HelloAck, DoneAck, Refused, ProgressAck (the receiver's keepalive).
-enum AmId : unsigned { kHello = 1, kProgress, kDone, kAbort, kHelloAck, kDoneAck, kRefused, kProgressAck, kRun };
-constexpr unsigned kLastAmId = kProgressAck;  // the control messages; kRun has its own handler
+// Active-message ids. To the receiver: Hello, Progress, Done, Abort, Fenced, Sums. Back
+// to the sender: HelloAck, DoneAck, Refused, ProgressAck (the receiver's keepalive).
+enum AmId : unsigned {
+  kHello = 1,
+  kProgress,
+  kDone,
+  kAbort,
+  kHelloAck,
+  kDoneAck,
+  kRefused,
+  kProgressAck,
+  kFenced,
+  kSums,
+  kRun,
+};
+constexpr unsigned kLastAmId = kSums;  // the control messages; kRun has its own handler
 
 // Every message starts with the lease token and the sender's push id.
 struct MsgHead {
   uint64_t lease_token;
   uint64_t push_id;
 };
+// Hello: then who will write. A sender that writes by cross-memory attach names its
+// process, which the receiver watches (writer_fence.h) from then on.
+struct HelloBody {
+  int32_t writer_pid;  // > 0 with kWritesDirectly
+  uint32_t flags;
+};
+constexpr uint32_t kWritesDirectly = 1;
 // Done: then the counts, then num_checksums RunChecksum records.
 struct DoneBody {
   int64_t blocks;
@@ -58,19 +78,24 @@ struct DoneBody {
   int64_t cma_blocks;  // of `blocks`, written by cross-memory attach (the receiver saw none of them)
   uint32_t num_checksums;
 };
-// A run's data message (kRun, the data its payload): which (layer, lease indices) it fills.
-struct RunHead {
-  uint64_t lease_token;
-  uint64_t push_id;
+// One run: which (layer, lease indices) it fills, and (with checksum_runs) what they hold.
+struct RunChecksum {
   int32_t layer;
   int32_t first_index;  // into the lease's block ids
   int32_t num_blocks;
-};
-struct RunChecksum {
-  int32_t layer;
-  int32_t first_index;
-  int32_t num_blocks;
   uint64_t checksum;  // kv::Checksum of the run's bytes in that layer
+};
+// A run's data message (kRun, the data its payload).
+struct RunHead {
+  uint64_t lease_token;
+  uint64_t push_id;
+  RunChecksum run;
+  uint32_t checksummed;  // 1: run.checksum holds the run's checksum
+};
+// Sums: then num_runs RunChecksum records, of runs the sender wrote by cross-memory
+// attach and that have landed (sent after each PutLayer's writes).
+struct SumsBody {
+  uint32_t num_runs;
 };
 // Answers: then a status code and its message's bytes.
 struct AnswerBody {
@@ -119,11 +144,20 @@ struct Lease {
   std::vector<bool> taken;
   int64_t num_landed = 0;
   int32_t runs_in_flight = 0;
+  // (layer, block) pairs whose bytes were checked against the sender's checksums
+  // (VerifyRun), as they landed.
+  std::vector<bool> verified;
+  int64_t num_verified = 0;
   // The lease ended while runs were still landing: it ends with this once they have
   // (its blocks must not be handed back while UCX writes into them).
   std::optional<std::pair<absl::Status, KvTransferStats>> ending;
   // A Done that arrived before every run had landed (its body), answered once they have.
   std::optional<std::string> pending_done;
+  // The sender writes by cross-memory attach (its Hello said so): a lease that ends
+  // before it said it writes no more (its Done or Fenced) is fenced (writer_fence.h).
+  std::optional<WriterProcess> direct_writer;
+  bool writer_stopped = false;
+  KvLeaseReleasedFn on_released;
 };
 
 // A connection to one remote worker, shared by the pushes to it (worker thread only).
@@ -131,6 +165,14 @@ struct Peer {
   ucp_ep_h ep = nullptr;
   bool failed = false;
   absl::Status error;
+  // UCP_ERR_HANDLING_MODE_PEER: UCX fails the endpoint when the peer dies, and a
+  // force-close completes (UCS_ERR_CANCELED) every request still on it. Without it
+  // (shared memory) ucp_ep_close_nbx refuses FORCE (UCS_ERR_INVALID_PARAM: the
+  // endpoint is not closed at all), a flushing close waits for the peer, and nothing
+  // cancels a send (ucp_request_cancel cancels tag receives only; UCX 1.13's
+  // ucp_request.c): a run to a receiver that died there would never be returned.
+  // So runs go over such an endpoint only where UCX_TLS leaves no other (Connect).
+  bool peer_failure_handling = false;
 };
 
 }  // namespace
@@ -144,7 +186,7 @@ struct PushState {
   std::optional<KvLayout> local_layout;
   Clock::time_point start;
   // > 0: runs are written by cross-memory attach into this process (ucx/cma_put.h), on
-  // PutLayer's thread; 0 once the kernel refused it (rendezvous runs from then on).
+  // PutLayer's thread. Set by OpenPush, before anything else reads it.
   std::atomic<pid_t> cma_pid{0};
 
   std::mutex mu;
@@ -156,20 +198,26 @@ struct PushState {
   absl::Status error;  // first failure
   std::optional<absl::Status> hello;  // the HelloAck's answer
   KvTransferStats stats;
-  std::vector<RunChecksum> checksums;
   int64_t cma_blocks = 0;  // (layer, block) pairs written by cross-memory attach
+  // PutLayer calls inside their cross-memory-attach write loop. The Done and the Fenced
+  // wait for 0; a loop checks the push before each write, so none starts once it ended.
+  int32_t cma_writers = 0;
+  // Its Hello told the receiver it writes directly: once the push fails, the receiver
+  // is told when none of its writes can land any more (Fenced).
+  bool announced_direct = false;
   KvPushDoneFn on_done;
   std::optional<absl::Status> done_answer;  // the DoneAck's answer
   bool done = false;
 
   // Worker thread only.
-  std::string peer_key;     // the receiver's worker address
+  std::string peer_key;     // its connection's key in peers_ (PeerEndpoint)
   ucp_ep_h ep = nullptr;
   ucp_rkey_h rkey = nullptr;
   int64_t inflight = 0;     // runs and flushes not yet completed
   bool flush_posted = false;
   bool done_sent = false;
   bool cancelled_on_worker = false;
+  bool fence_sent = false;
   Clock::time_point last_keepalive;
   Clock::time_point last_heard_receiver;  // any answer from the receiver
   Clock::time_point ack_deadline;
@@ -314,10 +362,11 @@ class UcxKvTransport::Impl {
     if (cma_allowed_) d.receiver_pid = static_cast<int32_t>(::getpid());
     KvLeaseGrant grant{.lease_token = d.lease_token, .descriptor = EncodeKvLeaseDescriptor(d)};
     Post([this, pool, token = d.lease_token, ids = std::move(options.block_ids), on_done = std::move(on_done),
-          num_layers = d.spec.num_layers]() mutable {
+          on_released = std::move(options.on_released), num_layers = d.spec.num_layers]() mutable {
       const size_t pairs = static_cast<size_t>(num_layers) * ids.size();
       leases_[token] = Lease{.pool = pool, .block_ids = std::move(ids), .on_done = std::move(on_done),
-                             .last_heard = Clock::now(), .taken = std::vector<bool>(pairs, false)};
+                             .last_heard = Clock::now(), .taken = std::vector<bool>(pairs, false),
+                             .verified = std::vector<bool>(pairs, false), .on_released = std::move(on_released)};
       num_leases_.store(static_cast<int64_t>(leases_.size()));
     });
     return grant;
@@ -352,7 +401,7 @@ class UcxKvTransport::Impl {
     }
     KVMESH_RETURN_IF_ERROR(CheckKvBlockSpecsMatch(KvBlockSpecOf(*st->local_layout), st->dest.spec));
     // A receiver on this host, in this PID namespace, is written by cross-memory attach.
-    if (cma_allowed_ && st->dest.receiver_pid > 0 && SameHost(st->dest)) {
+    if (cma_allowed_ && !cma_refused_.load() && st->dest.receiver_pid > 0 && SameHost(st->dest)) {
       st->cma_pid.store(st->dest.receiver_pid);
     }
     st->id = next_push_id_.fetch_add(1) + 1;
@@ -404,14 +453,17 @@ class UcxKvTransport::Impl {
     std::span<const BlockId> dst(st->dest.block_ids.data() + first_index, src.size());
     std::vector<KvRun> runs = MergeKvRuns(src, dst);
     const int64_t block_bytes = local.BlockBytes();
+    // What each run fills, and with checksum_runs what it holds (read here, while the
+    // layer is in the cache): the receiver checks each run as it lands (VerifyRun).
     std::vector<RunChecksum> sums;
-    if (options_.checksum_runs) {
-      for (const KvRun& r : runs) {
-        sums.push_back(RunChecksum{.layer = layer, .first_index = first_index + r.first_index, .num_blocks = r.num_blocks,
-                                   .checksum = Checksum({st->local_base + local.BlockOffset(layer, r.src_first),
-                                                         static_cast<size_t>(r.num_blocks * block_bytes)})});
-      }
+    for (const KvRun& r : runs) {
+      sums.push_back(RunChecksum{.layer = layer, .first_index = first_index + r.first_index, .num_blocks = r.num_blocks,
+                                 .checksum = options_.checksum_runs
+                                                 ? Checksum({st->local_base + local.BlockOffset(layer, r.src_first),
+                                                             static_cast<size_t>(r.num_blocks * block_bytes)})
+                                                 : 0});
     }
+    pid_t cma_pid = 0;
     {
       std::lock_guard<std::mutex> lock(st->mu);
       if (!st->error.ok()) return st->error;
@@ -428,52 +480,104 @@ class UcxKvTransport::Impl {
       st->stats.descriptors += static_cast<int64_t>(runs.size());
       st->puts_per_layer[layer] += static_cast<int64_t>(runs.size());
       st->stats.runs = std::max<int64_t>(st->stats.runs, st->puts_per_layer[layer]);
-      st->checksums.insert(st->checksums.end(), sums.begin(), sums.end());
+      // NOTE: counted in the same section as the checks above, so that a Finish or a
+      // failure that comes later waits for this call's writes (MaybeFlush, SendFence).
+      cma_pid = st->cma_pid.load();
+      if (cma_pid > 0) ++st->cma_writers;
     }
-    if (st->cma_pid.load() > 0) {
-      const uint64_t remote_layer_bytes = static_cast<uint64_t>(st->dest.pool_num_blocks) * block_bytes;
+    if (cma_pid > 0) {
       // On the caller's thread, as the gRPC stream copies its chunks: a copy the
       // transport thread made would wait for a core while the model computes the next
       // layer (on a CPU worker every core is), and the last layers' backlog would land
       // after the prefill, as transfer tail.
-      size_t i = 0;
-      int64_t written_blocks = 0;
-      for (; i < runs.size(); ++i) {
-        const KvRun& r = runs[i];
-        const absl::Status written =
-            CmaWrite(st->cma_pid.load(), st->local_base + local.BlockOffset(layer, r.src_first),
-                     static_cast<size_t>(r.num_blocks * block_bytes),
-                     st->dest.remote_base + static_cast<uint64_t>(layer) * remote_layer_bytes +
-                         static_cast<uint64_t>(r.dst_first.value) * block_bytes);
-        if (written.ok()) {
-          written_blocks += r.num_blocks;
-          continue;
-        }
-        if (!absl::IsPermissionDenied(written)) {
-          Post([this, st, written] { Fail(st, written); });
-          return written;
-        }
-        KVMESH_LOG(kWarning) << "cross-memory attach refused; KV runs go through UCX"
-                             << LogKv("status", written.ToString());
-        st->cma_pid.store(0);
-        break;
-      }
-      {
-        std::lock_guard<std::mutex> lock(st->mu);
-        st->cma_blocks += written_blocks;
-      }
-      if (i == runs.size()) return absl::OkStatus();
-      runs.erase(runs.begin(), runs.begin() + static_cast<std::ptrdiff_t>(i));
+      return WriteRunsByCma(st, cma_pid, layer, runs, std::move(sums));
     }
-    Post([this, st, layer, first_index, runs = std::move(runs), block_bytes] {
+    Post([this, st, layer, runs = std::move(runs), sums = std::move(sums), block_bytes] {
       const KvLayout& local = *st->local_layout;
-      for (const KvRun& r : runs) {
+      for (size_t i = 0; i < runs.size(); ++i) {
         if (st->ep == nullptr || st->cancelled_on_worker) return;
-        PostRun(st, RunHead{.lease_token = st->dest.lease_token, .push_id = st->id, .layer = layer,
-                            .first_index = first_index + r.first_index, .num_blocks = r.num_blocks},
-                st->local_base + local.BlockOffset(layer, r.src_first), static_cast<size_t>(r.num_blocks * block_bytes));
+        PostRun(st,
+                RunHead{.lease_token = st->dest.lease_token, .push_id = st->id, .run = sums[i],
+                        .checksummed = options_.checksum_runs ? 1u : 0u},
+                st->local_base + local.BlockOffset(layer, runs[i].src_first),
+                static_cast<size_t>(runs[i].num_blocks * block_bytes));
       }
     });
+    return absl::OkStatus();
+  }
+
+  // PutLayer's writes by cross-memory attach of `runs` of `layer`, in order, on the
+  // caller's thread; the caller counted itself in st->cma_writers, and this ends that.
+  // The push's error when it ended meanwhile (the next write is not made); the write's
+  // error otherwise, which fails the push. Aborted when the kernel refuses cross-memory
+  // attach (ptrace policy, seccomp): this transport's later pushes to same-host
+  // receivers then go as rendezvous runs, over an endpoint with peer-failure handling
+  // (Peer), not this push's.
+  absl::Status WriteRunsByCma(const std::shared_ptr<PushState>& st, pid_t pid, int32_t layer,
+                              const std::vector<KvRun>& runs, std::vector<RunChecksum> sums) {
+    const KvLayout& local = *st->local_layout;
+    const int64_t block_bytes = local.BlockBytes();
+    const uint64_t remote_layer_bytes = static_cast<uint64_t>(st->dest.pool_num_blocks) * block_bytes;
+    int64_t written_blocks = 0;
+    absl::Status error;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      {
+        // The push's generation check: a refused, failed or cancelled push writes
+        // nothing more. (A write already past this check lands late: the receiver's
+        // fence, writer_fence.h, keeps its blocks out of use until this call ends.)
+        std::lock_guard<std::mutex> lock(st->mu);
+        if (!st->error.ok() || st->cancelled) {
+          error = st->error.ok() ? absl::CancelledError("the KV push was cancelled") : st->error;
+          break;
+        }
+      }
+      const KvRun& r = runs[i];
+      const std::byte* src = st->local_base + local.BlockOffset(layer, r.src_first);
+      const size_t bytes = static_cast<size_t>(r.num_blocks * block_bytes);
+      const uint64_t dst = st->dest.remote_base + static_cast<uint64_t>(layer) * remote_layer_bytes +
+                           static_cast<uint64_t>(r.dst_first.value) * block_bytes;
+      const absl::Status written =
+          options_.cma_write ? options_.cma_write(pid, src, bytes, dst) : CmaWrite(pid, src, bytes, dst);
+      if (written.ok()) {
+        written_blocks += r.num_blocks;
+        continue;
+      }
+      error = written;
+      if (absl::IsPermissionDenied(written)) {
+        KVMESH_LOG(kWarning) << "cross-memory attach refused; later KV pushes go through UCX"
+                             << LogKv("status", written.ToString());
+        cma_refused_.store(true);
+        error = absl::AbortedError(absl::StrCat("cross-memory attach refused: ", written.message()));
+      }
+      break;
+    }
+    bool waited_for = false;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      st->cma_blocks += written_blocks;
+      // The last writer out: a Finish or a failure may have waited for it.
+      waited_for = --st->cma_writers == 0 && (st->finishing || !st->error.ok() || st->cancelled);
+    }
+    if (!error.ok()) {
+      Post([this, st, error] { Fail(st, error); });
+      return error;
+    }
+    // The runs' checksums follow them (the receiver checks them now, not at the end: the
+    // transfer's tail holds only the last layer's check), then whatever waited.
+    if (!options_.checksum_runs) sums.clear();
+    if (waited_for || !sums.empty()) {
+      Post([this, st, sums = std::move(sums), waited_for] {
+        if (!sums.empty() && st->ep != nullptr) {
+          std::string body;
+          Append(body, SumsBody{.num_runs = static_cast<uint32_t>(sums.size())});
+          for (const RunChecksum& c : sums) Append(body, c);
+          SendMsg(st->ep, kSums, MsgHead{st->dest.lease_token, st->id}, body);
+        }
+        if (!waited_for) return;
+        MaybeFlush(st);
+        SendFence(st);
+      });
+    }
     return absl::OkStatus();
   }
 
@@ -509,6 +613,8 @@ class UcxKvTransport::Impl {
 
   int64_t num_open_leases() const { return num_leases_.load(); }
   int64_t num_open_pushes() const { return num_pushes_.load(); }
+  int64_t num_fenced_leases() const { return num_fenced_.load(); }
+  int64_t num_outstanding_requests() const { return num_requests_.load(); }
 
   std::vector<std::string> peer_transports() {
     return RunSync([this] {
@@ -601,6 +707,12 @@ class UcxKvTransport::Impl {
   }
 
   void CheckTimers(Clock::time_point now) {
+    ReapClosed();
+    // Receiver: fenced leases whose writer's process is gone (a poll of each pidfd).
+    if (fences_.size() > 0 && now - last_fence_check_ >= std::chrono::milliseconds(10)) {
+      last_fence_check_ = now;
+      Released(fences_.ReleaseGone());
+    }
     // Receiver: leases whose sender went quiet.
     std::vector<uint64_t> expired;
     for (const auto& [token, lease] : leases_) {
@@ -675,48 +787,55 @@ class UcxKvTransport::Impl {
     return !host_identity_.empty() && dest.host_identity == host_identity_;
   }
 
+  // The connection to the receiver of `dest` for a push that writes its runs by
+  // cross-memory attach (`direct`) or sends them: made now if there is none (or the
+  // last one failed: the receiver may have restarted). Sets `*key` to its peers_ key.
+  // InvalidArgument when UCX refuses the receiver's worker address.
+  absl::StatusOr<ucp_ep_h> PeerEndpoint(const KvLeaseDescriptor& dest, bool direct, std::string* key) {
+    // NOTE: UCX 1.13's shared-memory active-message transports (posix, sysv) have no
+    // peer failure handling: an endpoint that asks for it gets tcp, over any device with
+    // an address (same_host.h). So a receiver on this host that this push writes by
+    // cross-memory attach is reached without it, over shared memory (only control
+    // messages go there), as is any receiver when UCX refuses it (UCX_TLS=sm; tried
+    // once: UCX logs the refusal). A dead or stopped receiver then shows as its missing
+    // ProgressAcks (receiver_timeout_ms) or DoneAck (ack_timeout_ms), and LosePeer
+    // closes the endpoint. Runs go over shared memory only when nothing else can carry
+    // them (Peer::peer_failure_handling).
+    const bool over_shm = shm_allowed_ && SameHost(dest) && (direct || !peer_mode_usable_);
+    *key = absl::StrCat(over_shm ? "shm:" : "", dest.worker_address);
+    if (const auto it = peers_.find(*key); it != peers_.end() && it->second.failed) peers_.erase(it);
+    Peer& peer = peers_[*key];
+    if (peer.ep != nullptr) return peer.ep;
+    ucp_ep_params_t ep_params{};
+    ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                           UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.address = reinterpret_cast<const ucp_address_t*>(dest.worker_address.data());
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep_params.err_handler.cb = &Impl::OnEpError;
+    ep_params.err_handler.arg = this;
+    ucs_status_t s = UCS_ERR_UNREACHABLE;
+    if (peer_mode_usable_ && !over_shm) {
+      s = ucp_ep_create(worker_, &ep_params, &peer.ep);
+      if (s == UCS_ERR_UNREACHABLE) peer_mode_usable_ = false;
+      peer.peer_failure_handling = s == UCS_OK;
+    }
+    if (s == UCS_ERR_UNREACHABLE) {
+      ep_params.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+      s = ucp_ep_create(worker_, &ep_params, &peer.ep);
+    }
+    if (s != UCS_OK) {
+      peers_.erase(*key);
+      return absl::InvalidArgumentError(absl::StrCat("lease descriptor: worker address refused by UCX: ",
+                                                     ucs_status_string(s)));
+    }
+    KVMESH_LOG(kInfo) << "connected to a KV receiver"
+                      << LogKv("transports", absl::StrJoin(EndpointTransports(peer.ep), ","))
+                      << LogKv("same_host", SameHost(dest));
+    return peer.ep;
+  }
+
   absl::Status Connect(const std::shared_ptr<PushState>& st) {
-    st->peer_key = st->dest.worker_address;
-    Peer& peer = peers_[st->peer_key];
-    if (peer.failed) {
-      // A peer that failed once is reconnected (the receiver may have restarted).
-      peers_.erase(st->peer_key);
-      return Connect(st);
-    }
-    if (peer.ep == nullptr) {
-      ucp_ep_params_t ep_params{};
-      ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                             UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      ep_params.address = reinterpret_cast<const ucp_address_t*>(st->dest.worker_address.data());
-      ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-      ep_params.err_handler.cb = &Impl::OnEpError;
-      ep_params.err_handler.arg = this;
-      // NOTE: UCX 1.13's shared-memory active-message transports (posix, sysv) have no
-      // peer failure handling: an endpoint that asks for it gets tcp, over any device
-      // with an address (same_host.h). So a receiver on this host is reached without
-      // it, over shared memory, as is any receiver when UCX refuses it (UCX_TLS=sm;
-      // tried once: UCX logs the refusal). A dead or stopped receiver then shows as its
-      // missing ProgressAcks (receiver_timeout_ms) or DoneAck (ack_timeout_ms), and
-      // LosePeer force-closes the endpoint.
-      const bool over_shm = shm_allowed_ && SameHost(st->dest);
-      ucs_status_t s = UCS_ERR_UNREACHABLE;
-      if (peer_mode_usable_ && !over_shm) {
-        s = ucp_ep_create(worker_, &ep_params, &peer.ep);
-        if (s == UCS_ERR_UNREACHABLE) peer_mode_usable_ = false;
-      }
-      if (s == UCS_ERR_UNREACHABLE) {
-        ep_params.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
-        s = ucp_ep_create(worker_, &ep_params, &peer.ep);
-      }
-      if (s != UCS_OK) {
-        peers_.erase(st->peer_key);
-        return absl::InvalidArgumentError(absl::StrCat("lease descriptor: worker address refused by UCX: ",
-                                                       ucs_status_string(s)));
-      }
-      KVMESH_LOG(kInfo) << "connected to a KV receiver"
-                        << LogKv("transports", absl::StrJoin(EndpointTransports(peer.ep), ","))
-                        << LogKv("same_host", SameHost(st->dest));
-    }
+    KVMESH_ASSIGN_OR_RETURN(const ucp_ep_h ep, PeerEndpoint(st->dest, st->cma_pid.load() > 0, &st->peer_key));
     // NOTE: UCX 1.13's ucp_ep_rkey_unpack crashes on some garbage (its error path
     // releases keys it never unpacked), so the shape of a packed key is checked first:
     // a 64-bit memory-domain map, a memory type, then at least a size byte per domain.
@@ -730,16 +849,26 @@ class UcxKvTransport::Impl {
       return absl::InvalidArgumentError(absl::StrCat("lease descriptor: a remote key of ", key.size(),
                                                      " bytes is not a packed UCX key"));
     }
-    const ucs_status_t s = ucp_ep_rkey_unpack(peer.ep, key.data(), &st->rkey);
+    const ucs_status_t s = ucp_ep_rkey_unpack(ep, key.data(), &st->rkey);
     if (s != UCS_OK) {
       return absl::InvalidArgumentError(absl::StrCat("lease descriptor: remote key refused by UCX: ", ucs_status_string(s)));
     }
-    st->ep = peer.ep;
+    st->ep = ep;
     st->last_keepalive = Clock::now();
     st->last_heard_receiver = st->last_keepalive;
     pushes_[st->id] = st;
     num_pushes_.store(static_cast<int64_t>(pushes_.size()));
-    SendMsg(st->ep, kHello, MsgHead{st->dest.lease_token, st->id}, {});
+    // Who writes: a push by cross-memory attach names this process, which the receiver
+    // then watches (writer_fence.h).
+    const bool direct = st->cma_pid.load() > 0;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      st->announced_direct = direct;
+    }
+    std::string hello;
+    Append(hello, HelloBody{.writer_pid = direct ? static_cast<int32_t>(::getpid()) : 0,
+                            .flags = direct ? kWritesDirectly : 0u});
+    SendMsg(st->ep, kHello, MsgHead{st->dest.lease_token, st->id}, hello);
     return absl::OkStatus();
   }
 
@@ -778,6 +907,7 @@ class UcxKvTransport::Impl {
     }
     ++ctx->st->inflight;
     ++inflight_;
+    Posted();
   }
 
   static void OnOpDone(void* request, ucs_status_t status, void* user_data) {
@@ -792,7 +922,7 @@ class UcxKvTransport::Impl {
     }
     const std::shared_ptr<PushState> st = std::move(ctx->st);
     delete ctx;
-    ucp_request_free(request);
+    self->Free(request);
     self->MaybeFlush(st);
   }
 
@@ -801,10 +931,12 @@ class UcxKvTransport::Impl {
   void MaybeFlush(const std::shared_ptr<PushState>& st) {
     bool finishing;
     bool failed;
+    bool writing;
     {
       std::lock_guard<std::mutex> lock(st->mu);
       finishing = st->finishing && !st->done;
       failed = !st->error.ok();
+      writing = st->cma_writers > 0;
     }
     if (failed || st->ep == nullptr) return Complete(st);
     if (!finishing) return;
@@ -820,17 +952,17 @@ class UcxKvTransport::Impl {
       p.user_data = ctx;
       TrackOp(ctx, ucp_ep_flush_nbx(st->ep, &p), "ucp_ep_flush_nbx");
     }
-    if (st->inflight > 0 || st->done_sent || st->ep == nullptr) return;
+    // NOTE: nor while a PutLayer is inside its writes by cross-memory attach: the Done
+    // tells the receiver that nothing of this push can land any more.
+    if (st->inflight > 0 || writing || st->done_sent || st->ep == nullptr) return;
     // Every put is remotely complete: the completion may go.
     std::string body;
     {
       std::lock_guard<std::mutex> lock(st->mu);
       if (st->done) return;
-      Append(body, DoneBody{.blocks = st->stats.blocks,
-                            .bytes = st->stats.bytes,
-                            .cma_blocks = st->cma_blocks,
-                            .num_checksums = static_cast<uint32_t>(st->checksums.size())});
-      for (const RunChecksum& c : st->checksums) Append(body, c);
+      // NOTE: no checksums: every run's went with it (RunHead) or after it (Sums).
+      Append(body, DoneBody{.blocks = st->stats.blocks, .bytes = st->stats.bytes, .cma_blocks = st->cma_blocks,
+                            .num_checksums = 0});
     }
     st->done_sent = true;
     st->ack_deadline = Clock::now() + std::chrono::milliseconds(options_.ack_timeout_ms);
@@ -846,6 +978,9 @@ class UcxKvTransport::Impl {
     }
     st->cv.notify_all();
     Complete(st);
+    // NOTE: not only from Complete: a push that failed waits there for its Finish, and
+    // its receiver's blocks need not wait for that.
+    SendFence(st);
   }
 
   // Runs on_done when the push ended (an error, or the DoneAck) and no put is in
@@ -867,7 +1002,26 @@ class UcxKvTransport::Impl {
       done = std::move(st->on_done);
     }
     Retire(st);
+    SendFence(st);
     if (done) done(status, stats);
+  }
+
+  // Tells the receiver of a failed push that wrote by cross-memory attach that none of
+  // its writes can land any more (Fenced), once none is running: the blocks of its
+  // lease may then be reused (writer_fence.h). Once; over a new endpoint when the old
+  // one was lost (the receiver may be alive: it may have failed the lease itself).
+  void SendFence(const std::shared_ptr<PushState>& st) {
+    if (st->fence_sent) return;
+    {
+      std::lock_guard<std::mutex> lock(st->mu);
+      if (!st->announced_direct || st->error.ok() || st->cma_writers > 0) return;
+    }
+    st->fence_sent = true;
+    std::string key;
+    const absl::StatusOr<ucp_ep_h> ep = PeerEndpoint(st->dest, /*direct=*/true, &key);
+    // Unreachable: the receiver releases the fence when it sees this process gone.
+    if (!ep.ok()) return;
+    SendMsg(*ep, kFenced, MsgHead{st->dest.lease_token, st->id}, {});
   }
 
   // Forgets a finished push (worker thread).
@@ -904,6 +1058,7 @@ class UcxKvTransport::Impl {
     it->second.failed = true;
     it->second.error = error;
     it->second.ep = nullptr;
+    const bool forced = it->second.peer_failure_handling;
     std::vector<std::shared_ptr<PushState>> hit;
     for (const auto& [id, st] : pushes_) {
       if (st->ep == ep) hit.push_back(st);
@@ -912,15 +1067,7 @@ class UcxKvTransport::Impl {
       std::lock_guard<std::mutex> lock(st->mu);
       if (st->error.ok()) st->error = error;
     }
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
-    if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
-      const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(100);
-      while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker_);
-      ucp_request_free(r);
-    }
+    CloseEndpoint(ep, forced);
     for (const auto& st : hit) {
       // Whatever the close did not complete will never write: stop waiting for it.
       st->abandoned = true;
@@ -936,26 +1083,79 @@ class UcxKvTransport::Impl {
     }
   }
 
+  // Closes `ep` for good. With peer-failure handling, by force: UCX completes whatever
+  // is still queued on it (UCS_ERR_CANCELED), so every request comes back through its
+  // callback. Without it, by flushing, the only close UCX allows there (Peer): that
+  // close completes once the receiver took what was queued, and its request is kept
+  // (counted outstanding) until then (CheckTimers); runs never go there unless UCX_TLS
+  // left nothing else, so a dead receiver strands at most its control messages.
+  void CloseEndpoint(ucp_ep_h ep, bool forced) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = forced ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (r == nullptr) return;
+    if (UCS_PTR_IS_ERR(r)) {
+      KVMESH_LOG(kWarning) << "closing a KV endpoint failed" << LogKv("status", ucs_status_string(UCS_PTR_STATUS(r)));
+      return;
+    }
+    if (forced) {
+      const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(100);
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker_);
+      ucp_request_free(r);
+      return;
+    }
+    Posted();
+    closing_.push_back(r);
+  }
+
+  // Returns the flushing closes that completed.
+  void ReapClosed() {
+    std::erase_if(closing_, [this](void* r) {
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+      Free(r);
+      return true;
+    });
+  }
+
+  // ---- UCX requests ----
+  // Every request UCX hands back in progress (a send, flush, receive or flushing close)
+  // is counted until it is returned (ucp_request_free): num_outstanding_requests().
+
+  void Posted() { num_requests_.store(++requests_); }
+
+  void Free(void* request) {
+    ucp_request_free(request);
+    num_requests_.store(--requests_);
+  }
+
   // ---- Messages ----
 
   struct SendContext {
+    Impl* impl;
     std::string bytes;
   };
 
   void SendMsg(ucp_ep_h ep, unsigned id, const MsgHead& head, std::string_view body) {
-    auto* ctx = new SendContext;
+    auto* ctx = new SendContext{this, {}};
     Append(ctx->bytes, head);
     ctx->bytes.append(body);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
     p.cb.send = [](void* request, ucs_status_t, void* user_data) {
-      delete static_cast<SendContext*>(user_data);
-      ucp_request_free(request);
+      auto* ctx = static_cast<SendContext*>(user_data);
+      Impl* self = ctx->impl;
+      delete ctx;
+      self->Free(request);
     };
     p.user_data = ctx;
     ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, nullptr, 0, ctx->bytes.data(), ctx->bytes.size(), &p);
-    if (r == nullptr || UCS_PTR_IS_ERR(r)) delete ctx;  // sent, or failed: the endpoint's error handler reports it
+    if (r == nullptr || UCS_PTR_IS_ERR(r)) {
+      delete ctx;  // sent, or failed: the endpoint's error handler reports it
+      return;
+    }
+    Posted();
   }
 
   void SendAnswer(ucp_ep_h ep, unsigned id, uint64_t token, uint64_t push_id, const absl::Status& status) {
@@ -1002,6 +1202,8 @@ class UcxKvTransport::Impl {
       case kProgress:
       case kDone:
       case kAbort:
+      case kFenced:
+      case kSums:
         return OnReceiverMessage(id, head, body, reply);
       default:
         break;
@@ -1032,6 +1234,12 @@ class UcxKvTransport::Impl {
   void OnReceiverMessage(unsigned id, const MsgHead& head, std::string_view body, ucp_ep_h reply) {
     auto it = leases_.find(head.lease_token);
     if (it == leases_.end()) {
+      // The writer of a fenced lease says it writes no more: its blocks are free now.
+      if (id == kFenced || id == kDone) {
+        if (std::optional<KvLeaseReleasedFn> released = fences_.Acknowledge(head.lease_token, head.push_id)) {
+          Released({*std::move(released)});
+        }
+      }
       const absl::Status unknown = absl::NotFoundError(
           absl::StrCat("KV lease ", head.lease_token, " is not open here (never granted, expired or closed)"));
       if (id == kHello) SendAnswer(reply, kHelloAck, head.lease_token, head.push_id, unknown);
@@ -1049,6 +1257,11 @@ class UcxKvTransport::Impl {
       lease.sender_push_id = head.push_id;
       lease.reply_ep = reply;
       lease.last_heard = Clock::now();
+      // A sender that does not say who writes (no HelloBody) is taken to write directly
+      // wherever this lease offered it (an unknown process: only its word releases it).
+      HelloBody hello{};
+      if (!Take(body, hello)) hello = HelloBody{.writer_pid = 0, .flags = cma_allowed_ ? kWritesDirectly : 0u};
+      if ((hello.flags & kWritesDirectly) != 0) lease.direct_writer = WriterProcess::Open(hello.writer_pid);
       return SendAnswer(reply, kHelloAck, head.lease_token, head.push_id, absl::OkStatus());
     }
     if (!lease.has_sender || lease.sender_push_id != head.push_id) {
@@ -1059,6 +1272,26 @@ class UcxKvTransport::Impl {
     if (id == kProgress) return SendAnswer(reply, kProgressAck, head.lease_token, head.push_id, absl::OkStatus());
     if (id == kAbort) {
       EndLease(head.lease_token, absl::AbortedError("the KV sender abandoned the transfer"), {});
+      return;
+    }
+    if (id == kSums) {
+      // The checksums of runs the sender wrote directly and that have landed.
+      SumsBody sums{};
+      absl::Status verified = Take(body, sums) ? absl::OkStatus() : absl::DataLossError("malformed KV checksums");
+      for (uint32_t i = 0; i < sums.num_runs && verified.ok(); ++i) {
+        RunChecksum c{};
+        verified = Take(body, c) ? VerifyRun(lease, c) : absl::DataLossError("malformed KV checksums");
+      }
+      if (!verified.ok()) {
+        SendAnswer(reply, kRefused, head.lease_token, head.push_id, verified);
+        EndLease(head.lease_token, verified, {});
+      }
+      return;
+    }
+    // Fenced and Done: the sender sends either only once none of its writes can land.
+    lease.writer_stopped = true;
+    if (id == kFenced) {
+      EndLease(head.lease_token, absl::AbortedError("the KV sender's push failed"), {});
       return;
     }
     // NOTE: over tcp UCX spreads a run's bytes over several connections, so the Done
@@ -1093,7 +1326,8 @@ class UcxKvTransport::Impl {
   struct RunRecv {
     Impl* impl;
     uint64_t lease_token;
-    int32_t num_blocks;
+    RunChecksum run;
+    bool checksummed;
   };
 
   static ucs_status_t OnRunAm(void* arg, const void* header, size_t header_length, void* data, size_t length,
@@ -1128,19 +1362,21 @@ class UcxKvTransport::Impl {
     {
       std::lock_guard<std::mutex> lock(pools_mu_);  // pools are never removed, but the table may grow
       const Pool& pool = pools_[lease.pool.value];
-      dst = pool.base + pool.layout.BlockOffset(h.layer, lease.block_ids[h.first_index]);
+      dst = pool.base + pool.layout.BlockOffset(h.run.layer, lease.block_ids[h.run.first_index]);
     }
     const size_t n = static_cast<size_t>(lease.block_ids.size());
-    for (int32_t k = 0; k < h.num_blocks; ++k) lease.taken[static_cast<size_t>(h.layer) * n + h.first_index + k] = true;
+    for (int32_t k = 0; k < h.run.num_blocks; ++k) {
+      lease.taken[static_cast<size_t>(h.run.layer) * n + h.run.first_index + k] = true;
+    }
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
       std::memcpy(dst, data, length);  // small enough to come eagerly
-      lease.num_landed += h.num_blocks;
+      CountLanded(lease, h.run, h.checksummed != 0);
       // NOTE: from the loop: a Done it completes is answered outside UCX's callback.
       Post([this, token = h.lease_token] { AfterLastRun(token); });
       return UCS_OK;
     }
     ucp_request_param_t p{};
-    auto* ctx = new RunRecv{this, h.lease_token, h.num_blocks};
+    auto* ctx = new RunRecv{this, h.lease_token, h.run, h.checksummed != 0};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv_am = &Impl::OnRunLanded;
     p.user_data = ctx;
@@ -1151,6 +1387,8 @@ class UcxKvTransport::Impl {
       Landed(ctx, UCS_OK);
     } else if (UCS_PTR_IS_ERR(r)) {
       Landed(ctx, UCS_PTR_STATUS(r));
+    } else {
+      Posted();
     }
     return UCS_OK;
   }
@@ -1163,20 +1401,21 @@ class UcxKvTransport::Impl {
     std::lock_guard<std::mutex> lock(pools_mu_);
     const KvLayout& layout = pools_[lease.pool.value].layout;
     const int64_t n = static_cast<int64_t>(lease.block_ids.size());
-    if (h.layer < 0 || h.layer >= layout.num_layers() || h.first_index < 0 || h.num_blocks <= 0 ||
-        static_cast<int64_t>(h.first_index) + h.num_blocks > n) {
-      return absl::InvalidArgumentError(absl::StrCat("KV run layer ", h.layer, " blocks [", h.first_index, ", +",
-                                                     h.num_blocks, ") is outside the lease"));
+    const RunChecksum& run = h.run;
+    if (run.layer < 0 || run.layer >= layout.num_layers() || run.first_index < 0 || run.num_blocks <= 0 ||
+        static_cast<int64_t>(run.first_index) + run.num_blocks > n) {
+      return absl::InvalidArgumentError(absl::StrCat("KV run layer ", run.layer, " blocks [", run.first_index, ", +",
+                                                     run.num_blocks, ") is outside the lease"));
     }
-    if (static_cast<int64_t>(length) != h.num_blocks * layout.BlockBytes()) {
-      return absl::InvalidArgumentError(absl::StrCat("KV run of ", length, " bytes for ", h.num_blocks, " blocks"));
+    if (static_cast<int64_t>(length) != run.num_blocks * layout.BlockBytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("KV run of ", length, " bytes for ", run.num_blocks, " blocks"));
     }
-    for (int32_t k = 0; k < h.num_blocks; ++k) {
-      if (k > 0 && lease.block_ids[h.first_index + k].value != lease.block_ids[h.first_index].value + k) {
+    for (int32_t k = 0; k < run.num_blocks; ++k) {
+      if (k > 0 && lease.block_ids[run.first_index + k].value != lease.block_ids[run.first_index].value + k) {
         return absl::InvalidArgumentError("KV run is not contiguous in the receiver's pool");
       }
-      if (lease.taken[static_cast<size_t>(h.layer) * static_cast<size_t>(n) + h.first_index + k]) {
-        return absl::InvalidArgumentError(absl::StrCat("KV run repeats layer ", h.layer, " block ", h.first_index + k));
+      if (lease.taken[static_cast<size_t>(run.layer) * static_cast<size_t>(n) + run.first_index + k]) {
+        return absl::InvalidArgumentError(absl::StrCat("KV run repeats layer ", run.layer, " block ", run.first_index + k));
       }
     }
     return absl::OkStatus();
@@ -1185,7 +1424,7 @@ class UcxKvTransport::Impl {
   static void OnRunLanded(void* request, ucs_status_t status, size_t length, void* user_data) {
     auto* ctx = static_cast<RunRecv*>(user_data);
     Impl* self = ctx->impl;
-    ucp_request_free(request);
+    self->Free(request);
     self->Landed(ctx, status);
   }
 
@@ -1193,7 +1432,8 @@ class UcxKvTransport::Impl {
   // waited for them (a Done, or the lease's end).
   void Landed(RunRecv* ctx, ucs_status_t status) {
     const uint64_t token = ctx->lease_token;
-    const int32_t blocks = ctx->num_blocks;
+    const RunChecksum run = ctx->run;
+    const bool checksummed = ctx->checksummed;
     delete ctx;
     --inflight_;
     auto it = leases_.find(token);
@@ -1201,13 +1441,57 @@ class UcxKvTransport::Impl {
     Lease& lease = it->second;
     --lease.runs_in_flight;
     if (status == UCS_OK) {
-      lease.num_landed += blocks;
+      CountLanded(lease, run, checksummed);
     } else if (!lease.ending.has_value()) {
       lease.ending.emplace(absl::UnavailableError(absl::StrCat("receiving a KV run failed: ", ucs_status_string(status))),
                            KvTransferStats{});
     }
     // NOTE: from the loop: what it ends or answers runs outside UCX's callback.
     if (lease.runs_in_flight == 0) Post([this, token] { AfterLastRun(token); });
+  }
+
+  // A run's bytes are in the pool: counted, and checked against its checksum when it
+  // came with one (a mismatch ends the lease once no run lands any more).
+  void CountLanded(Lease& lease, const RunChecksum& run, bool checksummed) {
+    lease.num_landed += run.num_blocks;
+    if (!checksummed) return;
+    const absl::Status verified = VerifyRun(lease, run);
+    if (!verified.ok() && !lease.ending.has_value()) lease.ending.emplace(verified, KvTransferStats{});
+  }
+
+  // Checks one run's bytes in the pool against `c` and records its (layer, block) pairs
+  // as verified. DataLoss for a run outside the lease, not contiguous here, or holding
+  // other bytes.
+  absl::Status VerifyRun(Lease& lease, const RunChecksum& c) {
+    const Pool* pool;
+    {
+      std::lock_guard<std::mutex> lock(pools_mu_);
+      pool = &pools_[lease.pool.value];
+    }
+    const KvLayout& layout = pool->layout;
+    const int64_t n_lease = static_cast<int64_t>(lease.block_ids.size());
+    if (c.layer < 0 || c.layer >= layout.num_layers() || c.first_index < 0 || c.num_blocks <= 0 ||
+        static_cast<int64_t>(c.first_index) + c.num_blocks > n_lease) {
+      return absl::DataLossError("KV checksum of a run outside the lease");
+    }
+    for (int32_t k = 1; k < c.num_blocks; ++k) {
+      if (lease.block_ids[c.first_index + k].value != lease.block_ids[c.first_index].value + k) {
+        return absl::DataLossError("KV checksum of a run that is not contiguous here");
+      }
+    }
+    const std::byte* at = pool->base + layout.BlockOffset(c.layer, lease.block_ids[c.first_index]);
+    if (Checksum({at, static_cast<size_t>(c.num_blocks * layout.BlockBytes())}) != c.checksum) {
+      return absl::DataLossError(absl::StrCat("KV run layer ", c.layer, " blocks [", c.first_index, ", ",
+                                              c.first_index + c.num_blocks, ") landed with a different checksum"));
+    }
+    for (int32_t k = 0; k < c.num_blocks; ++k) {
+      const size_t pair = static_cast<size_t>(c.layer) * static_cast<size_t>(n_lease) + c.first_index + k;
+      if (!lease.verified[pair]) {
+        lease.verified[pair] = true;
+        ++lease.num_verified;
+      }
+    }
+    return absl::OkStatus();
   }
 
   // No run of the lease is landing any more: the end it deferred, or a Done it held.
@@ -1225,7 +1509,7 @@ class UcxKvTransport::Impl {
 
   // The completion's claims against the lease: every (layer, block) put once (the
   // sender refuses repeats), and with checksums, the bytes that landed.
-  absl::Status CheckDone(const Lease& lease, std::string_view in, KvTransferStats& stats) {
+  absl::Status CheckDone(Lease& lease, std::string_view in, KvTransferStats& stats) {
     DoneBody d{};
     if (!Take(in, d)) return absl::DataLossError("malformed KV completion");
     const Pool* pool;
@@ -1249,23 +1533,24 @@ class UcxKvTransport::Impl {
     for (uint32_t i = 0; i < d.num_checksums; ++i) {
       RunChecksum c{};
       if (!Take(in, c)) return absl::DataLossError("malformed KV completion checksums");
-      const int64_t n_lease = static_cast<int64_t>(lease.block_ids.size());
-      if (c.layer < 0 || c.layer >= layout.num_layers() || c.first_index < 0 || c.num_blocks <= 0 ||
-          static_cast<int64_t>(c.first_index) + c.num_blocks > n_lease) {
-        return absl::DataLossError("KV completion names a run outside the lease");
-      }
-      for (int32_t k = 1; k < c.num_blocks; ++k) {
-        if (lease.block_ids[c.first_index + k].value != lease.block_ids[c.first_index].value + k) {
-          return absl::DataLossError("KV completion names a run that is not contiguous here");
-        }
-      }
-      const std::byte* at = pool->base + layout.BlockOffset(c.layer, lease.block_ids[c.first_index]);
-      if (Checksum({at, static_cast<size_t>(c.num_blocks * layout.BlockBytes())}) != c.checksum) {
-        return absl::DataLossError(absl::StrCat("KV run layer ", c.layer, " blocks [", c.first_index, ", ",
-                                                c.first_index + c.num_blocks, ") landed with a different checksum"));
-      }
+      KVMESH_RETURN_IF_ERROR(VerifyRun(lease, c));
+    }
+    // With checksum_runs this side requires them too, of every (layer, block): a sender
+    // that sent none, or skipped some, is refused, not trusted.
+    if (options_.checksum_runs && lease.num_verified != expected) {
+      return absl::DataLossError(absl::StrCat("the KV sender's checksums cover ", lease.num_verified, " of the lease's ",
+                                              expected, " (layer, block) pairs (checksum_runs on both sides)"));
     }
     return absl::OkStatus();
+  }
+
+  // Runs the on_released of fences just released (counted first: a caller that reads
+  // num_fenced_leases() from its on_released sees them gone).
+  void Released(std::vector<KvLeaseReleasedFn> released) {
+    num_fenced_.store(fences_.size());
+    for (KvLeaseReleasedFn& fn : released) {
+      if (fn) fn();
+    }
   }
 
   void EndLease(uint64_t token, const absl::Status& status, const KvTransferStats& stats) {
@@ -1281,6 +1566,14 @@ class UcxKvTransport::Impl {
     leases_.erase(it);
     num_leases_.store(static_cast<int64_t>(leases_.size()));
     if (lease.on_done) lease.on_done(status, stats);
+    // Its blocks are free once nothing can write into them: now, or when its direct
+    // writer is known to write no more.
+    if (lease.direct_writer.has_value() && !lease.writer_stopped && !lease.direct_writer->Gone()) {
+      fences_.Add(token, lease.sender_push_id, *std::move(lease.direct_writer), std::move(lease.on_released));
+      num_fenced_.store(fences_.size());
+      return;
+    }
+    if (lease.on_released) lease.on_released();
   }
 
   // Worker thread, at destruction: every lease and push ends, every endpoint closes.
@@ -1288,25 +1581,28 @@ class UcxKvTransport::Impl {
     std::vector<uint64_t> tokens;
     for (const auto& [token, lease] : leases_) tokens.push_back(token);
     for (const uint64_t t : tokens) EndLease(t, absl::CancelledError("the KV transport is shutting down"), {});
+    // NOTE: fenced leases are not released: a writer may still write into their blocks.
+    fences_.Clear();
+    num_fenced_.store(0);
     std::vector<std::shared_ptr<PushState>> pushes;
     for (const auto& [id, st] : pushes_) pushes.push_back(st);
     for (const auto& st : pushes) {
       st->cancelled = true;
       Fail(st, absl::CancelledError("the KV transport is shutting down"));
     }
-    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(1);
     for (auto& [key, peer] : peers_) {
       if (peer.ep == nullptr) continue;
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      ucs_status_ptr_t r = ucp_ep_close_nbx(peer.ep, &p);
-      if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
-        while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker_);
-        ucp_request_free(r);
-      }
+      CloseEndpoint(peer.ep, peer.peer_failure_handling);
       peer.ep = nullptr;
     }
+    // A flushing close waits for its receiver: for a second, then the worker goes anyway.
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(1);
+    while (!closing_.empty() && Clock::now() < deadline) {
+      ucp_worker_progress(worker_);
+      ReapClosed();
+    }
+    for (void* r : closing_) Free(r);
+    closing_.clear();
     for (const auto& st : pushes) {
       std::lock_guard<std::mutex> lock(st->mu);
       st->inflight = 0;
@@ -1318,6 +1614,7 @@ class UcxKvTransport::Impl {
 
   const UcxKvTransportOptions options_;
   const bool cma_allowed_;           // same-host puts by cross-memory attach (ucx/cma_put.h)
+  std::atomic<bool> cma_refused_{false};  // ... which the kernel refused: not tried again
   const bool shm_allowed_;           // UCX_TLS lets active messages go over shared memory
   const std::string host_identity_;  // LocalHostIdentity()
   ucp_context_h context_ = nullptr;
@@ -1328,6 +1625,8 @@ class UcxKvTransport::Impl {
   std::atomic<uint64_t> next_push_id_{0};
   std::atomic<int64_t> num_leases_{0};
   std::atomic<int64_t> num_pushes_{0};
+  std::atomic<int64_t> num_fenced_{0};
+  std::atomic<int64_t> num_requests_{0};
 
   mutable std::mutex pools_mu_;
   std::deque<Pool> pools_;  // guarded by pools_mu_; a deque: entries never move
@@ -1345,6 +1644,10 @@ class UcxKvTransport::Impl {
   absl::flat_hash_map<std::string, Peer> peers_;
   int64_t inflight_ = 0;
   bool peer_mode_usable_ = true;  // false once UCX refused UCP_ERR_HANDLING_MODE_PEER
+  WriterFences fences_;
+  int64_t requests_ = 0;  // UCX requests in progress (Posted, not yet Free)
+  std::vector<void*> closing_;  // flushing endpoint closes in progress (CloseEndpoint)
+  Clock::time_point last_fence_check_;
   AmArg am_args_[kLastAmId + 1];
 };
 
@@ -1400,6 +1703,8 @@ absl::StatusOr<std::unique_ptr<KvPush>> UcxKvTransport::OpenPush(KvPoolHandle po
 }
 int64_t UcxKvTransport::num_open_leases() const { return impl_->num_open_leases(); }
 int64_t UcxKvTransport::num_open_pushes() const { return impl_->num_open_pushes(); }
+int64_t UcxKvTransport::num_fenced_leases() const { return impl_->num_fenced_leases(); }
+int64_t UcxKvTransport::num_outstanding_requests() const { return impl_->num_outstanding_requests(); }
 std::vector<std::string> UcxKvTransport::peer_transports() const { return impl_->peer_transports(); }
 
 }  // namespace kvmesh::kv
