@@ -40,8 +40,12 @@ absl::Status AsyncEngine::SubmitWith(EngineRequest request, AdmitFn admit) {
     };
     ++num_unfinished_;
     new_requests_.push_back(PendingRequest{std::move(request), std::move(admit)});
+    // NOTE: notified under the lock, here and in Post and Abort: a caller on a gRPC
+    // thread (a reactor's OnCancel) may be the last to touch this object before the
+    // server's shutdown lets the owner destroy it, ordered only by gRPC's own atomics;
+    // inside the lock, the destructor's lock of mu_ orders it.
+    cv_.notify_one();
   }
-  cv_.notify_one();
   return absl::OkStatus();
 }
 
@@ -49,16 +53,16 @@ void AsyncEngine::Post(std::function<void(Engine&)> task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     tasks_.push_back(std::move(task));
+    cv_.notify_one();  // under the lock: see SubmitWith
   }
-  cv_.notify_one();
 }
 
 void AsyncEngine::Abort(const std::string& request_id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     aborts_.push_back(request_id);
+    cv_.notify_one();  // under the lock: see SubmitWith
   }
-  cv_.notify_one();
 }
 
 void AsyncEngine::Drain(int64_t deadline_ms) {

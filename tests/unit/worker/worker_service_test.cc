@@ -72,6 +72,7 @@ struct Worker {
   ~Worker() {
     server->Shutdown(0);
     state->outgoing_calls().CancelAllAndWait();
+    ucx.reset();
     async.reset();
   }
 
@@ -117,13 +118,15 @@ struct Worker {
 
   std::string Metrics() const { return registry.Exposition(); }
 
-  // Moves this worker's KV over `ucx` (which must outlive nothing of this worker's but
-  // be destroyed before it), registered over its pool as Worker::StartUcx does.
-  void UseUcx(kv::UcxKvTransport& ucx) {
+  // Moves this worker's KV over `transport`, registered over its pool as Worker::StartUcx
+  // does; the worker drops it where Worker::Drain does (after its calls, before its engine).
+  kv::UcxKvTransport& UseUcx(std::unique_ptr<kv::UcxKvTransport> transport) {
+    ucx = std::move(transport);
     kv::KvStorage* storage = runner.kv_storage();
-    const kv::KvPoolHandle pool = ucx.RegisterPool(storage->data(), storage->layout()).value();
+    const kv::KvPoolHandle pool = ucx->RegisterPool(storage->data(), storage->layout()).value();
     state->SetKvTransports(
-        {{.pool = {.transport = &ucx, .pool = pool}, .base = storage->data(), .layout = storage->layout()}});
+        {{.pool = {.transport = ucx.get(), .pool = pool}, .base = storage->data(), .layout = storage->layout()}});
+    return *ucx;
   }
 
   engine::testing::FakeKvStorageRunner runner;
@@ -135,6 +138,7 @@ struct Worker {
   std::unique_ptr<WorkerState> state;
   std::unique_ptr<WorkerService> service;
   std::unique_ptr<rpc::GrpcServer> server;
+  std::unique_ptr<kv::UcxKvTransport> ucx;  // UseUcx
   std::unique_ptr<v1::Worker::Stub> stub;
 };
 
@@ -320,11 +324,7 @@ TEST(WorkerServiceTest, AClientLeavingMidPrefillCancelsTheRemotePrefillAndFreesT
 TEST(WorkerServiceTest, AClientLeavingMidUcxPrefillReportsNoPeerUnreachable) {
   SilentPeer prefill;
   Worker decode;
-  std::unique_ptr<kv::UcxKvTransport> ucx = kv::UcxKvTransport::Create({.tls = "tcp"}).value();
-  kv::KvStorage* storage = decode.runner.kv_storage();
-  const kv::KvPoolHandle pool = ucx->RegisterPool(storage->data(), storage->layout()).value();
-  decode.state->SetKvTransports(
-      {{.pool = {.transport = ucx.get(), .pool = pool}, .base = storage->data(), .layout = storage->layout()}});
+  kv::UcxKvTransport* ucx = &decode.UseUcx(kv::UcxKvTransport::Create({.tls = "tcp"}).value());
   std::mutex mu;
   std::vector<std::string> reports;
   decode.state->SetUnreachableReporter([&](const std::string& address, const std::string& reason) {
@@ -408,10 +408,8 @@ TEST(WorkerServiceTest, AUcxRunCorruptedOnItsWayIsRefusedAndTheRequestIsPrefille
     copy[bytes / 2] ^= std::byte{0x01};
     return kv::CmaWrite(pid, copy.data(), bytes, remote);
   };
-  std::unique_ptr<kv::UcxKvTransport> receiver = kv::UcxKvTransport::Create(production).value();
-  std::unique_ptr<kv::UcxKvTransport> sender = kv::UcxKvTransport::Create(corrupting).value();
-  decode.UseUcx(*receiver);
-  prefill.UseUcx(*sender);
+  decode.UseUcx(kv::UcxKvTransport::Create(production).value());
+  prefill.UseUcx(kv::UcxKvTransport::Create(corrupting).value());
   const std::vector<int32_t> prompt = Prompt(23, 7);
   grpc::Status local_status;
   const std::vector<int32_t> want = GenerateTokens(local, GenerateRequest("l", prompt, ""), &local_status);
