@@ -62,9 +62,10 @@ std::optional<Scored> Pick(const std::vector<Scored>& pool, PlacementStrategy st
 
 std::string Describe(const Scored& s) {
   const PrefixMatch& m = s.candidate->prefix;
-  return absl::StrFormat("%s(score=%.3f cached=%d tiers=%d/%d/%d in_flight=%d saved=%.2f%s pending=%.2f kv=%.2f%s)",
+  return absl::StrFormat("%s(score=%.3f cached=%d tiers=%d/%d/%d/%d in_flight=%d saved=%.2f%s pending=%.2f kv=%.2f%s)",
                          s.candidate->worker.registration.worker_id, s.score.score, s.score.cached_tokens,
                          m.num_blocks_by_tier[0], m.num_blocks_by_tier[1], m.num_blocks_by_tier[2],
+                         m.num_blocks_by_tier[3],
                          m.num_blocks_in_flight,
                          s.score.cached_fraction, s.score.measured_tier_weights ? "" : " (tier weights unmeasured)",
                          s.score.pending_ratio, s.score.kv_usage, s.score.overloaded ? " overloaded" : "");
@@ -95,9 +96,8 @@ double PlacementPolicy::TierBlockWeight(kv::Tier tier, const WorkerLoad& load, i
       fallback = options_.disk_tier_weight;
       break;
     case kv::Tier::kStore:
-      // TODO(#33): the store's residency and bandwidth reach the index (step 5); until
-      // then a store block, were one reported, weighs what an unmeasured disk block does.
-      fallback = options_.disk_tier_weight;
+      bandwidth = load.kv_store_read_bytes_per_second;
+      fallback = options_.store_tier_weight;
       break;
   }
   if (bandwidth <= 0 || load.prefill_tokens_per_second <= 0 || block_bytes <= 0 || block_size_tokens <= 0) {
@@ -125,14 +125,18 @@ WorkerScore PlacementPolicy::Score(const WorkerCandidate& candidate, int32_t pro
   s.host_block_weight = TierBlockWeight(kv::Tier::kHost, w.load, block_bytes, static_cast<int32_t>(bs), &host_measured);
   s.disk_block_weight = TierBlockWeight(kv::Tier::kDisk, w.load, block_bytes, static_cast<int32_t>(bs), &disk_measured);
   s.measured_tier_weights = host_measured && disk_measured;
+  bool store_measured = false;
+  s.store_block_weight =
+      TierBlockWeight(kv::Tier::kStore, w.load, block_bytes, static_cast<int32_t>(bs), &store_measured);
   const int32_t device_blocks = m.num_blocks_by_tier[static_cast<int>(kv::Tier::kDevice)];
   const int32_t host_blocks = m.num_blocks_by_tier[static_cast<int>(kv::Tier::kHost)];
   const int32_t disk_blocks = m.num_blocks_by_tier[static_cast<int>(kv::Tier::kDisk)];
+  const int32_t store_blocks = m.num_blocks_by_tier[static_cast<int>(kv::Tier::kStore)];
   if (prompt > 0) {
     // Blocks in flight will be on the device by the time this request's prefill reaches
     // them (or it computes them on the worker that caches them anyway): device weight.
     const double weighted_blocks = device_blocks + m.num_blocks_in_flight + s.host_block_weight * host_blocks +
-                                   s.disk_block_weight * disk_blocks;
+                                   s.disk_block_weight * disk_blocks + s.store_block_weight * store_blocks;
     s.cached_fraction = std::clamp(weighted_blocks * static_cast<double>(bs) / static_cast<double>(prompt), 0.0, 1.0);
     if (w.load.prefill_tokens_per_second > 0) {
       // Saved share of the recompute time -> what is left of it.

@@ -20,11 +20,13 @@
 // Ties go to the worker with less pending work, then the lower worker id.
 //
 // A cached block's worth is its expected time to first token: a device-tier block is
-// free; a host- or disk-tier block costs block_bytes / that tier's read bandwidth,
+// free; a host-, disk- or kv-store block costs block_bytes / that tier's read bandwidth,
 // which saves only (1 - load time / recompute time) of recomputing its tokens at the
 // worker's prefill speed, and nothing when loading is slower (the worker recomputes
 // then). So device > host > disk > recompute follows from the bandwidths each worker
-// reports in its heartbeat (WorkerLoad), and cached_fraction is the share of the
+// reports in its heartbeat (WorkerLoad); a store block (cluster/store_residency.h: any
+// worker with the store's key space can load it) thus weighs between a local host hit
+// and recomputing by the store's measured bandwidth, and cached_fraction is the share of the
 // prompt's recompute time the worker's cached prefix saves. Blocks in flight (placed on
 // the worker moments ago, not reported yet: cluster/in_flight_prefixes.h) count as
 // device blocks, so the requests of one prefix stick to one worker from the first on
@@ -70,6 +72,7 @@ struct PlacementOptions {
   // Fallback before measurements: a lower-tier block counts this much of a device hit.
   double host_tier_weight = 0.8;
   double disk_tier_weight = 0.5;
+  double store_tier_weight = 0.4;  // a cluster kv-store block: over the network
   double overload_kv_usage = 0.95;
   double overload_pending_ratio = 1.0;
   // For workers that did not report max_num_seqs.
@@ -115,6 +118,7 @@ struct WorkerScore {
   // Weight of one host / disk block relative to a device block: measured, or the fallback.
   double host_block_weight = 0.0;
   double disk_block_weight = 0.0;
+  double store_block_weight = 0.0;
   bool measured_tier_weights = false;  // both weights came from the worker's measurements
   // Expected prefill seconds for the prompt given the cached prefix (onboarding
   // included); 0 when the worker has not measured its prefill speed.

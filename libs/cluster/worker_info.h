@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "core/dtype.h"
+#include "kv/kv_connector.h"
 #include "kv/kv_types.h"
 
 namespace kvmesh::cluster {
@@ -77,6 +79,7 @@ struct WorkerLoad {
   // (placement_policy.h). 0: not measured yet (no onboard / prefill since start).
   double kv_host_read_bytes_per_second = 0;  // host tier -> device, whole blocks
   double kv_disk_read_bytes_per_second = 0;  // disk tier -> host
+  double kv_store_read_bytes_per_second = 0;  // cluster kv-store -> host
   double prefill_tokens_per_second = 0;      // prompt tokens computed per second of prefill
 
   // kv_blocks_used / kv_blocks_total in [0, 1]; 0 when the total is unknown.
@@ -93,6 +96,9 @@ struct WorkerRegistration {
   KvCacheSpec kv_cache_spec;
   WorkerCapacity capacity;
   KvTransportSet kv_transports;
+  // Its kv-store key spaces (kv::KvConnector::shared_key_space): a block the stores
+  // hold under every one of them is loadable here. Empty: no kv-store.
+  std::vector<kv::SharedKeySpace> kv_store_key_spaces;
 
   // InvalidArgument for an empty id, address or model, or a bad spec.
   absl::Status Validate() const;

@@ -148,6 +148,7 @@ std::vector<WorkerCandidate> WorkerRegistry::Candidates(std::string_view model,
     absl::MutexLock lock(&mu_);
     ExpireLocked(now);
     const absl::flat_hash_map<std::string, PrefixMatch> matches = index_.Match(prompt_hashes);
+    StoreResidency::Matcher stored_blocks(store_, prompt_hashes);
     for (const auto& [id, state] : workers_) {
       if (state.snapshot.registration.model != model || state.snapshot.draining) continue;
       if (state.snapshot.unreachable_until > now) continue;
@@ -158,6 +159,11 @@ std::vector<WorkerCandidate> WorkerRegistry::Candidates(std::string_view model,
           in_flight_.LeadingRun(id, prompt_hashes, static_cast<size_t>(candidate.prefix.num_blocks), now);
       candidate.prefix.num_blocks += in_flight;
       candidate.prefix.num_blocks_in_flight = in_flight;
+      // What it would load from a store rather than recompute, after all of that.
+      const int32_t stored = stored_blocks.LeadingRun(state.snapshot.registration.kv_store_key_spaces,
+                                                      static_cast<size_t>(candidate.prefix.num_blocks));
+      candidate.prefix.num_blocks += stored;
+      candidate.prefix.num_blocks_by_tier[static_cast<int>(kv::Tier::kStore)] += stored;
       result.push_back(std::move(candidate));
     }
   }
@@ -197,6 +203,21 @@ void WorkerRegistry::NotePlacement(std::string_view worker_id, std::span<const k
   }
 }
 
+bool WorkerRegistry::ApplyStoreEvents(std::string_view address, const kv_store::StoreEventsPage& page) {
+  absl::MutexLock lock(&mu_);
+  return store_.Apply(address, page);
+}
+
+void WorkerRegistry::ForgetStore(std::string_view address) {
+  absl::MutexLock lock(&mu_);
+  store_.Forget(address);
+}
+
+int64_t WorkerRegistry::num_store_blocks(std::string_view address) const {
+  absl::MutexLock lock(&mu_);
+  return store_.num_blocks(address);
+}
+
 int32_t WorkerRegistry::num_workers() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int32_t>(workers_.size());
@@ -214,6 +235,7 @@ RegistryStats WorkerRegistry::stats() const {
     if (state.snapshot.draining) ++stats.num_draining_workers;
   }
   stats.num_indexed_hashes = index_.num_hashes();
+  stats.num_store_keys = store_.num_keys();
   stats.num_expired_total = num_expired_total_;
   return stats;
 }

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cluster/in_flight_prefixes.h"
+#include "cluster/store_residency.h"
 #include "cluster/prefix_index.h"
 #include "cluster/worker_info.h"
 #include "core/clock.h"
@@ -61,12 +62,14 @@ struct RegistryStats {
   int32_t num_both_workers = 0;
   int32_t num_draining_workers = 0;
   int64_t num_indexed_hashes = 0;   // distinct block hashes in the global prefix index
+  int64_t num_store_keys = 0;       // distinct keys the cluster kv-stores hold (StoreResidency)
   int64_t num_expired_total = 0;    // workers dropped for missing heartbeats, since start
 };
 
 // A live worker of the requested model with its match against a prompt: the indexed
 // leading run, continued by the blocks a request placed on it is computing
-// (prefix.num_blocks_in_flight, counted in prefix.num_blocks).
+// (prefix.num_blocks_in_flight, counted in prefix.num_blocks), then by the blocks the
+// cluster kv-stores hold under its key spaces (prefix.num_blocks_by_tier[kStore]).
 struct WorkerCandidate {
   WorkerSnapshot worker;
   PrefixMatch prefix;
@@ -126,6 +129,14 @@ class WorkerRegistry {
   void NotePlacement(std::string_view worker_id, std::span<const kv::BlockHash> prompt_hashes = {})
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Mirrors a kv-store's residency (cluster/store_residency.h): one page its events
+  // reader read. Returns true when it replaced what was known of the store.
+  bool ApplyStoreEvents(std::string_view address, const kv_store::StoreEventsPage& page) ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets a store that could not be read: its blocks count as misses.
+  void ForgetStore(std::string_view address) ABSL_LOCKS_EXCLUDED(mu_);
+  // Blocks mirrored for the store (0 when unknown).
+  int64_t num_store_blocks(std::string_view address) const ABSL_LOCKS_EXCLUDED(mu_);
+
   int64_t heartbeat_interval_ms() const { return options_.heartbeat_interval_ms; }
   int64_t worker_ttl_ms() const { return options_.worker_ttl_ms; }
   int32_t num_workers() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -148,6 +159,7 @@ class WorkerRegistry {
   absl::flat_hash_map<std::string, WorkerState> workers_ ABSL_GUARDED_BY(mu_);
   GlobalPrefixIndex index_ ABSL_GUARDED_BY(mu_);
   InFlightPrefixes in_flight_ ABSL_GUARDED_BY(mu_);
+  StoreResidency store_ ABSL_GUARDED_BY(mu_);
   int64_t num_expired_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

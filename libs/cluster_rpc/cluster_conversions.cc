@@ -41,6 +41,7 @@ cluster::WorkerLoad WorkerLoadFromProto(const v1::WorkerLoad& proto) {
                              .queue_depth = proto.queue_depth(),
                              .kv_host_read_bytes_per_second = proto.kv_host_read_bytes_per_second(),
                              .kv_disk_read_bytes_per_second = proto.kv_disk_read_bytes_per_second(),
+                             .kv_store_read_bytes_per_second = proto.kv_store_read_bytes_per_second(),
                              .prefill_tokens_per_second = proto.prefill_tokens_per_second()};
 }
 
@@ -54,6 +55,7 @@ void WorkerLoadToProto(const cluster::WorkerLoad& load, v1::WorkerLoad* proto) {
   proto->set_queue_depth(load.queue_depth);
   proto->set_kv_host_read_bytes_per_second(load.kv_host_read_bytes_per_second);
   proto->set_kv_disk_read_bytes_per_second(load.kv_disk_read_bytes_per_second);
+  proto->set_kv_store_read_bytes_per_second(load.kv_store_read_bytes_per_second);
   proto->set_prefill_tokens_per_second(load.prefill_tokens_per_second);
 }
 
@@ -93,6 +95,15 @@ absl::StatusOr<cluster::WorkerRegistration> RegistrationFromProto(const v1::Regi
       if (t == v1::KV_TRANSPORT_UCX) registration.kv_transports.ucx = true;
       if (t == v1::KV_TRANSPORT_GRPC_STREAM) registration.kv_transports.grpc_stream = true;
     }
+  }
+  // Bounded like any list from the wire: a worker has one kv-store connector per rank.
+  constexpr int kMaxKeySpaces = 64;
+  if (proto.kv_store_key_spaces_size() > kMaxKeySpaces) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_store_key_spaces: ", proto.kv_store_key_spaces_size(),
+                                                   " entries; at most ", kMaxKeySpaces));
+  }
+  for (const v1::KvKeySpace& space : proto.kv_store_key_spaces()) {
+    registration.kv_store_key_spaces.push_back({.low = space.low(), .high = space.high()});
   }
   KVMESH_RETURN_IF_ERROR(registration.Validate());
   return registration;

@@ -354,8 +354,23 @@ EngineStats Engine::stats() const {
       e.disk_tier = disk->stats();
       e.disk_tier_records = disk->num_records();
     }
+    for (int32_t i = 0; i < tiers->num_connectors(); ++i) {
+      if (tiers->connector(i).tier() != kv::Tier::kStore) continue;
+      e.has_store_tier = true;
+      e.store_tier = tiers->connector(i).stats();
+    }
   }
   return e;
+}
+
+std::vector<kv::SharedKeySpace> Engine::shared_kv_key_spaces() const {
+  std::vector<kv::SharedKeySpace> spaces;
+  const kv::KvTiers* tiers = kv_->tiers();
+  if (tiers == nullptr) return spaces;
+  for (int32_t i = 0; i < tiers->num_connectors(); ++i) {
+    if (std::optional<kv::SharedKeySpace> space = tiers->connector(i).shared_key_space()) spaces.push_back(*space);
+  }
+  return spaces;
 }
 
 }  // namespace kvmesh::engine

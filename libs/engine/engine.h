@@ -154,6 +154,8 @@ struct EngineStats {
   bool has_disk_tier = false;
   kv::KvTierStats host_tier;
   kv::KvTierStats disk_tier;
+  bool has_store_tier = false;  // a cluster kv-store connector
+  kv::KvTierStats store_tier;
   kv::KvTiersStats tiers;
   double tier_call_seconds = 0;  // time inside the tiers' calls (KvCacheManager::tier_call_seconds)
   int32_t host_tier_slots = 0;
@@ -304,6 +306,9 @@ class Engine {
   // This engine's KV block layout (one rank's pool under TP), what a peer's blocks must
   // match. FailedPrecondition when the runner has no KV pool layout (a fake).
   absl::StatusOr<kv::KvBlockSpec> kv_block_spec() const;
+  // The shared key spaces of its KV connectors (KvConnector::shared_key_space: the
+  // cluster kv-store's), in connector order; empty without one.
+  std::vector<kv::SharedKeySpace> shared_kv_key_spaces() const;
   // Tensor-parallel ranks whose pools a transfer moves (ModelRunner::kv_rank_storages):
   // 1 without TP (also for a device pool with no host mirror), 0 when the runner has no
   // KV pool layout.

@@ -35,8 +35,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -75,6 +77,18 @@ struct KvConnectorMatch {
   bool pending = false;
 };
 
+// A 128-bit key-space name (kv_store/store_key.h: StoreKeySpace's scope digest).
+struct SharedKeySpace {
+  uint64_t low = 0;
+  uint64_t high = 0;
+
+  bool operator==(const SharedKeySpace&) const = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const SharedKeySpace& space) {
+    return H::combine(std::move(h), space.low, space.high);
+  }
+};
+
 class KvConnector {
  public:
   virtual ~KvConnector() = default;
@@ -83,6 +97,11 @@ class KvConnector {
   virtual std::string_view name() const = 0;
   // The tier its blocks count as in KV events and metrics.
   virtual Tier tier() const = 0;
+  // For a connector whose blocks other workers share (the cluster kv-store): the name
+  // of the key space it files this worker's blocks under, which the worker registers
+  // with the scheduler so that the scheduler can tell from the store's own events
+  // which of a prompt's blocks the store holds for it. Local tiers: none.
+  virtual std::optional<SharedKeySpace> shared_key_space() const { return std::nullopt; }
 
   // How many of hashes[first, limit), from `first` on, this connector holds (module
   // `pending`, above). hashes[i]'s parent is hashes[i - 1] (kRootBlockHash for i = 0).

@@ -47,6 +47,10 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
         options.lease_ms, ", max_lease_ms ", options.max_lease_ms, ", intent_timeout_ms ", options.intent_timeout_ms,
         ")"));
   }
+  if (options.journal_events < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block store: journal_events must be >= 1, not ", options.journal_events));
+  }
   const int64_t stride = (options.slot_bytes + 63) / 64 * 64;
   if (stride > std::numeric_limits<int64_t>::max() / options.capacity_blocks) {
     return absl::InvalidArgumentError(absl::StrCat("block store: ", options.capacity_blocks, " slots of ",
@@ -71,7 +75,8 @@ BlockStore::BlockStore(const BlockStoreOptions& options, uint64_t epoch, HugePag
       intent_timeout_(absl::Milliseconds(options.intent_timeout_ms)),
       clock_(options.clock != nullptr ? *options.clock : Clock::Real()),
       memory_(std::move(memory)),
-      slots_(static_cast<size_t>(capacity_)) {
+      slots_(static_cast<size_t>(capacity_)),
+      journal_(static_cast<size_t>(options.journal_events)) {
   free_.reserve(static_cast<size_t>(capacity_));
   // Handed out from the back: slot 0 first.
   for (int32_t i = capacity_ - 1; i >= 0; --i) free_.push_back(i);
@@ -216,6 +221,7 @@ absl::Status BlockStore::Put(const StoreKey& key, uint64_t token, std::span<cons
     return absl::DeadlineExceededError(absl::StrCat("block ", key.ToHex(), ": its intent expired during the put"));
   }
   s.state = SlotState::kCommitted;
+  journal_.Stored(key);
   s.checksum = checksum;
   s.token = 0;
   s.pin_count = 0;
@@ -321,10 +327,35 @@ int32_t BlockStore::TakeSlotLocked() {
     --counters_.num_blocks;
     counters_.num_bytes -= s.length;
     ++counters_.evictions;
+    journal_.Removed(s.key);
     s = Slot();
     return slot;
   }
   return -1;
+}
+
+StoreEventsPage BlockStore::ReadEvents(const StoreEventsCursor& from, size_t max_events) {
+  max_events = std::max<size_t>(max_events, 1);
+  absl::MutexLock lock(&mu_);
+  StoreEventsPage page{.epoch = epoch_, .next = {.epoch = epoch_, .after = from.after}};
+  int64_t cursor = from.snapshot_cursor;
+  if (from.epoch != epoch_ || !journal_.Covers(from.after)) {
+    page.reset = true;
+    cursor = 0;
+    page.next.after = journal_.last_sequence();
+  }
+  if (!page.reset && cursor <= 0) {
+    page.events = journal_.After(from.after, max_events);
+    if (!page.events.empty()) page.next.after = page.events.back().sequence;
+    return page;
+  }
+  int32_t slot = static_cast<int32_t>(std::min<int64_t>(cursor, capacity_));
+  for (; slot < capacity_ && page.events.size() < max_events; ++slot) {
+    if (slots_[slot].state == SlotState::kCommitted) page.events.push_back(StoreEvent{.key = slots_[slot].key});
+  }
+  // At least one slot was passed, so a snapshot that goes on has a cursor > 0.
+  page.next.snapshot_cursor = slot < capacity_ ? slot : 0;
+  return page;
 }
 
 void BlockStore::FreeSlotLocked(int32_t slot) {

@@ -58,6 +58,7 @@
 #include "absl/time/time.h"
 #include "core/clock.h"
 #include "core/huge_pages.h"
+#include "kv_store/store_event_journal.h"
 #include "kv_store/store_key.h"
 
 namespace kvmesh::kv_store {
@@ -69,6 +70,7 @@ struct BlockStoreOptions {
   int64_t max_lease_ms = 30'000;        // longest a block stays leased in a row; >= lease_ms
   int64_t intent_timeout_ms = 10'000;   // an intent not put by then expires
   uint64_t epoch = 0;                   // 0: a random one
+  int64_t journal_events = 1 << 16;     // residency changes kept for ReadEvents
   Clock* clock = nullptr;               // nullptr: Clock::Real(); must outlive the store
 };
 
@@ -174,6 +176,13 @@ class BlockStore {
   absl::StatusOr<uint64_t> Read(const StoreKey& key, absl::FunctionRef<void(std::span<const std::byte>)> consume)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The residency changes after `from`, at most `max_events` (>= 1) of them: the
+  // journal's deltas, or, when the reader must start over (StoreEventsPage::reset) or
+  // is in the middle of it, one page of a snapshot of the committed keys by slot order.
+  // A snapshot's pages and the deltas after it agree however the store changed while
+  // they were read: the deltas start where the journal stood when the snapshot began.
+  StoreEventsPage ReadEvents(const StoreEventsCursor& from, size_t max_events) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Counters and gauges as of now (expiring what is due first).
   BlockStoreStats Stats() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -258,6 +267,7 @@ class BlockStore {
   int64_t num_intents_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t num_leased_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   BlockStoreStats counters_ ABSL_GUARDED_BY(mu_);  // the running totals (and num_blocks, num_bytes)
+  StoreEventJournal journal_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvmesh::kv_store

@@ -70,6 +70,7 @@ class KvStoreConnector : public kv::KvConnector {
 
   std::string_view name() const override { return "kv-store"; }
   kv::Tier tier() const override { return kv::Tier::kStore; }
+  std::optional<kv::SharedKeySpace> shared_key_space() const override { return keys_.id(); }
   kv::KvConnectorMatch Match(std::span<const kv::BlockHash> hashes, size_t first, size_t limit) override;
   bool Contains(const kv::BlockHash& hash) const override;
   bool CanStartLoad() const override;

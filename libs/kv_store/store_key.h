@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "kv/kv_block_spec.h"
+#include "kv/kv_connector.h"
 #include "kv/kv_types.h"
 
 namespace kvmesh::kv_store {
@@ -71,6 +72,11 @@ class StoreKeySpace {
 
   StoreKey Key(const kv::BlockHash& block) const;
   std::vector<StoreKey> Keys(std::span<const kv::BlockHash> blocks) const;
+
+  // The scope's digest, which names this key space to whoever must derive the same
+  // keys without the scope itself (the scheduler, from a worker's registration).
+  kv::SharedKeySpace id() const { return {.low = scope_low_, .high = scope_high_}; }
+  static StoreKeySpace FromId(const kv::SharedKeySpace& id) { return StoreKeySpace(id.low, id.high); }
 
  private:
   StoreKeySpace(uint64_t low, uint64_t high) : scope_low_(low), scope_high_(high) {}

@@ -106,6 +106,32 @@ absl::Status HandleRelease(BlockStore& store, const v1::KvReleaseRequest& reques
   return absl::OkStatus();
 }
 
+absl::Status HandleEvents(BlockStore& store, const v1::KvStoreEventsRequest& request,
+                          v1::KvStoreEventsResponse* response) {
+  constexpr int32_t kMaxEvents = 65536;  // as Lookup's keys: one response stays ~2 MiB
+  if (request.max_events() < 1 || request.max_events() > kMaxEvents) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_events: must be in [1, ", kMaxEvents, "], not ", request.max_events()));
+  }
+  if (request.snapshot_cursor() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("snapshot_cursor: negative (", request.snapshot_cursor(), ")"));
+  }
+  const StoreEventsPage page = store.ReadEvents(
+      {.epoch = request.epoch(), .after = request.after_sequence(), .snapshot_cursor = request.snapshot_cursor()},
+      static_cast<size_t>(request.max_events()));
+  response->set_epoch(page.epoch);
+  response->set_reset(page.reset);
+  response->mutable_events()->Reserve(static_cast<int>(page.events.size()));
+  for (const StoreEvent& event : page.events) {
+    v1::KvStoreEvent* out = response->add_events();
+    ToProto(event.key, out->mutable_key());
+    out->set_removed(event.removed);
+  }
+  response->set_next_after_sequence(page.next.after);
+  response->set_next_snapshot_cursor(page.next.snapshot_cursor);
+  return absl::OkStatus();
+}
+
 void FillStats(BlockStore& store, absl::Duration uptime, v1::KvStoreStatsResponse* response) {
   const BlockStoreStats s = store.Stats();
   response->set_epoch(s.epoch);

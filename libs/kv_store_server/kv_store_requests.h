@@ -33,5 +33,9 @@ absl::Status ReadGetBlock(BlockStore& store, const v1::KvStoreKey& key, v1::KvGe
 void EndGet(BlockStore& store, const v1::KvGetRequest& request);
 absl::Status HandleRelease(BlockStore& store, const v1::KvReleaseRequest& request, v1::KvReleaseResponse* response);
 void FillStats(BlockStore& store, absl::Duration uptime, v1::KvStoreStatsResponse* response);
+// Residency changes after the reader's cursor (BlockStore::ReadEvents). InvalidArgument
+// for max_events outside [1, 65536] or a negative snapshot cursor.
+absl::Status HandleEvents(BlockStore& store, const v1::KvStoreEventsRequest& request,
+                          v1::KvStoreEventsResponse* response);
 
 }  // namespace kvmesh::kv_store

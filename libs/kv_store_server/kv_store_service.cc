@@ -162,4 +162,12 @@ grpc::ServerUnaryReactor* KvStoreService::Stats(grpc::CallbackServerContext* con
   return Finish(context, "Stats", s);
 }
 
+grpc::ServerUnaryReactor* KvStoreService::Events(grpc::CallbackServerContext* context,
+                                                 const v1::KvStoreEventsRequest* request,
+                                                 v1::KvStoreEventsResponse* response) {
+  absl::Status s = Authenticate(*context);
+  if (s.ok()) s = HandleEvents(store_, *request, response);
+  return Finish(context, "Events", s);
+}
+
 }  // namespace kvmesh::kv_store

@@ -37,6 +37,8 @@ class KvStoreService final : public v1::KvStore::CallbackService {
                                     v1::KvReleaseResponse* response) override;
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context, const v1::KvStoreStatsRequest* request,
                                   v1::KvStoreStatsResponse* response) override;
+  grpc::ServerUnaryReactor* Events(grpc::CallbackServerContext* context, const v1::KvStoreEventsRequest* request,
+                                   v1::KvStoreEventsResponse* response) override;
 
  private:
   absl::Status Authenticate(const grpc::CallbackServerContext& context) const;

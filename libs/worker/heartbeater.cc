@@ -122,6 +122,7 @@ bool Heartbeater::Beat() {
   // What the scheduler weighs a lower-tier hit by against recomputing it.
   load->set_kv_host_read_bytes_per_second(stats.host_tier.read_bytes_per_second);
   load->set_kv_disk_read_bytes_per_second(stats.disk_tier.read_bytes_per_second);
+  load->set_kv_store_read_bytes_per_second(stats.store_tier.read_bytes_per_second);
   load->set_prefill_tokens_per_second(stats.prefill_tokens_per_second);
   if (snapshot_) {
     request.set_kv_events_snapshot(true);

@@ -58,6 +58,7 @@ absl::Status Worker::Init() {
   spec.set_dtype(dtype);
   spec.set_tp_size(created->kv_tp_size());
   spec.set_block_hash_salt(engine_options.kv.salt);
+  kv_store_key_spaces_ = created->shared_kv_key_spaces();
 
   if (options_.kv_transport != KvTransportChoice::kGrpc && options_.role != v1::WORKER_ROLE_BOTH) {
     KVMESH_RETURN_IF_ERROR(StartUcx(model_.runner->kv_rank_storages()));
@@ -183,6 +184,11 @@ void Worker::StartHeartbeats(const v1::KvCacheSpec& spec) {
   // What placement pairs workers by: UCX when both sides of a hand-off have it.
   registration.add_kv_transports(v1::KV_TRANSPORT_GRPC_STREAM);
   if (!ucx_.empty()) registration.add_kv_transports(v1::KV_TRANSPORT_UCX);
+  for (const kv::SharedKeySpace& space : kv_store_key_spaces_) {
+    v1::KvKeySpace* out = registration.add_kv_store_key_spaces();
+    out->set_low(space.low);
+    out->set_high(space.high);
+  }
   heartbeater_ = std::make_unique<Heartbeater>(*state_, options_.scheduler, std::move(registration), health_.get());
 }
 

@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/async_engine.h"
@@ -71,6 +72,7 @@ class Worker {
   // One per tensor-parallel rank, each over that rank's pool (kv/transport/kv_rank_group.h);
   // none: KV moves over gRPC.
   std::vector<std::unique_ptr<kv::UcxKvTransport>> ucx_;
+  std::vector<kv::SharedKeySpace> kv_store_key_spaces_;  // registered with the scheduler
   std::vector<WorkerState::KvRankTransport> ucx_ranks_;
   std::unique_ptr<engine::AsyncEngine> engine_;
   std::unique_ptr<WorkerState> state_;

@@ -14,8 +14,11 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "cluster/placement_policy.h"
@@ -31,6 +34,7 @@
 #include "scheduler_metrics.h"
 #include "scheduler_options.h"
 #include "scheduler_service.h"
+#include "store_residency_poller.h"
 #include "core/flag_checks.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50052", "Address of the gRPC server (host:port; port 0 picks a free port)");
@@ -67,6 +71,15 @@ ABSL_FLAG(int, metrics_port, 0,
           "HTTP port of /metrics (Prometheus text) and /health, on --listen's host; 0 picks a free one (logged), "
           "-1 disables it");
 KVMESH_FLAG_RANGE(metrics_port, -1, 65535);
+ABSL_FLAG(std::string, kv_store, "",
+          "Cluster kv-stores (host:port, comma-separated; the workers' --kv-store list): their events tell placement "
+          "which prompt blocks any worker could load from a store instead of recomputing. Empty: off.");
+ABSL_FLAG(std::string, kv_store_api_key, "", "API key sent to the kv-stores (their --api_keys); empty: none");
+ABSL_FLAG(int64_t, kv_store_poll_ms, 250, "How often the kv-stores' events are read");
+KVMESH_FLAG_RANGE(kv_store_poll_ms, 10, 60000);
+ABSL_FLAG(int64_t, kv_store_forget_after_ms, 3000,
+          "A kv-store that cannot be read for this long is forgotten: placement counts its blocks as misses");
+KVMESH_FLAG_RANGE(kv_store_forget_after_ms, 100, 600000);
 
 namespace kvmesh::scheduler {
 namespace {
@@ -160,6 +173,21 @@ int Run(int argc, char** argv) {
     }
     metrics_server = std::move(started).value();
   }
+  std::vector<std::string> kv_stores;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_kv_store), ',', absl::SkipWhitespace())) {
+    kv_stores.emplace_back(absl::StripAsciiWhitespace(part));
+  }
+  absl::StatusOr<std::unique_ptr<StoreResidencyPoller>> store_poller =
+      StoreResidencyPoller::Create({.addresses = std::move(kv_stores),
+                                    .api_key = absl::GetFlag(FLAGS_kv_store_api_key),
+                                    .poll_interval_ms = absl::GetFlag(FLAGS_kv_store_poll_ms),
+                                    .forget_after_ms = absl::GetFlag(FLAGS_kv_store_forget_after_ms)},
+                                   registry, metrics_registry);
+  if (!store_poller.ok()) {
+    std::fprintf(stderr, "kvmesh-scheduler: %s\n", std::string(store_poller.status().message()).c_str());
+    return 2;
+  }
+  (*store_poller)->Start();
   SchedulerService service(registry, policy, metrics->get());
   absl::StatusOr<std::unique_ptr<rpc::GrpcServer>> server = rpc::GrpcServer::Start(
       {.address = options.listen_address}, {{&service, v1::Scheduler::service_full_name()}});
@@ -187,6 +215,7 @@ int Run(int argc, char** argv) {
   (*server)->Shutdown(options.shutdown_grace_ms);
   stop_sweeper.Notify();
   sweeper.join();
+  (*store_poller)->Stop();
   server->reset();
   if (metrics_server) metrics_server->Shutdown(std::chrono::milliseconds(1000));
   KVMESH_LOG(kInfo) << "scheduler stopped";

@@ -36,6 +36,9 @@ absl::StatusOr<std::unique_ptr<SchedulerMetrics>> SchedulerMetrics::Create(metri
        [](const cluster::RegistryStats& s) { return static_cast<double>(s.num_draining_workers); }},
       {"kvmesh_scheduler_prefix_index_blocks", "Distinct KV block hashes in the global prefix index.",
        [](const cluster::RegistryStats& s) { return static_cast<double>(s.num_indexed_hashes); }},
+      {"kvmesh_scheduler_kv_store_blocks",
+       "Distinct blocks the cluster kv-stores hold, as mirrored from their events (placement counts them).",
+       [](const cluster::RegistryStats& s) { return static_cast<double>(s.num_store_keys); }},
       {"kvmesh_scheduler_worker_expirations", "Workers dropped for missing heartbeats (since start).",
        [](const cluster::RegistryStats& s) { return static_cast<double>(s.num_expired_total); }},
   };

@@ -1,5 +1,5 @@
 // The kv-store's request handling (libs/kv_store_server/kv_store_requests.h) on
-// arbitrary wire bytes: a sequence of Lookup, PutIntent, Put, Get, Release and Stats
+// arbitrary wire bytes: a sequence of Lookup, PutIntent, Put, Get, Release, Events and Stats
 // messages parsed from the input, some Put blocks made valid (the token and epoch of an
 // earlier intent, a matching checksum) so that commits happen, and the clock moved
 // between them so leases and intents expire. Every request is served or refused
@@ -54,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint8_t kind = in.Take<uint8_t>();
     clock.Advance(absl::Milliseconds(in.Take<uint8_t>()));
     const std::string bytes = in.TakeLongString(4096);
-    switch (kind % 6) {
+    switch (kind % 7) {
       case 0: {
         v1::KvLookupRequest request;
         v1::KvLookupResponse response;
@@ -107,6 +107,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         v1::KvReleaseRequest request;
         v1::KvReleaseResponse response;
         if (request.ParseFromString(bytes)) (void)kv_store::HandleRelease(*store, request, &response);
+        break;
+      }
+      case 5: {
+        v1::KvStoreEventsRequest request;
+        v1::KvStoreEventsResponse response;
+        if (!request.ParseFromString(bytes) || !kv_store::HandleEvents(*store, request, &response).ok()) break;
+        // Never more than asked, and a snapshot page lists committed keys only.
+        if (response.events_size() > request.max_events()) __builtin_trap();
+        if (response.reset() && response.events_size() > store->Stats().num_blocks) __builtin_trap();
         break;
       }
       default: {

@@ -123,6 +123,7 @@ def _every_call(stub, metadata=None):
         "Get": lambda: list(stub.Get(pb.KvGetRequest(keys=[_key(1)]), metadata=metadata, timeout=10)),
         "Release": lambda: stub.Release(pb.KvReleaseRequest(epoch=1, lease_id=1), metadata=metadata, timeout=10),
         "Stats": lambda: stub.Stats(pb.KvStoreStatsRequest(), metadata=metadata, timeout=10),
+        "Events": lambda: stub.Events(pb.KvStoreEventsRequest(max_events=16), metadata=metadata, timeout=10),
     }
 
 
@@ -226,6 +227,14 @@ def test_malformed_requests_are_refused_by_code_and_the_store_keeps_serving(stor
         stats = stub.Stats(pb.KvStoreStatsRequest(), timeout=10)
         assert stats.checksum_failures == 1 and stats.num_blocks == 0 and stats.num_intents == 0
         assert _put(stub, [_key(7)], data).num_committed == 1
+        # The events of what happened: the corrupt put never became visible, key 7 did.
+        assert code_of(lambda: stub.Events(pb.KvStoreEventsRequest(max_events=0), timeout=10)) == \
+            grpc.StatusCode.INVALID_ARGUMENT
+        assert code_of(lambda: stub.Events(pb.KvStoreEventsRequest(max_events=1, snapshot_cursor=-1), timeout=10)) \
+            == grpc.StatusCode.INVALID_ARGUMENT
+        events = stub.Events(pb.KvStoreEventsRequest(max_events=16), timeout=10)
+        assert events.reset and events.epoch == epoch
+        assert [(e.key.low, e.removed) for e in events.events] == [(_key(7).low, False)]
 
 
 def test_metrics_and_a_clean_exit_on_sigterm(store_factory):

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "kv/block_hash.h"
+#include "kv_store/store_key.h"
 
 namespace kvmesh::cluster {
 namespace {
@@ -350,18 +351,21 @@ TEST(PlacementPolicyScoreTest, TierWeightsComeFromMeasurementsWithConstantsAsFal
   EXPECT_TRUE(measured);
 }
 
+// The score of a worker holding the first `blocks` blocks of a 256-token prompt on `tier`.
+WorkerScore ScoreOf(const PlacementPolicy& policy, const WorkerLoad& load, kv::Tier tier, int32_t blocks) {
+  WorkerCandidate c;
+  c.worker.registration.kv_cache_spec =
+      KvCacheSpec{.block_size_tokens = 16, .num_layers = 2, .num_kv_heads = 2, .head_dim = 8};
+  c.worker.registration.capacity.max_num_seqs = 10;
+  c.worker.load = load;
+  c.prefix.num_blocks = blocks;
+  c.prefix.num_blocks_by_tier[static_cast<int>(tier)] = blocks;
+  return policy.Score(c, /*prompt_length_tokens=*/256, /*block_size_tokens=*/16);
+}
+
 TEST(PlacementPolicyScoreTest, DeviceBeatsHostBeatsDiskBeatsRecompute) {
   const PlacementPolicy policy;
-  auto score = [&](kv::Tier tier, int32_t blocks) {
-    WorkerCandidate c;
-    c.worker.registration.kv_cache_spec =
-        KvCacheSpec{.block_size_tokens = 16, .num_layers = 2, .num_kv_heads = 2, .head_dim = 8};
-    c.worker.registration.capacity.max_num_seqs = 10;
-    c.worker.load = MeasuredLoad(0.1, 0.6);
-    c.prefix.num_blocks = blocks;
-    c.prefix.num_blocks_by_tier[static_cast<int>(tier)] = blocks;
-    return policy.Score(c, /*prompt_length_tokens=*/256, /*block_size_tokens=*/16);
-  };
+  auto score = [&](kv::Tier tier, int32_t blocks) { return ScoreOf(policy, MeasuredLoad(0.1, 0.6), tier, blocks); };
   const WorkerScore device = score(kv::Tier::kDevice, 16), host = score(kv::Tier::kHost, 16),
                     disk = score(kv::Tier::kDisk, 16), none = score(kv::Tier::kDevice, 0);
   EXPECT_TRUE(host.measured_tier_weights);
@@ -375,6 +379,71 @@ TEST(PlacementPolicyScoreTest, DeviceBeatsHostBeatsDiskBeatsRecompute) {
   EXPECT_NEAR(host.expected_prefill_seconds, 0.1 * 0.256, 1e-9);
   EXPECT_NEAR(disk.expected_prefill_seconds, 0.6 * 0.256, 1e-9);
   EXPECT_NEAR(none.expected_prefill_seconds, 0.256, 1e-9);
+}
+
+// A block the cluster kv-store holds counts for every worker with the store's key space,
+// weighed by that worker's measured store bandwidth: between a local host hit and
+// recomputing.
+TEST(PlacementPolicyScoreTest, AStoreHitWeighsBetweenAHostHitAndRecompute) {
+  const PlacementPolicy policy;
+  WorkerLoad load = MeasuredLoad(0.1, 0.6);
+  // The store's measured bandwidth: a block loads in 0.3 of its recompute time.
+  load.kv_store_read_bytes_per_second = kBlockBytes / (0.3 * 16.0 / 1000.0);
+  auto score = [&](kv::Tier tier, int32_t blocks) { return ScoreOf(policy, load, tier, blocks); };
+  const WorkerScore host = score(kv::Tier::kHost, 16), store = score(kv::Tier::kStore, 16),
+                    none = score(kv::Tier::kDevice, 0);
+  EXPECT_NEAR(store.store_block_weight, 0.7, 1e-9);
+  EXPECT_NEAR(store.cached_fraction, 0.7, 1e-9);
+  EXPECT_GT(host.score, store.score);
+  EXPECT_GT(store.score, none.score);
+  // Unmeasured, the constant stands in.
+  bool measured = true;
+  EXPECT_DOUBLE_EQ(policy.TierBlockWeight(kv::Tier::kStore, WorkerLoad{}, kBlockBytes, 16, &measured), 0.4);
+  EXPECT_FALSE(measured);
+}
+
+// End to end through the registry: the store's events make a worker with its key space
+// a better placement than one without, and a worker holding the prefix locally better
+// still; when the store restarts (a new epoch) its blocks stop counting.
+TEST_F(PlacementPolicyTest, StoreResidencyCountsForWorkersWithItsKeySpace) {
+  constexpr kv::SharedKeySpace kSpace{.low = 3, .high = 4};
+  auto add = [&](const std::string& id, bool with_store) {
+    const WorkerRegistration r{
+        .worker_id = id,
+        .address = absl::StrCat(id, ":1"),
+        .role = WorkerRole::kBoth,
+        .model = "m",
+        .kv_cache_spec = KvCacheSpec{.block_size_tokens = kBlock, .num_layers = 2, .num_kv_heads = 2, .head_dim = 8},
+        .capacity = WorkerCapacity{.max_num_seqs = 64},
+        .kv_store_key_spaces = with_store ? std::vector<kv::SharedKeySpace>{kSpace} : std::vector<kv::SharedKeySpace>{}};
+    ASSERT_TRUE(registry_.Register(r).ok());
+  };
+  add("a-plain", false);
+  add("b-store", true);
+  const auto prompt = Prompt(512);
+  const auto hashes = kv::HashFullBlocks(prompt, kBlock, 0);
+  kv_store::StoreEventsPage page{.epoch = 77};
+  for (const kv::BlockHash& h : hashes) page.events.push_back({.key = kv_store::StoreKeySpace::FromId(kSpace).Key(h)});
+  registry_.ApplyStoreEvents("store:1", page);
+  const PlacementPolicy policy({.disaggregation_threshold_tokens = 0});
+  auto placement = policy.Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->decode_worker_id, "b-store") << placement->reason;
+  EXPECT_EQ(placement->decode_cached_tokens, 512) << "store blocks are loadable, so cached";
+  const std::vector<WorkerCandidate> candidates = registry_.Candidates("m", hashes);
+  ASSERT_EQ(candidates.size(), 2u);
+  EXPECT_EQ(candidates[0].prefix.num_blocks, 0);
+  EXPECT_EQ(candidates[1].prefix.num_blocks_by_tier[static_cast<int>(kv::Tier::kStore)], 32);
+  // A third worker with the prefix on its host tier wins over the store's.
+  add("c-host", true);
+  Report("c-host", prompt, 32, {}, kv::Tier::kHost);
+  placement = policy.Place(Request(prompt), registry_);
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->decode_worker_id, "c-host") << placement->reason;
+  // The store restarts empty: its previous life's blocks no longer draw requests.
+  registry_.ApplyStoreEvents("store:1", kv_store::StoreEventsPage{.epoch = 78, .reset = true});
+  EXPECT_EQ(registry_.Candidates("m", hashes)[1].prefix.num_blocks, 0);
+  EXPECT_EQ(registry_.stats().num_store_keys, 0);
 }
 
 TEST_F(PlacementPolicyTest, RoundRobinIgnoresPrefixesAndCyclesThroughTheWorkers) {
