@@ -251,6 +251,15 @@ def test_rendered_kv_store_serves_the_rendered_workers(image_root):
         prefill, decode = cluster.pods["kvmesh-prefill-0"], cluster.pods["kvmesh-decode-0"]
         router = cluster.pods["kvmesh-router-7c9f8d-0"]
         block_bytes = int(_args(stores[0])["block-bytes"])
+        # The shape the chart assumes for the image's tiny model is the model's: one block,
+        # every layer, K and V, in the KV dtype --kv-cache-dtype=auto picks (bf16 for bf16
+        # weights, else f32).
+        with open(os.path.join(image_root, "models/tiny-llama/config.json")) as f:
+            config = json.load(f)
+        dtype_bytes = 2 if config["torch_dtype"] == "bfloat16" else 4
+        block_tokens = int(configmap["data"]["KVMESH_BLOCK_SIZE"])
+        assert block_bytes == (config["num_hidden_layers"] * 2 * dtype_bytes * config["num_key_value_heads"] *
+                               block_tokens * config["head_dim"]), config
         try:
             # The stores first: the rendered flags are accepted (a refused one exits 2), the
             # block memory is allocated, then gRPC health answers SERVING.
