@@ -8,7 +8,7 @@
 #   2. tools/build <the service targets>   (unless --skip-build) into $BUILD_DIR (default build/)
 #   3. stage the image layout under --prefix (default /opt/kvmesh):
 #        bin/kvmesh bin/kvmesh-scheduler bin/kvmesh-router
-#        bin/kvmesh-prefill-worker bin/kvmesh-decode-worker
+#        bin/kvmesh-prefill-worker bin/kvmesh-decode-worker bin/kvmesh-kv-store
 #        models/tiny-llama/                the embedded tiny model (the CPU profile serves it)
 #        share/runtime-packages.txt        the Debian packages owning every shared library the
 #                                          binaries load: the runtime stage installs exactly these
@@ -36,12 +36,13 @@ BINARIES=(
   services/router/kvmesh-router
   services/prefill_worker/kvmesh-prefill-worker
   services/decode_worker/kvmesh-decode-worker
+  services/kv_store/kvmesh-kv-store
 )
 
 if ((setup)); then "$root/tools/setup"; fi
 if ((build)); then
   BUILD_DIR=$build_dir CMAKE_BUILD_TYPE=${CMAKE_BUILD_TYPE:-Release} "$root/tools/build" \
-    kvmesh kvmesh-scheduler kvmesh-router kvmesh-prefill-worker kvmesh-decode-worker tiny_model
+    kvmesh kvmesh-scheduler kvmesh-router kvmesh-prefill-worker kvmesh-decode-worker kvmesh-kv-store tiny_model
 fi
 
 rm -rf "$prefix/lib"

@@ -5,7 +5,9 @@ remapped, see kubelet.py). A completion goes through the router over the rendere
 and every probe answers as the kubelet would call it: a worker's startupProbe fails while
 it loads and until it has registered, readiness fails while a component drains, liveness
 holds through the drain, and the drain finishes the running request within
-terminationGracePeriodSeconds."""
+terminationGracePeriodSeconds. With kvStore.enabled, the rendered kv-store pods start from
+their own rendered flags, pass their probes, and the rendered workers reach them by their
+stable DNS names with the rendered API key: blocks the workers compute are put there."""
 import json
 import os
 import re
@@ -18,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from deploy_common import NAMESPACE, ROOT, find, render
+from deploy_common import KV_STORE, NAMESPACE, ROOT, find, render
 from kubelet import Cluster, probe
 
 BUILD = os.environ.get("KVMESH_BUILD_DIR", os.path.join(ROOT, "build"))
@@ -36,7 +38,8 @@ def image_root():
 
 
 def test_staged_image_layout_and_runtime_packages(image_root):
-    for b in ("kvmesh", "kvmesh-scheduler", "kvmesh-router", "kvmesh-prefill-worker", "kvmesh-decode-worker"):
+    for b in ("kvmesh", "kvmesh-scheduler", "kvmesh-router", "kvmesh-prefill-worker", "kvmesh-decode-worker",
+              "kvmesh-kv-store"):
         assert os.access(os.path.join(image_root, "bin", b), os.X_OK), b
     assert os.path.exists(os.path.join(image_root, "models/tiny-llama/config.json"))
     with open(os.path.join(image_root, "share/runtime-packages.txt")) as f:
@@ -233,5 +236,102 @@ def test_rendered_cpu_chart_serves_and_probes_like_the_kubelet(image_root):
             assert stream["error"] is None and stream["finish"] == "length", stream
             for pod in (router, decode):
                 assert pod.proc.wait(timeout=grace_s) == 0, pod.log()[-3000:]
+        finally:
+            cluster.stop_all()
+
+
+def test_rendered_kv_store_serves_the_rendered_workers(image_root):
+    docs = render("cpu", *KV_STORE)
+    (configmap,) = find(docs, "ConfigMap", "kvmesh-model")
+    model = configmap["data"]["KVMESH_SERVED_MODEL_NAME"]
+    with tempfile.TemporaryDirectory(prefix="kvmesh-chart-kv-store-") as run_dir:
+        cluster = Cluster(docs, NAMESPACE, image_root, run_dir)
+        stores = [cluster.pods["kvmesh-kv-store-0"], cluster.pods["kvmesh-kv-store-1"]]
+        scheduler = cluster.pods["kvmesh-scheduler-7c9f8d-0"]
+        prefill, decode = cluster.pods["kvmesh-prefill-0"], cluster.pods["kvmesh-decode-0"]
+        router = cluster.pods["kvmesh-router-7c9f8d-0"]
+        block_bytes = int(_args(stores[0])["block-bytes"])
+        # The shape the chart assumes for the image's tiny model is the model's: one block,
+        # every layer, K and V, in the KV dtype --kv-cache-dtype=auto picks (bf16 for bf16
+        # weights, else f32).
+        with open(os.path.join(image_root, "models/tiny-llama/config.json")) as f:
+            config = json.load(f)
+        dtype_bytes = 2 if config["torch_dtype"] == "bfloat16" else 4
+        block_tokens = int(configmap["data"]["KVMESH_BLOCK_SIZE"])
+        assert block_bytes == (config["num_hidden_layers"] * 2 * dtype_bytes * config["num_key_value_heads"] *
+                               block_tokens * config["head_dim"]), config
+        try:
+            # The stores first: the rendered flags are accepted (a refused one exits 2), the
+            # block memory is allocated, then gRPC health answers SERVING.
+            for store in stores:
+                cluster.start(store.name)
+            for store in stores:
+                _kubelet_startup(store)
+                for kind in ("readinessProbe", "livenessProbe"):
+                    ok, detail = probe(store, kind)
+                    assert ok, (store.name, kind, detail)
+                assert f"slot_bytes={block_bytes}" in store.log(), store.log()
+                assert "api_keys=1" in store.log(), store.log()
+                assert _metric(store, "kvmesh_kv_store_slot_bytes") == block_bytes
+            for pod in (scheduler, prefill, decode):
+                cluster.start(pod.name)
+            for pod in (scheduler, prefill, decode):
+                _kubelet_startup(pod)
+            # Both stores, at the addresses the chart rendered (DNS names resolved here).
+            for w in (prefill, decode):
+                assert all(f"127.0.0.1:{s.local_port('grpc')}" in " ".join(w.argv) for s in stores), w.argv
+            cluster.start(router.name)
+            _kubelet_startup(router)
+
+            # Prompts with shared prefixes, short (decode computes them) and long (prefill
+            # does): full blocks are written through to their home stores soon after.
+            url = f"http://127.0.0.1:{router.local_port('http')}"
+            shared = " ".join(f"shared{i}" for i in range(120))
+            for prompt in (shared + " short", shared + " " + " ".join(f"long{i}" for i in range(300))):
+                status, body = _post(url + "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 4,
+                                                               "temperature": 0, "ignore_eos": True})
+                assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 4, body
+
+            def puts():
+                return sum(_metric(s, "kvmesh_kv_store_put_blocks") for s in stores)
+            logs = [prefill, decode, *stores]
+            _wait(lambda: puts() > 0, 60, "blocks put into the kv-stores", logs)
+            for store in stores:
+                # The rendered key matches (no refused peer) and the blocks fit the slots.
+                for code in ("UNAUTHENTICATED", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"):
+                    assert _metric(store, "kvmesh_kv_store_requests_total", f'code="{code}"') == 0, (store.name, code)
+
+            # Both workers restart (empty device and host caches); the prompt again: its
+            # prefix comes back from the stores instead of being recomputed.
+            for w in (prefill, decode):
+                cluster.terminate(w.name)
+            for w in (prefill, decode):
+                assert w.proc.wait(timeout=w.spec["terminationGracePeriodSeconds"]) == 0, w.log()[-3000:]
+                cluster.start(w.name)
+            for w in (prefill, decode):
+                _kubelet_startup(w)
+
+            def gets():
+                return sum(_metric(s, "kvmesh_kv_store_get_blocks") for s in stores)
+            status, body = _post(url + "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 4,
+                                                           "temperature": 0, "ignore_eos": True})
+            assert status == 200, body
+            _wait(lambda: gets() > 0, 30, "blocks read back from the kv-stores", logs)
+            print(f"put {puts():.0f} blocks, got {gets():.0f}", flush=True)
+
+            # A store drains like the scheduler: readiness (gRPC health) fails, then it exits 0
+            # within the grace period.
+            store = stores[1]
+            cluster.terminate(store.name)
+            answer = {}
+
+            def not_ready():
+                answer["ok"], answer["detail"] = probe(store, "readinessProbe")
+                return not answer["ok"]
+            spec = store.container["readinessProbe"]
+            _wait(not_ready, spec["periodSeconds"] * spec["failureThreshold"] + 5, "the store's readiness to fail",
+                  [store])
+            grace_s = store.spec["terminationGracePeriodSeconds"]
+            assert store.proc.wait(timeout=grace_s) == 0, store.log()[-3000:]
         finally:
             cluster.stop_all()

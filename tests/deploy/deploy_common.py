@@ -14,6 +14,11 @@ PROFILES = {
 }
 RELEASE = "kvmesh"
 NAMESPACE = "kvmesh"
+# The CPU profile with the cluster KV store on: two stores, every worker with a host tier
+# (which --kv-store needs) and the store's API key from a rendered Secret.
+KV_STORE = ("--set", "kvStore.enabled=true", "--set", "kvStore.replicas=2", "--set", "kvStore.capacityBytes=67108864",
+            "--set", "workers.prefill.kvHostCacheBytes=33554432", "--set", "workers.decode.kvHostCacheBytes=33554432",
+            "--set", "kvStore.apiKey.enabled=true", "--set", "kvStore.apiKey.key=store-key")
 
 
 def _tool(installer):

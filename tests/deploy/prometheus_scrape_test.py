@@ -1,5 +1,5 @@
 """The dashboard and alerts are real: Debian's prometheus scrapes tools/dev-cluster
-(scheduler, prefill and decode workers, router) with deploy/prometheus/kvmesh-rules.yaml
+(scheduler, prefill and decode workers sharing a kv-store, router) with deploy/prometheus/kvmesh-rules.yaml
 loaded, during a bounded load (a fixed list of requests: short and long prompts, shared
 prefixes, streams, bad requests, then the decode worker killed and one more request), and
 every PromQL expression of every dashboard panel and every rule returns data through the
@@ -96,8 +96,11 @@ def _base_names(expr):
 def cluster():
     run_dir = tempfile.mkdtemp(prefix="kvmesh-prom-cluster-")
     dev = [os.path.join(ROOT, "tools/dev-cluster")]
-    result = subprocess.run(dev + ["start", "--run-dir", run_dir, "--worker-threads", "1"], capture_output=True,
-                            text=True, timeout=300)
+    # One kv-store, slots of the tiny model's blocks (8 layers x 2 x 2 KV heads x 16 tokens x
+    # 64 x bf16): the workers write computed prefixes through to it and look them up.
+    result = subprocess.run(dev + ["start", "--run-dir", run_dir, "--worker-threads", "1", "--kv-stores", "1",
+                                   "--kv-store-bytes", str(64 << 20), "--kv-store-block-bytes", str(65536)],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     state = json.loads(result.stdout)
     yield state
@@ -113,6 +116,7 @@ def prometheus(cluster):
         (p["scheduler"]["metrics_url"], "scheduler", "scheduler-0"),
         (p["prefill"]["metrics_url"], "worker-prefill", "dev-prefill"),
         (p["decode"]["metrics_url"], "worker-decode", "dev-decode"),
+        (p["kv-store-0"]["metrics_url"], "kv-store", "kv-store-0"),
     ]
     work = tempfile.mkdtemp(prefix="kvmesh-prometheus-")
     config = {
@@ -187,11 +191,11 @@ def _bounded_load(router_url):
 
 def test_every_panel_and_rule_expression_returns_data(cluster, prometheus):
     p = cluster["processes"]
-    # All four targets scraped before anything else.
+    # All five targets scraped before anything else.
     deadline = time.time() + 60
     while True:
         active = _get(prometheus + "/api/v1/targets")["data"]["activeTargets"]
-        if len(active) == 4 and all(t["health"] == "up" for t in active):
+        if len(active) == 5 and all(t["health"] == "up" for t in active):
             break
         assert time.time() < deadline, active
         time.sleep(0.5)

@@ -119,3 +119,75 @@ imagePullSecrets:
 - sourceLabels: [__meta_kubernetes_pod_name]
   targetLabel: pod
 {{- end -}}
+
+{{/* ---- The cluster KV store (kv-store.yaml; workers.yaml reads its address list). ---- */}}
+
+{{- define "kvmesh.kvStore.name" -}}
+{{- printf "%s-kv-store" (include "kvmesh.fullname" .) -}}
+{{- end -}}
+
+{{- define "kvmesh.kvStore.apiKeySecretName" -}}
+{{- default (printf "%s-kv-store-api-key" (include "kvmesh.fullname" .)) .Values.kvStore.apiKey.existingSecret -}}
+{{- end -}}
+
+{{/* The workers' --kv-store list: every store pod's stable DNS name (StatefulSet +
+     headless Service), in ordinal order. Rendezvous hashing homes each block on one of
+     them, so the list is the same on every worker and does not follow readiness. */}}
+{{- define "kvmesh.kvStore.addresses" -}}
+{{- $name := include "kvmesh.kvStore.name" . -}}
+{{- $addresses := list -}}
+{{- range $i := until (int .Values.kvStore.replicas) -}}
+{{- $addresses = append $addresses (printf "%s-%d.%s.%s.svc.cluster.local:%d" $name $i $name $.Release.Namespace (int $.Values.kvStore.grpcPort)) -}}
+{{- end -}}
+{{- join "," $addresses -}}
+{{- end -}}
+
+{{/* The model's KV shape as JSON: model.kvShape, or the shape of the tiny model the image
+     ships (tools/make-tiny-model's defaults: 8 layers, 2 KV heads, head_dim 64, bf16
+     weights, so bf16 KV) when model.path is that model and kvShape is not given; {} when
+     unknown. */}}
+{{- define "kvmesh.kvShape" -}}
+{{- $s := .Values.model.kvShape -}}
+{{- $given := list (int $s.numLayers) (int $s.numKeyValueHeads) (int $s.headDim) (int $s.kvCacheDtypeBytes) -}}
+{{- if and (has 0 $given) (not (eq (without $given 0 | len) 0)) -}}
+{{- fail (printf "model.kvShape is incomplete (%v): give numLayers, numKeyValueHeads, headDim and kvCacheDtypeBytes, or none" $s) -}}
+{{- end -}}
+{{- if not (has 0 $given) -}}
+{{- toJson (dict "numLayers" (int $s.numLayers) "numKeyValueHeads" (int $s.numKeyValueHeads) "headDim" (int $s.headDim) "kvCacheDtypeBytes" (int $s.kvCacheDtypeBytes) "source" "model.kvShape") -}}
+{{- else if eq .Values.model.path "/opt/kvmesh/models/tiny-llama" -}}
+{{- toJson (dict "numLayers" 8 "numKeyValueHeads" 2 "headDim" 64 "kvCacheDtypeBytes" 2 "source" "the image's tiny model") -}}
+{{- else -}}
+{{- toJson (dict) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The store's slot size (--block-bytes): kvStore.blockBytes, checked against the size
+     derived from the KV shape, or the derived size itself: the largest block of the
+     enabled worker groups (one TP rank's shard, every layer). Fails when neither is known
+     or the given size is too small. */}}
+{{- define "kvmesh.kvStore.blockBytes" -}}
+{{- $shape := include "kvmesh.kvShape" . | fromJson -}}
+{{- $derived := int64 0 -}}
+{{- if $shape -}}
+{{- range $group, $w := .Values.workers -}}
+{{- if $w.enabled -}}
+{{- range $arg := $w.extraArgs -}}
+{{- if and (eq $shape.source "the image's tiny model") (regexMatch "^--kv[-_]cache[-_]dtype" $arg) -}}
+{{- fail (printf "workers.%s.extraArgs sets %s: give model.kvShape (its kvCacheDtypeBytes) or kvStore.blockBytes so that the kv-store's slots fit the blocks" $group $arg) -}}
+{{- end -}}
+{{- end -}}
+{{- $heads := max 1 (div (int64 $shape.numKeyValueHeads) (int64 $w.tensorParallelSize)) -}}
+{{- $bytes := mul (int64 $shape.numLayers) 2 (int64 $shape.kvCacheDtypeBytes) $heads (int64 $.Values.model.blockSizeTokens) (int64 $shape.headDim) -}}
+{{- $derived = max $derived $bytes -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $given := int64 .Values.kvStore.blockBytes -}}
+{{- if and (eq $given 0) (eq $derived 0) -}}
+{{- fail (printf "kvStore.enabled needs the slot size: the chart does not know the KV shape of model.path=%s; give model.kvShape (numLayers, numKeyValueHeads, headDim, kvCacheDtypeBytes) or kvStore.blockBytes = numLayers x 2 x kvCacheDtypeBytes x max(1, numKeyValueHeads / tensorParallelSize) x model.blockSizeTokens x headDim" .Values.model.path) -}}
+{{- end -}}
+{{- if and (gt $given 0) (gt $derived 0) (lt $given $derived) -}}
+{{- fail (printf "kvStore.blockBytes=%d is smaller than the workers' blocks (%d bytes, from %s and model.blockSizeTokens=%d): the store would refuse every put" $given $derived $shape.source (int .Values.model.blockSizeTokens)) -}}
+{{- end -}}
+{{- if gt $given 0 -}}{{ $given }}{{- else -}}{{ $derived }}{{- end -}}
+{{- end -}}
