@@ -46,18 +46,28 @@ constexpr TierGauge kTierGauges[] = {
      [](const kv::KvTierStats& s) { return s.write_bytes_per_second; }},
 };
 
+// The tier label: "host", "disk", "store" (the cluster kv-store, as a worker sees it).
+std::string_view TierLabel(kv::Tier tier) {
+  switch (tier) {
+    case kv::Tier::kHost: return "host";
+    case kv::Tier::kDisk: return "disk";
+    case kv::Tier::kStore: return "store";
+    case kv::Tier::kDevice: break;
+  }
+  return "device";
+}
+
 }  // namespace
 
 absl::Status AddKvTierMetrics(metrics::Registry& registry, std::function<engine::EngineStats()> engine_stats) {
   for (const TierGauge& spec : kTierGauges) {
     KVMESH_ASSIGN_OR_RETURN(metrics::CallbackGaugeFamily * family,
                             registry.AddCallbackGaugeFamily(spec.name, spec.help, {"tier"}));
-    for (const bool host : {true, false}) {
-      KVMESH_ASSIGN_OR_RETURN(metrics::CallbackGauge * g,
-                              family->WithLabels({std::string_view(host ? "host" : "disk")}));
-      g->SetCallback([engine_stats, read = spec.read, host] {
+    for (const kv::Tier tier : {kv::Tier::kHost, kv::Tier::kDisk, kv::Tier::kStore}) {
+      KVMESH_ASSIGN_OR_RETURN(metrics::CallbackGauge * g, family->WithLabels({TierLabel(tier)}));
+      g->SetCallback([engine_stats, read = spec.read, tier] {
         const engine::EngineStats s = engine_stats();
-        return read(host ? s.host_tier : s.disk_tier);
+        return read(tier == kv::Tier::kHost ? s.host_tier : tier == kv::Tier::kDisk ? s.disk_tier : s.store_tier);
       });
     }
   }

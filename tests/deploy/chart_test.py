@@ -348,6 +348,13 @@ def test_rendered_flags_are_flags_the_binaries_declare():
     (worker,) = _pod_spec(docs, "StatefulSet", "kvmesh-decode")["containers"]
     assert {"kv-store", "kv-host-cache-bytes"} <= set(_flag_names(worker)) & worker_flags
     assert "kv-store-api-key" in worker_flags
+    # The scheduler follows the same stores' events, with the same key.
+    scheduler_flags = _flags_declared("services/scheduler/main.cc", "libs/rpc/tls_flags.cc")
+    (scheduler,) = _pod_spec(docs, "Deployment", "kvmesh-scheduler")["containers"]
+    assert "kv-store" in set(_flag_names(scheduler)) & scheduler_flags
+    assert [a for a in scheduler["args"] if a.startswith("--kv-store=")] == \
+        [a for a in worker["args"] if a.startswith("--kv-store=")]
+    assert "kv-store-api-key" in scheduler_flags
 
 
 @pytest.mark.parametrize("profile,extra,block_bytes", [
@@ -409,7 +416,7 @@ def _selects(selector, labels):
         labels.get(k) == v for k, v in selector.get("podSelector", {}).get("matchLabels", {}).items())
 
 
-def test_kv_store_network_policy_admits_workers_and_monitoring_only():
+def test_kv_store_network_policy_admits_workers_the_scheduler_and_monitoring_only():
     docs = render("cpu", *KV_STORE)
     (policy,) = find(docs, "NetworkPolicy", "kvmesh-kv-store")
     spec = policy["spec"]
@@ -423,11 +430,12 @@ def test_kv_store_network_policy_admits_workers_and_monitoring_only():
     grpc_peers = [f for r in spec["ingress"] if {"port": "grpc", "protocol": "TCP"} in r["ports"] for f in r["from"]]
     metrics_peers = [f for r in spec["ingress"] if {"port": "metrics", "protocol": "TCP"} in r["ports"]
                      for f in r["from"]]
-    # Every pod of the release against the gRPC rule: the workers get in, nothing else does.
+    # Every pod of the release against the gRPC rule: the workers (its data plane) and the
+    # scheduler (its events) get in, nothing else does.
     pods = {o["metadata"]["name"]: o["spec"]["template"]["metadata"]["labels"]
             for o in find(docs, "Deployment") + find(docs, "StatefulSet")}
     admitted = {name for name, labels in pods.items() if any(_selects(f, labels) for f in grpc_peers)}
-    assert admitted == {"kvmesh-prefill", "kvmesh-decode"}, admitted
+    assert admitted == {"kvmesh-prefill", "kvmesh-decode", "kvmesh-scheduler"}, admitted
     assert not any(_selects(f, labels) for f in metrics_peers for labels in pods.values())
     assert metrics_peers == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     assert all("namespaceSelector" not in f for f in grpc_peers)
