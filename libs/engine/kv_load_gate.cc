@@ -1,11 +1,28 @@
 #include "engine/kv_load_gate.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 
 #include "engine/scheduler.h"
 
 namespace kvmesh::engine {
+
+namespace {
+// A fallback only: connectors answer every lookup (num_lookups_answered).
+constexpr std::chrono::milliseconds kLookupRecheck{50};
+}  // namespace
+
+bool KvLoadGate::StillLookingUp(Sequence& seq) {
+  if (!seq.lookup_answers_before.has_value()) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (kv_.lookups_answered() == *seq.lookup_answers_before && now - seq.lookup_checked_at < kLookupRecheck) {
+    ++stats_.num_waiting_for_lookup;
+    return true;
+  }
+  seq.lookup_answers_before.reset();
+  return false;
+}
 
 bool KvLoadGate::StillLoading(Sequence& seq, int32_t* loaded_end) {
   if (seq.loading_block_hashes.empty()) return false;
@@ -26,6 +43,8 @@ KvLoadGate::Verdict KvLoadGate::AfterLookup(Sequence& seq, kv::ComputedPrefix& p
     if (prefix.lookup_pending) {
       kv_.ReleasePrefix(prefix);
       ++stats_.num_waiting_for_lookup;
+      seq.lookup_answers_before = lookup_answers_;
+      seq.lookup_checked_at = std::chrono::steady_clock::now();
       return Verdict::kWait;
     }
     return Verdict::kAdmit;
@@ -51,6 +70,9 @@ KvLoadGate::Verdict KvLoadGate::AfterLookup(Sequence& seq, kv::ComputedPrefix& p
   return Verdict::kWait;
 }
 
-void KvLoadGate::Reset(Sequence& seq) { seq.disk_load_from = -1; }
+void KvLoadGate::Reset(Sequence& seq) {
+  seq.disk_load_from = -1;
+  seq.lookup_answers_before.reset();
+}
 
 }  // namespace kvmesh::engine

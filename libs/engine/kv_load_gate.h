@@ -18,6 +18,10 @@
 // wait too: the room that frees goes to the oldest waiter, so a large load is not
 // starved by smaller ones behind it.
 //
+// A sequence waiting for a lookup is looked up again only when some connector answered
+// one since (KvConnector::num_lookups_answered), or after kLookupRecheck: a prompt's
+// lookup walks every tier, and a step with nothing else to do comes every few ms.
+//
 // Thread-safety: not thread-safe; owned by the Scheduler (engine thread).
 #pragma once
 
@@ -38,7 +42,14 @@ class KvLoadGate {
   KvLoadGate(kv::KvCacheManager& kv, SchedulerStats& stats) : kv_(kv), stats_(stats) {}
 
   // A new pass over the waiting queue.
-  void BeginPass() { first_loads_wait_ = false; }
+  void BeginPass() {
+    first_loads_wait_ = false;
+    lookup_answers_ = kv_.lookups_answered();  // before any of this pass's lookups
+  }
+  // Whether `seq` still waits for a connector's lookup that has not been answered: no
+  // answer came since its last lookup said pending (and kLookupRecheck has not passed).
+  // Then it is not looked up again this step.
+  bool StillLookingUp(Sequence& seq);
   // Whether `seq` still waits for blocks in flight. When its load has finished, sets
   // *loaded_end past the blocks it read (else leaves it).
   bool StillLoading(Sequence& seq, int32_t* loaded_end);
@@ -52,6 +63,7 @@ class KvLoadGate {
   kv::KvCacheManager& kv_;
   SchedulerStats& stats_;
   bool first_loads_wait_ = false;
+  uint64_t lookup_answers_ = 0;  // as of BeginPass
 };
 
 }  // namespace kvmesh::engine

@@ -441,7 +441,7 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
       if (NumRunningSlots() + seq->request->num_seq_slots_if_unforked() > options_.max_num_seqs) break;
       int32_t loaded_end = -1;  // past the blocks the finished load read, if one did
       // Waiting for KV from below the host tier (kv_load_gate.h): later ones may pass it.
-      if (load_gate_.StillLoading(*seq, &loaded_end)) {
+      if (load_gate_.StillLoading(*seq, &loaded_end) || load_gate_.StillLookingUp(*seq)) {
         ++w;
         continue;
       }

@@ -14,6 +14,7 @@
 // Thread-safety: not thread-safe; owned by the Scheduler.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -66,6 +67,11 @@ struct Sequence {
   // the rest. (engine/kv_load_gate.h keeps these.)
   std::vector<kv::BlockHash> loading_block_hashes;
   int32_t disk_load_from = -1;
+  // Waiting for a connector's lookup (kv::KvConnectorMatch::pending): the connectors'
+  // answer count before the lookup that said so, and when it was made; the prefix is
+  // looked up again once an answer came (or a while passed), not every step.
+  std::optional<uint64_t> lookup_answers_before;
+  std::chrono::steady_clock::time_point lookup_checked_at;
   // Not yet reported in a RequestOutput.
   std::vector<int32_t> pending_token_ids;
   std::vector<SampleResult> pending_logprobs;

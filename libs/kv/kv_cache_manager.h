@@ -193,6 +193,8 @@ class KvCacheManager {
     tiers_->ReleaseLoadHold(owner);
   }
   // Whether a block among `block_hashes` is still being loaded from a connector.
+  // KvTiers::lookups_answered (0 without tiers).
+  uint64_t lookups_answered() const { return tiers_ != nullptr ? tiers_->lookups_answered() : 0; }
   bool AnyLoading(std::span<const BlockHash> block_hashes) const {
     return tiers_ != nullptr && tiers_->AnyLoading(block_hashes);
   }

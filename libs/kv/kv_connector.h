@@ -128,6 +128,11 @@ class KvConnector {
   virtual std::vector<KvIoCompletion> Drain() = 0;
   virtual int32_t num_in_flight() const = 0;
 
+  // How many of its asynchronous lookups have been answered (held or not) since it
+  // started: a Match that said `pending` can say otherwise only once this moved, so a
+  // waiting request is looked up again only then. 0 for a connector never pending.
+  virtual uint64_t num_lookups_answered() const { return 0; }
+
   // kStored / kRemoved events of its tier since the last drain.
   virtual std::vector<KvEvent> DrainEvents() = 0;
   // Its counters; read_bytes_per_second is the load bandwidth that load-or-recompute

@@ -430,6 +430,12 @@ void KvTiers::DrainConnectors() {
   }
 }
 
+uint64_t KvTiers::lookups_answered() const {
+  uint64_t answered = 0;
+  for (const Lane& lane : lanes_) answered += lane.connector->num_lookups_answered();
+  return answered;
+}
+
 std::vector<KvEvent> KvTiers::DrainEvents() {
   std::vector<KvEvent> events = host_->DrainEvents();
   for (Lane& lane : lanes_) {

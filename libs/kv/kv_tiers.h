@@ -222,6 +222,8 @@ class KvTiers {
   void set_load_hold_share(double share) { load_hold_share_ = share; }
   // Whether any of `hashes` is still being loaded from a connector.
   bool AnyLoading(std::span<const BlockHash> hashes) const;
+  // The connectors' num_lookups_answered, summed.
+  uint64_t lookups_answered() const;
   bool has_loads_in_flight() const { return !loading_.empty(); }
   // Reaps the connectors' completions (non-blocking) and submits the backlogs into the
   // room they freed (loads first).

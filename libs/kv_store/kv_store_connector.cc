@@ -76,7 +76,8 @@ kv::KvConnectorMatch KvStoreConnector::Match(std::span<const kv::BlockHash> hash
     const size_t n = std::min(limit - i, static_cast<size_t>(kMaxKeysPerRequest));
     lookups_.push_back(Lookup{.hashes = std::vector<kv::BlockHash>(hashes.begin() + static_cast<std::ptrdiff_t>(i),
                                                                   hashes.begin() + static_cast<std::ptrdiff_t>(i + n)),
-                              .parent = i == 0 ? kv::kRootBlockHash : hashes[i - 1]});
+                              .parent = i == 0 ? kv::kRootBlockHash : hashes[i - 1],
+                              .deadline = DeadlineIn(options_.lookup_timeout_ms)});
   }
   return {.num_blocks = held, .pending = true};
 }
@@ -227,8 +228,14 @@ void KvStoreConnector::LookupLoop() {
       job = std::move(lookups_.front());
       lookups_.pop_front();
     }
-    const std::vector<StoreKey> keys = keys_.Keys(job.hashes);
-    KvStoreLookup found = client_->Lookup(keys, DeadlineIn(options_.lookup_timeout_ms));
+    // A lookup that waited its whole deadline behind others (a hung store makes each
+    // take its deadline) is a miss unasked: the request waiting for it goes on.
+    KvStoreLookup found;
+    if (absl::Now() < job.deadline) {
+      found = client_->Lookup(keys_.Keys(job.hashes), job.deadline);
+    } else {
+      found.error = absl::DeadlineExceededError("the lookup waited past its deadline behind others");
+    }
     // NOTE: the lease is not kept for the load: the load takes its own (the engine may
     // decide to recompute, or load much later); a held lease would only delay eviction.
     if (found.num_present > 0) client_->Release(found, DeadlineIn(options_.lookup_timeout_ms));
@@ -246,6 +253,7 @@ void KvStoreConnector::LookupLoop() {
     // whoever asked ends here either way.
     if (present < job.hashes.size()) BelieveLocked(job.hashes[present], Known{.present = false, .until = until});
     looking_up_.erase(job.hashes.front());
+    lookups_answered_.fetch_add(1, std::memory_order_release);
   }
 }
 

@@ -26,6 +26,7 @@
 // delays a lookup that a request waits for). State they share is guarded by mu_.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -71,6 +72,7 @@ class KvStoreConnector : public kv::KvConnector {
   std::string_view name() const override { return "kv-store"; }
   kv::Tier tier() const override { return kv::Tier::kStore; }
   std::optional<kv::SharedKeySpace> shared_key_space() const override { return keys_.id(); }
+  uint64_t num_lookups_answered() const override { return lookups_answered_.load(std::memory_order_acquire); }
   kv::KvConnectorMatch Match(std::span<const kv::BlockHash> hashes, size_t first, size_t limit) override;
   bool Contains(const kv::BlockHash& hash) const override;
   bool CanStartLoad() const override;
@@ -98,6 +100,7 @@ class KvStoreConnector : public kv::KvConnector {
   struct Lookup {
     std::vector<kv::BlockHash> hashes;  // chain order; hashes[0]'s parent is `parent`
     kv::BlockHash parent;
+    absl::Time deadline;  // lookup_timeout_ms after it was asked, queueing included
   };
   struct Load {
     int64_t ticket = 0;
@@ -129,6 +132,7 @@ class KvStoreConnector : public kv::KvConnector {
   const StoreKeySpace keys_;
 
   mutable absl::Mutex mu_;
+  std::atomic<uint64_t> lookups_answered_{0};  // num_lookups_answered
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<kv::BlockHash, Known> known_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<kv::BlockHash> looking_up_ ABSL_GUARDED_BY(mu_);  // first hash of each lookup in flight

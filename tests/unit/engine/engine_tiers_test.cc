@@ -76,6 +76,18 @@ class EngineTiersTest : public ::testing::TestWithParam<std::string> {
     return testing_util::GenerateChecked(engine, id, prompt, max_tokens);
   }
 
+  // A host tier of 64 slots (write-through) over one InMemoryKvConnector on `shared`: a
+  // worker's view of a cluster store that several workers share.
+  static EngineKvTierOptions TiersOver(kv::InMemoryBlocks& shared, int64_t slot_bytes) {
+    EngineKvTierOptions t{.host_cache_bytes = 64 * slot_bytes, .write_through = true};
+    t.make_connectors = [&shared](const KvSlotShape&, int64_t) {
+      std::vector<std::unique_ptr<kv::KvConnector>> c;
+      c.push_back(std::make_unique<kv::InMemoryKvConnector>(shared));
+      return absl::StatusOr<std::vector<std::unique_ptr<kv::KvConnector>>>(std::move(c));
+    };
+    return t;
+  }
+
   static std::vector<int32_t> RandomPrompt(std::mt19937& rng, int32_t n) {
     std::uniform_int_distribution<int32_t> token(0, 250);
     std::vector<int32_t> p(n);
@@ -183,16 +195,7 @@ TEST_P(EngineTiersTest, PrefixSavedByOneWorkerIsLoadedByAnotherThroughAConnector
   const Generation recomputed = Generate(*plain.engine, "p", prompt, 12);
 
   kv::InMemoryBlocks shared;
-  const int64_t slot_bytes = plain.runner->kv_swap_bytes_per_block();
-  auto tiers_over_shared = [&] {
-    EngineKvTierOptions t{.host_cache_bytes = 64 * slot_bytes, .write_through = true};
-    t.make_connectors = [&shared](const KvSlotShape&, int64_t) {
-      std::vector<std::unique_ptr<kv::KvConnector>> c;
-      c.push_back(std::make_unique<kv::InMemoryKvConnector>(shared));
-      return absl::StatusOr<std::vector<std::unique_ptr<kv::KvConnector>>>(std::move(c));
-    };
-    return t;
-  };
+  auto tiers_over_shared = [&] { return TiersOver(shared, plain.runner->kv_swap_bytes_per_block()); };
   {
     Worker a = MakeWorker(64, tiers_over_shared());
     ExpectIdentical(Generate(*a.engine, "p", prompt, 12), recomputed, "worker A vs recompute");
@@ -215,6 +218,48 @@ TEST_P(EngineTiersTest, PrefixSavedByOneWorkerIsLoadedByAnotherThroughAConnector
   Worker c = MakeWorker(64, tiers_over_shared());
   ExpectIdentical(Generate(*c.engine, "p", prompt, 12), recomputed, "worker C with one failed load vs recompute");
   EXPECT_EQ(c.engine->stats().num_kv_blocks_stranded, 0);
+}
+
+// A request waiting for a connector's lookup is not looked up again every step (each
+// lookup walks every tier): only once a lookup was answered, or after a recheck period.
+TEST_P(EngineTiersTest, AWaitingRequestIsLookedUpAgainOnlyOnceALookupWasAnswered) {
+  std::mt19937 rng(13);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 100);
+  Worker plain = MakeWorker(64, {});
+  const Generation recomputed = Generate(*plain.engine, "p", prompt, 8);
+  kv::InMemoryBlocks shared;
+  auto tiers_over_shared = [&] { return TiersOver(shared, plain.runner->kv_swap_bytes_per_block()); };
+  {
+    Worker a = MakeWorker(64, tiers_over_shared());
+    ExpectIdentical(Generate(*a.engine, "p", prompt, 8), recomputed, "worker A vs recompute");
+  }
+  shared.pending_matches = 1'000'000;  // the store is slow to answer ...
+  shared.hold_answers = true;          // ... and no answer comes
+  shared.matches = 0;
+  Worker b = MakeWorker(64, tiers_over_shared());
+  EngineRequest r;
+  r.request_id = "p";
+  r.prompt_token_ids = prompt;
+  r.sampling_params.max_tokens = 8;
+  r.sampling_params.temperature = 0;
+  std::vector<int32_t> tokens;
+  r.on_output = [&tokens](const RequestOutput& out) {
+    for (const CompletionOutput& c : out.outputs) tokens.insert(tokens.end(), c.new_token_ids.begin(), c.new_token_ids.end());
+  };
+  ASSERT_TRUE(b.engine->AddRequest(std::move(r)).ok());
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(b.engine->Step().ok());
+  const auto waited_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+  // One lookup, then one per 50 ms recheck at most: not one per step.
+  EXPECT_LE(shared.matches, 2 + waited_ms / 50) << "over 200 steps in " << waited_ms << " ms";
+  EXPECT_TRUE(tokens.empty()) << "it waits for the lookup";
+  // The answer comes: the next step looks again, loads and finishes as a recompute would.
+  shared.pending_matches = 0;
+  ++shared.lookups_answered;
+  for (int i = 0; i < 200 && b.engine->HasUnfinishedRequests(); ++i) ASSERT_TRUE(b.engine->Step().ok());
+  EXPECT_EQ(tokens, recomputed.tokens);
+  EXPECT_GE(shared.loads, 6) << "the prefix was loaded, not recomputed";
 }
 
 TEST_P(EngineTiersTest, WaitingLoadsShareTheHostTierWithoutLosingWhatTheyRead) {

@@ -28,6 +28,11 @@ struct InMemoryBlocks {
   // still in flight), and this many more times for any lookup.
   absl::flat_hash_set<BlockHash> still_asking;
   int32_t pending_matches = 0;
+  // num_lookups_answered: each pending Match counts as answered at once unless
+  // hold_answers (a remote lookup that takes its time: the count stays).
+  bool hold_answers = false;
+  uint64_t lookups_answered = 0;
+  int64_t matches = 0;  // Match calls
   int64_t loads = 0;  // loads completed OK
   int64_t saves = 0;
 };
@@ -41,8 +46,10 @@ class InMemoryKvConnector : public KvConnector {
   Tier tier() const override { return tier_; }
   KvConnectorMatch Match(std::span<const BlockHash> hashes, size_t first, size_t limit) override {
     ++stats_.queries;
+    ++b_.matches;
     if (b_.pending_matches > 0) {
       --b_.pending_matches;
+      if (!b_.hold_answers) ++b_.lookups_answered;
       return {.pending = true};
     }
     int32_t n = 0;
@@ -51,6 +58,7 @@ class InMemoryKvConnector : public KvConnector {
     if (n > 0) ++stats_.hits;
     return {.num_blocks = n, .pending = next < limit && b_.still_asking.contains(hashes[next])};
   }
+  uint64_t num_lookups_answered() const override { return b_.lookups_answered; }
   bool Contains(const BlockHash& hash) const override { return b_.blocks.contains(hash); }
   bool CanStartLoad() const override { return true; }
   bool CanStartSave() const override { return true; }  // declining is StartSave's answer
