@@ -15,8 +15,8 @@ static_assert(std::endian::native == std::endian::little, "block hashes assume l
 
 BlockHash CacheSaltRoot(std::string_view cache_salt) {
   if (cache_salt.empty()) return kRootBlockHash;
-  // NOTE: the tag keeps a salt's root from equalling any block hash by construction (a
-  // block's input starts with a 32-byte header, never with these bytes).
+  // NOTE: the tag puts roots in their own input domain: a root equal to some block's hash
+  // would take a 128-bit collision, not a salt chosen to look like a block's input.
   static constexpr std::string_view kTag = "kvmesh.cache_salt.v1";
   XXH3_state_t state;
   XXH3_128bits_reset(&state);

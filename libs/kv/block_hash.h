@@ -34,8 +34,8 @@ namespace kvmesh::kv {
 // for "" (no salt), else XXH3-128 of the salt under a domain tag.
 BlockHash CacheSaltRoot(std::string_view cache_salt);
 
-// The hash of one full block whose predecessor has hash `parent` (kRootBlockHash for
-// a sequence's first block). `tokens` are the block's token ids, block_size of them.
+// The hash of one full block whose predecessor has hash `parent` (for a sequence's
+// first block: CacheSaltRoot(its cache_salt), kRootBlockHash without one). `tokens` are the block's token ids, block_size of them.
 BlockHash HashBlock(const BlockHash& parent, std::span<const int32_t> tokens, uint64_t salt);
 
 // The chained hashes of every full block of `tokens` (a trailing partial block is

@@ -1,8 +1,10 @@
-"""vLLM's cache_salt through `kvmesh serve`'s two front doors: requests share cached KV
-only when their salts are equal (usage's cached tokens say so), and a bad salt is an
-OpenAI-style 400 (REST) or INVALID_ARGUMENT (gRPC) naming cache_salt."""
+"""vLLM's cache_salt through `kvmesh serve`'s two front doors and through the
+disaggregated cluster: requests share cached KV only when their salts are equal (usage's
+cached tokens say so), and a bad salt is an OpenAI-style 400 (REST) or INVALID_ARGUMENT
+(gRPC) naming cache_salt."""
 
 import json
+import os
 import urllib.error
 import urllib.request
 
@@ -103,3 +105,34 @@ def test_grpc_bad_cache_salt_is_invalid_argument_naming_it(server, salt, words):
         generate(server, timeout=30, text="x", sampling=greedy(1), cache_salt=salt)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
     assert "cache_salt" in e.value.details() and words in e.value.details(), e.value.details()
+
+
+def test_the_cluster_shares_cached_kv_only_within_a_salt():
+    """Router -> scheduler -> prefill and decode workers (tools/dev-cluster): the salt
+    reaches the decode worker's prefix lookup, which the router reports as cached tokens,
+    and the prefill worker's, whose /metrics count its prefix-cache hits."""
+    if "KVMESH_SCHEDULER_BIN" not in os.environ:
+        pytest.skip("needs KVMESH_SCHEDULER_BIN (the cache_salt_integration ctest sets it)")
+    import cluster_test  # noqa: E402 (reads KVMESH_SCHEDULER_BIN at import)
+
+    cluster = cluster_test.Cluster()
+    try:
+        client = cluster_test._client(cluster.url)
+        prompt = "Cluster. " + PROMPT * 2
+
+        def prefill_hit_tokens():
+            return cluster_test._metric(cluster_test._worker_metrics(cluster, "prefill"), "kvmesh_prefix_cache_hits")
+
+        def cached(salt):
+            before = prefill_hit_tokens()
+            tokens = cached_completion_tokens(client, prompt, salt)
+            if tokens == 0:  # a miss on the decode worker is one on the prefill worker too
+                assert prefill_hit_tokens() == before, f"the prefill worker reused KV across salts ({salt!r})"
+            return tokens
+
+        expect_sharing_only_within_a_salt(cached)
+    except AssertionError:
+        print(cluster.logs())
+        raise
+    finally:
+        cluster.stop()
