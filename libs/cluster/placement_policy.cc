@@ -239,7 +239,8 @@ absl::StatusOr<Placement> PlacementPolicy::Place(const PlacementRequest& request
   std::span<const kv::BlockHash> hashes = request.prompt_block_hashes;
   int32_t prompt_length = request.prompt_length_tokens;
   if (has_tokens) {
-    computed = kv::HashFullBlocks(request.prompt_token_ids, spec.block_size_tokens, spec.block_hash_salt);
+    computed = kv::HashFullBlocks(request.prompt_token_ids, spec.block_size_tokens, spec.block_hash_salt,
+                                  request.cache_salt);
     hashes = computed;
     prompt_length = static_cast<int32_t>(request.prompt_token_ids.size());
   } else if (static_cast<int64_t>(hashes.size()) * spec.block_size_tokens > prompt_length) {

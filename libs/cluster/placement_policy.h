@@ -91,6 +91,9 @@ struct PlacementRequest {
   std::vector<kv::BlockHash> prompt_block_hashes;
   int32_t prompt_length_tokens = 0;
   std::vector<std::string> exclude_worker_ids;
+  // The request's cache_salt, with prompt_token_ids: the workers' block hashes chain
+  // from it (kv/block_hash.h), so the index matches only this salt's blocks.
+  std::string cache_salt;
 };
 
 struct Placement {

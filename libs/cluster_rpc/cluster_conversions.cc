@@ -134,6 +134,7 @@ cluster::PlacementRequest PlacementRequestFromProto(const v1::PlaceRequest& prot
   for (const v1::BlockHash& hash : proto.prompt_block_hashes()) request.prompt_block_hashes.push_back(rpc::FromProto(hash));
   request.prompt_length_tokens = proto.prompt_length_tokens();
   request.exclude_worker_ids.assign(proto.exclude_worker_ids().begin(), proto.exclude_worker_ids().end());
+  request.cache_salt = proto.cache_salt();
   return request;
 }
 

@@ -57,6 +57,11 @@ struct EngineRequest {
   // draw per token, so the tokens that follow are those the first engine would have
   // produced. Not streamed again. n must be 1 and fewer than max_tokens.
   std::vector<int32_t> resume_output_token_ids;
+  // vLLM's cache_salt: this request shares cached KV (every tier, the kv-store, a
+  // P/D handoff's skipped blocks) only with requests of the same salt, because it
+  // enters the chained block hashes (kv/block_hash.h). "" = none (shares with all
+  // unsalted requests, as before). At most kMaxCacheSaltBytes (core/cache_salt.h).
+  std::string cache_salt;
   // Called on the engine thread with every output of this request, in order, the final
   // one included (also for aborts and errors), during Engine::Step / Engine::Abort and
   // before they return. It must not call back into the Engine; post to a queue instead.

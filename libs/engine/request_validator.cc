@@ -4,6 +4,8 @@
 #include <cstddef>
 
 #include "absl/strings/str_cat.h"
+#include "core/cache_salt.h"
+#include "core/status_macros.h"
 
 namespace kvmesh::engine {
 namespace {
@@ -25,6 +27,8 @@ absl::Status ValidateEngineRequest(const EngineRequest& request, const RequestLi
     return absl::InvalidArgumentError(absl::StrCat("n (", request.n, ") exceeds the engine's max_num_seqs (",
                                                    limits.max_num_seqs, "): the samples could never run together"));
   }
+  // "" is "no salt" here (the front doors refused an empty one the client sent).
+  if (!request.cache_salt.empty()) KVMESH_RETURN_IF_ERROR(ValidateCacheSalt(request.cache_salt));
   const std::vector<int32_t>& prompt = request.prompt_token_ids;
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt must contain at least one token");
   for (size_t i = 0; i < prompt.size(); ++i) {

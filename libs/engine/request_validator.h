@@ -31,7 +31,8 @@ struct RequestLimits {
 int64_t PeakKvBlocks(int64_t prompt_len, int64_t max_tokens, int64_t n, int64_t block_size_tokens);
 
 // OK, or the first problem found, in this order:
-//   InvalidArgument: empty request_id; n < 1 or n > max_num_seqs; empty prompt; a prompt
+//   InvalidArgument: empty request_id; n < 1 or n > max_num_seqs; a cache_salt longer
+//     than kMaxCacheSaltBytes; empty prompt; a prompt
 //     token or EOS id outside [0, vocab_size); prompt longer than max_model_len (vLLM's
 //     wording); sampling params that fail SamplingParams::Validate; prompt + max_tokens
 //     beyond max_model_len (vLLM's wording); more KV blocks at peak (PeakKvBlocks) than

@@ -98,7 +98,7 @@ absl::StatusOr<RemotePrefillReservation> Scheduler::ReserveRemotePrefill(const E
                                                      options_.max_num_seqs, " sequence slots are taken"));
   }
   KVMESH_ASSIGN_OR_RETURN(Sequence * seq, CreateRequest(request));
-  kv::ComputedPrefix prefix = kv_.FindCachedPrefix(seq->token_ids);
+  kv::ComputedPrefix prefix = kv_.FindCachedPrefix(seq->token_ids, seq->request->cache_salt);
   // NOTE: a remote prefill does not wait for a disk load: the prefill side computes
   // whatever tier 0 and the host tier do not hold.
   absl::StatusOr<kv::KvAllocation> alloc =
@@ -142,7 +142,7 @@ absl::StatusOr<RequestOutput> Scheduler::CommitRemotePrefill(const std::string& 
   }
   const int32_t prompt_len = request->num_prompt_tokens();
   auto admit = [&](int32_t num_computed) -> absl::Status {
-    if (absl::Status s = kv_.MarkComputed(seq->kv_id, seq->token_ids, num_computed); !s.ok()) {
+    if (absl::Status s = kv_.MarkComputed(seq->kv_id, seq->token_ids, num_computed, request->cache_salt); !s.ok()) {
       return KvBroken(s, "MarkComputed on commit");
     }
     seq->num_computed_tokens = num_computed;
@@ -447,8 +447,9 @@ absl::StatusOr<SchedulerOutput> Scheduler::Schedule() {
       }
       // A request that still needs its prompt logprobs computes the whole prompt: a block
       // taken from the prefix cache has no logits.
-      kv::ComputedPrefix prefix =
-          seq->request->wants_prompt_logprobs() ? kv::ComputedPrefix{} : kv_.FindCachedPrefix(seq->token_ids);
+      kv::ComputedPrefix prefix = seq->request->wants_prompt_logprobs()
+                                      ? kv::ComputedPrefix{}
+                                      : kv_.FindCachedPrefix(seq->token_ids, seq->request->cache_salt);
       if (load_gate_.AfterLookup(*seq, prefix, loaded_end) == KvLoadGate::Verdict::kWait) {
         ++w;
         continue;
@@ -773,7 +774,7 @@ absl::StatusOr<std::vector<RequestOutput>> Scheduler::UpdateFromOutput(const Sch
     if (seq->status != SequenceStatus::kRunning || seq->num_computed_tokens != chunk.start_position) continue;
     if (chunk.all_logits) CollectPromptLogprobs(seq->request, chunk.start_position, chunk_logits);
     const int32_t end = chunk.start_position + chunk.num_tokens;
-    if (absl::Status s = kv_.MarkComputed(seq->kv_id, seq->token_ids, end); !s.ok()) {
+    if (absl::Status s = kv_.MarkComputed(seq->kv_id, seq->token_ids, end, seq->request->cache_salt); !s.ok()) {
       return KvBroken(s, "MarkComputed");
     }
     const int32_t prefill = std::clamp(seq->num_prefill_tokens - chunk.start_position, 0, chunk.num_tokens);

@@ -14,6 +14,7 @@ RequestState::RequestState(const EngineRequest& request, int64_t arrival)
       priority(request.priority),
       arrival_order(arrival),
       eos_token_ids(request.eos_token_ids),
+      cache_salt(request.cache_salt),
       stop_checker(request.sampling_params, request.eos_token_ids),
       resume_output_token_ids(request.resume_output_token_ids) {
   times.arrival = std::chrono::steady_clock::now();

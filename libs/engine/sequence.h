@@ -96,6 +96,7 @@ struct RequestState {
   int32_t priority = 0;
   int64_t arrival_order = 0;
   std::vector<int32_t> eos_token_ids;
+  std::string cache_salt;  // EngineRequest::cache_salt: every block hash lookup and store uses it
   StopChecker stop_checker;
   // EngineRequest::resume_output_token_ids: replayed into the sampler when it is made.
   std::vector<int32_t> resume_output_token_ids;

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cache_salt.h"
+
 namespace kvmesh::http {
 namespace {
 
@@ -223,6 +225,13 @@ void ParseSampling(const Json& obj, bool chat, SamplingFields* out) {
   if (auto v = GetBool(obj, "ignore_eos", "ignore_eos")) out->ignore_eos = *v;
   if (auto v = GetBool(obj, "skip_special_tokens", "skip_special_tokens")) out->skip_special_tokens = *v;
   if (auto v = GetString(obj, "user")) out->user = std::move(*v);
+  if (const Json* v = Field(obj, "cache_salt")) {
+    // A wrong type gets the same message as an empty string: vLLM's one rule.
+    const absl::Status valid =
+        v->is_string() ? ValidateCacheSalt(v->get_ref<const std::string&>()) : ValidateCacheSalt("");
+    if (!valid.ok()) Fail("cache_salt", std::string(valid.message()));
+    out->cache_salt = v->get<std::string>();
+  }
 
   ParseLogitBias(obj, out);
   if (auto v = GetInt(obj, "prompt_logprobs", 0, kMaxLogprobs)) out->prompt_logprobs = static_cast<int32_t>(*v);

@@ -55,6 +55,9 @@ struct SamplingFields {
   bool ignore_eos = false;                // vLLM extension
   bool skip_special_tokens = true;        // vLLM extension
   std::string user;
+  // vLLM extension: only requests with the same salt share cached KV. Non-empty, at
+  // most kMaxCacheSaltBytes (core/cache_salt.h); "" when absent or null.
+  std::string cache_salt;
   // token id -> bias in [-100, 100] (-100 bans the token), in the request's order.
   std::vector<std::pair<int32_t, double>> logit_bias;
   std::optional<int32_t> prompt_logprobs;  // vLLM extension: [0, kMaxLogprobs]

@@ -27,11 +27,12 @@ absl::StatusOr<std::unique_ptr<KvCacheManager>> KvCacheManager::Create(const KvC
 KvCacheManager::KvCacheManager(const KvCacheManagerOptions& options, std::unique_ptr<BlockPool> pool)
     : options_(options), pool_(std::move(pool)) {}
 
-ComputedPrefix KvCacheManager::FindCachedPrefix(std::span<const int32_t> prompt_tokens) {
+ComputedPrefix KvCacheManager::FindCachedPrefix(std::span<const int32_t> prompt_tokens,
+                                                std::string_view cache_salt) {
   ComputedPrefix prefix;
   if (!options_.enable_prefix_caching) return prefix;
   const int32_t bs = block_size_tokens();
-  prefix.block_hashes = HashFullBlocks(prompt_tokens, bs, options_.salt);
+  prefix.block_hashes = HashFullBlocks(prompt_tokens, bs, options_.salt, cache_salt);
   // NOTE: the last prompt token is always recomputed: its logits start the generation.
   const size_t max_blocks = prompt_tokens.empty() ? 0 : (prompt_tokens.size() - 1) / static_cast<size_t>(bs);
   const size_t limit = std::min(max_blocks, prefix.block_hashes.size());
@@ -199,7 +200,7 @@ absl::StatusOr<KvAllocation> KvCacheManager::AllocateSlots(RequestId id, std::sp
 }
 
 absl::Status KvCacheManager::MarkComputed(RequestId id, std::span<const int32_t> all_tokens,
-                                          int32_t num_computed_tokens) {
+                                          int32_t num_computed_tokens, std::string_view cache_salt) {
   const auto it = requests_.find(id);
   if (it == requests_.end()) {
     return absl::FailedPreconditionError(absl::StrCat("MarkComputed: unknown request ", id.value));
@@ -218,7 +219,8 @@ absl::Status KvCacheManager::MarkComputed(RequestId id, std::span<const int32_t>
   if (!options_.enable_prefix_caching) return absl::OkStatus();
   const int32_t num_full = num_computed_tokens / bs;
   if (num_full <= state.num_registered_blocks) return absl::OkStatus();
-  ExtendBlockHashes(all_tokens.first(static_cast<size_t>(num_full) * bs), bs, options_.salt, &state.block_hashes);
+  ExtendBlockHashes(all_tokens.first(static_cast<size_t>(num_full) * bs), bs, options_.salt, &state.block_hashes,
+                    cache_salt);
   for (int32_t i = state.num_registered_blocks; i < num_full; ++i) {
     const BlockHash& parent = i == 0 ? kRootBlockHash : state.block_hashes[i - 1];
     // False when an equal block is cached already: keep ours, register nothing (vLLM

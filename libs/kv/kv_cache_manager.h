@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -128,7 +129,9 @@ class KvCacheManager {
   // first miss. Never the whole prompt: at most (size - 1) / B blocks, so at least the
   // last prompt token is recomputed to produce logits. Counts the lookup in
   // prefix_cache_stats() (a retried request counts again). Empty when caching is off.
-  ComputedPrefix FindCachedPrefix(std::span<const int32_t> prompt_tokens);
+  // `cache_salt`: the request's (kv/block_hash.h); only blocks hashed with the same
+  // salt match.
+  ComputedPrefix FindCachedPrefix(std::span<const int32_t> prompt_tokens, std::string_view cache_salt = {});
 
   // Makes room for `num_new_tokens` tokens after the request's computed ones and returns
   // their slots. On the request's first call, `prefix` (from FindCachedPrefix on a prefix
@@ -150,8 +153,10 @@ class KvCacheManager {
   // Every block that became full is hashed and registered as cached (kStored); when an
   // equal block is cached already, the request keeps its own block unregistered.
   // FailedPrecondition for an unknown request; InvalidArgument if the count decreases,
-  // exceeds the allocated slots or exceeds all_tokens.
-  absl::Status MarkComputed(RequestId id, std::span<const int32_t> all_tokens, int32_t num_computed_tokens);
+  // exceeds the allocated slots or exceeds all_tokens. `cache_salt` must be the one the
+  // request's prefix was looked up with.
+  absl::Status MarkComputed(RequestId id, std::span<const int32_t> all_tokens, int32_t num_computed_tokens,
+                            std::string_view cache_salt = {});
 
   // Drops a prefix that will not be passed to AllocateSlots: unpins its host hits.
   void ReleasePrefix(const ComputedPrefix& prefix);

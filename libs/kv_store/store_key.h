@@ -9,8 +9,11 @@
 //   - the block layout (kv::KvBlockSpec: layers, KV heads per rank, head_dim, tokens per
 //     block, KV dtype, bytes) and kKvStoreLayoutVersion (kv/kv_layout.h's arrangement),
 //   - the TP rank and degree,
-//   - the request's cache_salt (vLLM's field): a tenant's blocks are invisible to a
-//     request without the same salt, because it cannot name them.
+//   - a cache_salt (vLLM's field): a tenant's blocks are invisible to a request
+//     without the same salt, because it cannot name them. NOTE: KvStoreConnector leaves
+//     it empty: it serves every request of a worker with one scope, and the request's
+//     salt is in the chained block hash already (kv/block_hash.h: the first block chains
+//     from the salt, every later one from it), so folding it again would add nothing.
 // Strings are length-prefixed and integers fixed-width little-endian, so no two
 // different scopes serialize alike. The store itself never sees any of this: it holds
 // opaque 128-bit keys.
@@ -55,7 +58,7 @@ struct StoreKeyScope {
   kv::KvBlockSpec block_spec;  // one rank's block layout
   int32_t tp_rank = 0;
   int32_t tp_size = 1;
-  std::string cache_salt;      // "" for requests without one
+  std::string cache_salt;      // "": none (the connector's case: the hash carries it)
 };
 
 // The key of the block with chained hash `block` under `scope`. Pure; any differing

@@ -73,6 +73,8 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
     attempt->request.set_model(source_.options_.model);
     attempt->request.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
                                                      request_.prompt_token_ids.end());
+    // The scheduler hashes the prompt as the workers will: with the salt.
+    attempt->request.set_cache_salt(request_.cache_salt);
     for (const std::string& id : excluded_) attempt->request.add_exclude_worker_ids(id);
     rpc::SetTimeout(&attempt->context, source_.options_.place_timeout_ms);
     bool aborted;
@@ -222,6 +224,7 @@ class RemoteTokenSource::Call : public std::enable_shared_from_this<Call> {
     generate.set_priority(request_.priority);
     if (request_.arrival_order >= 0) generate.set_arrival_order(request_.arrival_order);
     generate.mutable_eos_token_ids()->Add(request_.eos_token_ids.begin(), request_.eos_token_ids.end());
+    generate.set_cache_salt(request_.cache_salt);  // also on a migrated attempt: its prefix lookup needs it
     if (!resume_.empty()) {
       // Migrated: the decode worker prefills prompt + these and goes on from there.
       generate.mutable_resume_output_token_ids()->Add(resume_.begin(), resume_.end());

@@ -13,6 +13,7 @@
 #include <grpcpp/support/status.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/cache_salt.h"
 #include "core/logging.h"
 #include "engine/request_validator.h"
 #include "http/api_error.h"
@@ -164,6 +165,10 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
   absl::Status Submit(const std::string& api_key, const v1::GenerateRequest& request) {
     GrpcInferenceService& svc = service_;
     if (absl::Status s = svc.CheckModel(request.model()); !s.ok()) return s;
+    // An unset cache_salt is no salt; a set one follows the REST rule (non-empty, bounded).
+    if (request.has_cache_salt()) {
+      if (absl::Status s = ValidateCacheSalt(request.cache_salt()); !s.ok()) return Prefixed("cache_salt: ", s);
+    }
     absl::StatusOr<engine::SamplingParams> params = rpc::SamplingParamsFromProto(request.sampling());
     if (!params.ok()) return params.status();  // messages already name sampling.*
     absl::StatusOr<int32_t> n = rpc::NumSamplesFromProto(request.sampling());
@@ -242,6 +247,7 @@ class GrpcInferenceService::GenerateReactor final : public grpc::ServerWriteReac
     r.n = *n;
     r.priority = request.priority();
     r.eos_token_ids = svc.options_.eos_token_ids;
+    r.cache_salt = request.cache_salt();
     if (absl::Status s = engine::ValidateEngineRequest(r, limits); !s.ok()) {
       // What is left to fail here: the prompt's length, or prompt + max_tokens (context / KV pool).
       const bool prompt_too_long = static_cast<int64_t>(r.prompt_token_ids.size()) > limits.max_model_len;

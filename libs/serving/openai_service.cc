@@ -49,6 +49,7 @@ struct OpenAiService::Call {
   bool echo = false;
   bool drop_generation = false;
   bool want_prompt_logprobs = false;  // vLLM's prompt_logprobs field
+  std::string cache_salt;             // vLLM's cache_salt: every prompt's engine request carries it
   std::vector<std::string> prompt_texts;  // per prompt, for echo
   std::vector<double> cumulative_logprob;  // per choice (best_of)
   std::vector<bool> echo_pending;          // per choice: the prompt not yet prepended
@@ -440,6 +441,7 @@ void OpenAiService::Start(std::shared_ptr<Call> call, std::vector<std::vector<in
     r.sampling_params = params;
     r.n = call->n;
     r.eos_token_ids = options_.eos_token_ids;
+    r.cache_salt = call->cache_salt;
     absl::Status s = engine::ValidateEngineRequest(r, engine_.limits());
     if (s.ok() && r.prompt_token_ids.empty()) s = absl::InvalidArgumentError("the prompt is empty");
     if (!s.ok()) {
@@ -515,6 +517,7 @@ void OpenAiService::HandleCompletions(http::HttpRequest request, std::shared_ptr
   call->include_usage = req.sampling.include_usage;
   call->return_n = req.sampling.n;
   call->n = req.best_of.value_or(req.sampling.n);
+  call->cache_salt = req.sampling.cache_salt;
   call->meta = {NewResponseId("cmpl-"), UnixSecondsNow(), options_.model_name};
   engine::SamplingParams params = ToSamplingParams(req.sampling, options_.default_completion_max_tokens);
   if (req.logprobs) {
@@ -596,6 +599,7 @@ void OpenAiService::HandleChatCompletions(http::HttpRequest request, std::shared
   call->stream = req.sampling.stream;
   call->include_usage = req.sampling.include_usage;
   call->n = req.sampling.n;
+  call->cache_salt = req.sampling.cache_salt;
   call->meta = {NewResponseId("chatcmpl-"), UnixSecondsNow(), options_.model_name};
   // vLLM's default for chat: whatever room the context leaves.
   const int32_t room = std::max<int32_t>(1, options_.max_model_len - static_cast<int32_t>(prompt.size()));

@@ -83,6 +83,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     engine_request->on_output = [this](const engine::RequestOutput& out) { OnOutput(out); };
     engine_request->resume_output_token_ids.assign(request.resume_output_token_ids().begin(),
                                                    request.resume_output_token_ids().end());
+    engine_request->cache_salt = request.cache_salt();
     const std::string& prefill = request.prefill_worker_address();
     // The scheduler picked the gRPC stream for this pair (the prefill worker has no UCX).
     offer_ucx_ = request.kv_transport() != v1::KV_TRANSPORT_GRPC_STREAM;
@@ -99,9 +100,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
       s = state_.engine().SubmitWith(
           *std::move(engine_request),
           [this, prefill, sampling, prompt](engine::Engine& e, engine::EngineRequest r) -> absl::Status {
+            const std::string cache_salt = r.cache_salt;  // the prefill side must hash as this lease did
             auto lease = e.ReserveForRemotePrefill(std::move(r));
             if (!lease.ok()) return lease.status();
-            StartRemotePrefill(e, *lease, prefill, *sampling, *prompt);
+            StartRemotePrefill(e, *lease, prefill, *sampling, *prompt, cache_salt);
             return absl::OkStatus();
           });
     }
@@ -127,7 +129,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
   // fill it. The reply (gRPC thread) posts the commit or the failure.
   void StartRemotePrefill(engine::Engine& engine, const engine::RemotePrefillLease& lease,
                           const std::string& prefill_address, const v1::SamplingParams& sampling,
-                          const std::vector<int32_t>& prompt) {
+                          const std::vector<int32_t>& prompt, const std::string& cache_salt) {
     const std::string transfer_id = absl::StrCat(state_.worker_id(), "/", lease.transfer_id.value);
     WorkerState::Lease entry{.id = lease.transfer_id, .index_of_block = {}};
     for (int32_t i = lease.num_cached_blocks(); i < lease.num_blocks(); ++i) {
@@ -139,6 +141,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::WorkerGenerateRespon
     call->request.set_request_id(request_id_);
     call->request.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
     *call->request.mutable_sampling() = sampling;
+    call->request.set_cache_salt(cache_salt);
     v1::KvDestination* dest = call->request.mutable_destination();
     dest->set_decode_worker_address(state_.address());
     dest->set_transfer_id(transfer_id);

@@ -69,6 +69,7 @@ class PrefillJob : public std::enable_shared_from_this<PrefillJob> {
     }
     auto r = state_.ToEngineRequest(request_.request_id(), request_.prompt_token_ids(), request_.sampling(), {});
     if (!r.ok()) return Respond(r.status());
+    r->cache_salt = request_.cache_salt();
     // Ids of concurrent prefills for several decode workers could collide: qualify them.
     engine_id_ = absl::StrCat(dest.transfer_id(), "#", request_.request_id());
     r->request_id = engine_id_;

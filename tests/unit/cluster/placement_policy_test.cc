@@ -5,6 +5,7 @@
 #include <numeric>
 #include <thread>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -50,12 +51,13 @@ class PlacementPolicyTest : public ::testing::Test {
         .kv_transports = transports};
     ASSERT_TRUE(registry_.Register(r).ok());
   }
-  // The worker reports `load` and holds the first `num_blocks` blocks of `tokens`.
+  // The worker reports `load` and holds the first `num_blocks` blocks of `tokens`
+  // (hashed as a request with `cache_salt` has them).
   void Report(const std::string& id, const std::vector<int32_t>& tokens, int num_blocks, WorkerLoad load = {},
-              kv::Tier tier = kv::Tier::kDevice) {
+              kv::Tier tier = kv::Tier::kDevice, std::string_view cache_salt = {}) {
     HeartbeatReport report;
     report.load = load;
-    const auto hashes = kv::HashFullBlocks(tokens, kBlock, 0);
+    const auto hashes = kv::HashFullBlocks(tokens, kBlock, 0, cache_salt);
     for (int i = 0; i < num_blocks; ++i) {
       report.kv_events.push_back(
           {.kind = kv::KvEvent::Kind::kStored, .block_hash = hashes[i], .tier = tier, .num_tokens = kBlock});
@@ -143,6 +145,35 @@ TEST_F(PlacementPolicyTest, PrefixMatchesAlsoWorkFromBlockHashes) {
   ASSERT_TRUE(placement.ok()) << placement.status();
   EXPECT_EQ(placement->prefill_worker_id, "p1");
   EXPECT_EQ(placement->prefill_cached_tokens, 62 * kBlock);
+}
+
+// Fails if placement hashed the prompt without the salt: a salted request would look
+// like a miss on the worker holding its blocks and a hit on one holding another's.
+TEST_F(PlacementPolicyTest, PrefixMatchesOnlyBlocksOfTheRequestsCacheSalt) {
+  AddWorker("d", WorkerRole::kDecode);
+  AddWorker("pa", WorkerRole::kPrefill);
+  AddWorker("pn", WorkerRole::kPrefill);
+  const auto prompt = Prompt(1024);
+  Report("pa", prompt, 40, {}, kv::Tier::kDevice, "tenant-a");
+  Report("pn", prompt, 20);  // the same tokens, cached by unsalted requests
+  const PlacementPolicy policy({.disaggregation_threshold_tokens = 64});
+  auto place = [&](std::string salt) {
+    PlacementRequest request = Request(prompt);
+    request.cache_salt = std::move(salt);
+    return policy.Place(request, registry_);
+  };
+  const auto tenant_a = place("tenant-a");
+  ASSERT_TRUE(tenant_a.ok()) << tenant_a.status();
+  EXPECT_EQ(tenant_a->prefill_worker_id, "pa");
+  EXPECT_EQ(tenant_a->prefill_cached_tokens, 40 * kBlock);
+  const auto tenant_b = place("tenant-b");
+  ASSERT_TRUE(tenant_b.ok()) << tenant_b.status();
+  EXPECT_EQ(tenant_b->prefill_cached_tokens, 0);
+  EXPECT_EQ(tenant_b->decode_cached_tokens, 0);
+  const auto unsalted = place("");
+  ASSERT_TRUE(unsalted.ok()) << unsalted.status();
+  EXPECT_EQ(unsalted->prefill_worker_id, "pn");
+  EXPECT_EQ(unsalted->prefill_cached_tokens, 20 * kBlock);
 }
 
 TEST_F(PlacementPolicyTest, AnOverloadedWorkerLosesItsPrefixAdvantage) {

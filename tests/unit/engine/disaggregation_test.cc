@@ -257,6 +257,35 @@ TEST_F(DisaggregationTest, HandoffDecodesTheReferenceTokensAndReturnsEveryBlock)
   d.ExpectNoBlockHeld();
 }
 
+// The decode side's cached blocks (what the prefill side skips) and the prefill side's
+// own hits both depend on the request's cache_salt: another salt is a miss on both.
+TEST_F(DisaggregationTest, HandoffSharesCachedBlocksOnlyWithinACacheSalt) {
+  Side p(64, &now_);
+  Side d(64, &now_);
+  const std::vector<int32_t> shared = Prompt(9, 3);  // 2 full blocks + 1 token
+  auto salted = [&](const std::string& id, std::vector<int32_t> tail, const std::string& salt) {
+    EngineRequest r = Req(id, Concat(shared, tail), Greedy(4));
+    r.cache_salt = salt;
+    return r;
+  };
+  const std::vector<EngineRequest> first = {salted("a1", Prompt(5, 11), "tenant-a")};
+  Disaggregate(p, d, first);
+  const std::vector<EngineRequest> second = {salted("b1", Prompt(6, 20), "tenant-b"),
+                                             salted("a2", Prompt(6, 30), "tenant-a")};
+  std::vector<RemotePrefillLease> leases;
+  Disaggregate(p, d, second, &leases);
+  ASSERT_EQ(leases.size(), 2u);
+  EXPECT_EQ(leases[0].num_cached_tokens, 0);  // tenant-b: D's blocks of tenant-a are not its own
+  EXPECT_EQ(p.rec.prefill.at("b1").num_cached_tokens, 0);
+  EXPECT_EQ(leases[1].num_cached_tokens, 8);  // tenant-a again: both full shared blocks
+  EXPECT_GT(p.rec.prefill.at("a2").num_cached_tokens, 0);
+  for (const std::vector<EngineRequest>* wave : {&first, &second}) {
+    for (const EngineRequest& r : *wave) EXPECT_EQ(d.rec.completions[r.request_id][0], Reference(r, 0)) << r.request_id;
+  }
+  p.ExpectNoBlockHeld();
+  d.ExpectNoBlockHeld();
+}
+
 TEST_F(DisaggregationTest, ParallelSamplesForkAfterCommit) {
   Side p(64, &now_);
   Side d(64, &now_);

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/cache_salt.h"
 #include "engine/request_validator.h"
 #include "engine_test_util.h"
 #include "fake_model_runner.h"
@@ -313,6 +314,10 @@ TEST(EngineTest, AddRequestRejectsBadRequestsWithoutSideEffects) {
   EngineRequest bad_eos = Req("x", Prompt(4), Greedy(4));
   bad_eos.eos_token_ids = {kVocab + 3};
   cases.push_back({"eos outside vocab", bad_eos, absl::StatusCode::kInvalidArgument, "eos token id"});
+  EngineRequest long_salt = Req("x", Prompt(4), Greedy(4));
+  long_salt.cache_salt.assign(kMaxCacheSaltBytes + 1, 's');
+  cases.push_back(
+      {"cache_salt too long", long_salt, absl::StatusCode::kInvalidArgument, "'cache_salt' must be at most"});
   cases.push_back({"duplicate id", Req("live", Prompt(4), Greedy(4)), absl::StatusCode::kAlreadyExists, "live"});
   for (Case& c : cases) {
     bool called = false;
@@ -446,6 +451,31 @@ TEST(EngineTest, PrefixCacheHitsSkipComputeAndAreCounted) {
   EXPECT_GT(s.num_kv_blocks_cached, 0);
   EXPECT_EQ(d.completions["first"][0], d.completions["second"][0]);
   d.ExpectReference("second");
+}
+
+TEST(EngineTest, CacheSaltSharesThePrefixCacheOnlyWithTheSameSalt) {
+  Driver d(Options(64));
+  // Runs one 17-token request (4 full blocks of 4) alone; returns its cached prompt tokens.
+  auto run = [&](const std::string& id, std::string salt) {
+    EngineRequest r = Req(id, Prompt(17), Greedy(2));
+    r.cache_salt = std::move(salt);
+    EXPECT_TRUE(d.Add(std::move(r)).ok());
+    int32_t cached = -1;
+    for (int32_t i = 0; i < 1000 && d.engine->HasUnfinishedRequests(); ++i) {
+      for (const RequestOutput& o : d.Step()) {
+        if (o.finished) cached = o.num_cached_prompt_tokens;
+      }
+    }
+    return cached;
+  };
+  EXPECT_EQ(run("a1", "tenant-a"), 0);
+  EXPECT_EQ(run("a2", "tenant-a"), 16);  // same salt: every full block but the last token's
+  EXPECT_EQ(run("b1", "tenant-b"), 0);   // another salt: the same tokens are a miss
+  EXPECT_EQ(run("none1", ""), 0);        // no salt: a miss too
+  EXPECT_EQ(run("none2", ""), 16);       // ... and unsalted requests share as before
+  EXPECT_EQ(run("b2", "tenant-b"), 16);
+  for (const std::string id : {"a1", "a2", "b1", "b2", "none1", "none2"}) d.ExpectReference(id);
+  d.ExpectKvEmpty();
 }
 
 TEST(EngineTest, RunnerErrorFailsTheBatchCleanly) {

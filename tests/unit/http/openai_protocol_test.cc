@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/cache_salt.h"
 #include "http/api_error.h"
 
 namespace kvmesh::http {
@@ -74,6 +75,10 @@ std::vector<BadCase> BadCases() {
       {"ignore_eos_not_bool", false, R"({"prompt": "x", "ignore_eos": 1})", 400, "ignore_eos"},
       {"user_not_string", true, R"({"messages":[{"role":"user","content":"x"}], "user": 42})", 400, "user"},
       {"suffix_set", false, R"({"prompt": "x", "suffix": "tail"})", 400, "suffix"},
+      {"cache_salt_empty", false, R"({"prompt": "x", "cache_salt": ""})", 400, "cache_salt"},
+      {"cache_salt_number", false, R"({"prompt": "x", "cache_salt": 7})", 400, "cache_salt"},
+      {"chat_cache_salt_empty", true, R"({"messages":[{"role":"user","content":"x"}], "cache_salt": ""})", 400, "cache_salt"},
+      {"chat_cache_salt_object", true, R"({"messages":[{"role":"user","content":"x"}], "cache_salt": {"a": 1}})", 400, "cache_salt"},
       {"logit_bias_not_object", false, R"({"prompt": "x", "logit_bias": [1]})", 400, "logit_bias"},
       {"logit_bias_key_not_id", false, R"({"prompt": "x", "logit_bias": {"abc": 1}})", 400, "logit_bias.abc"},
       {"logit_bias_negative_key", true, R"({"messages":[{"role":"user","content":"x"}], "logit_bias": {"-3": 1}})", 400, "logit_bias.-3"},
@@ -269,6 +274,31 @@ TEST(OpenAiProtocolTest, ParsesEchoLogitBiasBestOfAndPromptLogprobs) {
   EXPECT_EQ(req.best_of, 4);
   ASSERT_EQ(req.sampling.logit_bias.size(), 2u);
   EXPECT_EQ(req.sampling.logit_bias[0].first + req.sampling.logit_bias[1].first, 10);
+}
+
+TEST(OpenAiProtocolTest, CacheSaltIsANonEmptyBoundedString) {
+  auto completion = ParseCompletionRequest(R"({"prompt": "x", "cache_salt": "tenant-a"})");
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(completion)) << std::get<ApiError>(completion).message;
+  EXPECT_EQ(std::get<CompletionRequest>(completion).sampling.cache_salt, "tenant-a");
+  auto chat = ParseChatCompletionRequest(R"({"messages":[{"role":"user","content":"x"}], "cache_salt": "t"})");
+  ASSERT_TRUE(std::holds_alternative<ChatCompletionRequest>(chat)) << std::get<ApiError>(chat).message;
+  EXPECT_EQ(std::get<ChatCompletionRequest>(chat).sampling.cache_salt, "t");
+  // null is absent, as for every field.
+  auto null_salt = ParseCompletionRequest(R"({"prompt": "x", "cache_salt": null})");
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(null_salt));
+  EXPECT_EQ(std::get<CompletionRequest>(null_salt).sampling.cache_salt, "");
+
+  const std::string longest(kMaxCacheSaltBytes, 's');
+  auto at_bound = ParseCompletionRequest(R"({"prompt": "x", "cache_salt": ")" + longest + R"("})");
+  EXPECT_TRUE(std::holds_alternative<CompletionRequest>(at_bound));
+  auto too_long = ParseCompletionRequest(R"({"prompt": "x", "cache_salt": ")" + longest + R"(s"})");
+  ASSERT_TRUE(std::holds_alternative<ApiError>(too_long));
+  const ApiError& error = std::get<ApiError>(too_long);
+  EXPECT_EQ(error.http_status, 400);
+  EXPECT_EQ(error.param, "cache_salt");
+  EXPECT_NE(error.message.find("'cache_salt' must be at most 1024 bytes"), std::string::npos) << error.message;
+  auto empty = ParseCompletionRequest(R"({"prompt": "x", "cache_salt": ""})");
+  EXPECT_EQ(std::get<ApiError>(empty).message, "Parameter 'cache_salt' must be a non-empty string if provided.");
 }
 
 TEST(OpenAiProtocolTest, TokenizeAndDetokenizeShapes) {

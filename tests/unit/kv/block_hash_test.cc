@@ -90,5 +90,37 @@ TEST(BlockHashTest, ExtendHashesOnlyNewFullBlocks) {
   EXPECT_EQ(incremental.size(), 12u);
 }
 
+TEST(BlockHashTest, CacheSaltChangesEveryBlockAndNoSaltChangesNothing) {
+  const std::vector<int32_t> tokens = Iota(64);
+  const std::span<const int32_t> t(tokens);
+  const auto plain = HashFullBlocks(tokens, 16, 3);
+  // No salt is the chain from kRootBlockHash, exactly as before the field existed.
+  EXPECT_EQ(HashFullBlocks(tokens, 16, 3, ""), plain);
+  EXPECT_EQ(CacheSaltRoot(""), kRootBlockHash);
+  EXPECT_EQ(plain[0], HashBlock(kRootBlockHash, t.subspan(0, 16), 3));
+
+  const auto tenant_a = HashFullBlocks(tokens, 16, 3, "tenant-a");
+  const auto tenant_b = HashFullBlocks(tokens, 16, 3, "tenant-b");
+  ASSERT_EQ(tenant_a.size(), plain.size());
+  ASSERT_EQ(tenant_b.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_NE(tenant_a[i], plain[i]) << i;
+    EXPECT_NE(tenant_b[i], plain[i]) << i;
+    EXPECT_NE(tenant_a[i], tenant_b[i]) << i;
+  }
+  // The salt enters the first block only (its root); later blocks differ by chaining.
+  EXPECT_EQ(tenant_a[0], HashBlock(CacheSaltRoot("tenant-a"), t.subspan(0, 16), 3));
+  EXPECT_EQ(tenant_a[1], HashBlock(tenant_a[0], t.subspan(16, 16), 3));
+  EXPECT_EQ(HashFullBlocks(tokens, 16, 3, "tenant-a"), tenant_a);
+}
+
+TEST(BlockHashTest, ExtendWithCacheSaltMatchesHashingAtOnce) {
+  const std::vector<int32_t> tokens = Iota(40);
+  const std::span<const int32_t> t(tokens);
+  std::vector<BlockHash> incremental;
+  for (size_t n = 0; n <= tokens.size(); ++n) ExtendBlockHashes(t.first(n), 8, 0, &incremental, "s");
+  EXPECT_EQ(incremental, HashFullBlocks(tokens, 8, 0, "s"));
+}
+
 }  // namespace
 }  // namespace kvmesh::kv

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <gtest/gtest.h>
 
@@ -47,10 +48,10 @@ class KvTiersTest : public ::testing::Test {
     kv_->FinishSwaps(swaps, true, 1e-6, 1e-6);
   }
 
-  // Runs a request over `tokens` to completion, writing a recognisable pattern per
-  // position, and frees it (its full blocks stay cached).
-  void Compute(int64_t id, const std::vector<int32_t>& tokens) {
-    ComputedPrefix prefix = kv_->FindCachedPrefix(tokens);
+  // Runs a request over `tokens` (with `cache_salt`) to completion, writing a
+  // recognisable pattern per position, and frees it (its full blocks stay cached).
+  void Compute(int64_t id, const std::vector<int32_t>& tokens, std::string_view cache_salt = {}) {
+    ComputedPrefix prefix = kv_->FindCachedPrefix(tokens, cache_salt);
     auto alloc = kv_->AllocateSlots(RequestId{id}, tokens, static_cast<int32_t>(tokens.size()) - prefix.num_tokens,
                                     &prefix);
     ASSERT_TRUE(alloc.ok()) << alloc.status();
@@ -61,7 +62,7 @@ class KvTiersTest : public ::testing::Test {
         bytes[slot % kBlock] = std::byte{static_cast<uint8_t>(tokens[0] + layer)};
       }
     }
-    ASSERT_TRUE(kv_->MarkComputed(RequestId{id}, tokens, static_cast<int32_t>(tokens.size())).ok());
+    ASSERT_TRUE(kv_->MarkComputed(RequestId{id}, tokens, static_cast<int32_t>(tokens.size()), cache_salt).ok());
     ASSERT_TRUE(kv_->Free(RequestId{id}).ok());
     ASSERT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
   }
@@ -112,6 +113,24 @@ TEST_F(KvTiersTest, EvictedBlocksAreOffloadedAndOnboardedByteForByte) {
   EXPECT_EQ(onboarded, expected);
   EXPECT_EQ(kv_->tiers()->host().num_pinned(), 0);
   EXPECT_TRUE(kv_->CheckInvariants().ok()) << kv_->CheckInvariants();
+}
+
+TEST_F(KvTiersTest, HostTierHitsNeedTheSameCacheSalt) {
+  const std::vector<int32_t> a = Tokens(9, 100);  // 2 full blocks + 1 token
+  Compute(1, a, "tenant-a");
+  Compute(2, Tokens(16, 500));  // needs all 4 blocks: tenant A's go to the host tier
+  ASSERT_EQ(kv_->tiers()->host().num_resident(), 2);
+  for (const std::string_view other : {"tenant-b", ""}) {
+    const ComputedPrefix miss = kv_->FindCachedPrefix(a, other);
+    EXPECT_EQ(miss.num_tokens, 0) << "salt '" << other << "'";
+    EXPECT_TRUE(miss.host_slots.empty()) << "salt '" << other << "'";
+    kv_->ReleasePrefix(miss);
+  }
+  const ComputedPrefix hit = kv_->FindCachedPrefix(a, "tenant-a");
+  EXPECT_EQ(hit.host_slots.size(), 2u);
+  EXPECT_EQ(hit.num_tokens, 8);
+  kv_->ReleasePrefix(hit);
+  EXPECT_EQ(kv_->tiers()->host().num_pinned(), 0);
 }
 
 TEST_F(KvTiersTest, AnUnusedLookupGivesItsPinsBack) {

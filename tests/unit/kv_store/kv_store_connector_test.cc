@@ -10,12 +10,14 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "kv/block_hash.h"
 #include "kv/checksum.h"
 #include "kv_store_server/kv_store_server.h"
 #include "store_test_util.h"
@@ -129,6 +131,43 @@ TEST(KvStoreConnectorTest, AnotherRanksOrScopesBlocksNeverHit) {
   salted.cache_salt = "tenant-b";
   EXPECT_EQ(MatchKnown(*Connector(server->address(), salted), chain).num_blocks, 0);
   EXPECT_EQ(MatchKnown(*Connector(server->address()), chain).num_blocks, 4);
+}
+
+// Workers save and load with one scope (cache_salt empty); a request's cache_salt is in
+// its chained block hashes (kv/block_hash.h), so the store keys a tenant's blocks under
+// names that no other salt, nor no salt, derives. Fails if the salt did not reach the
+// hashes: then every request's prompt would name tenant A's blocks.
+TEST(KvStoreConnectorTest, BlocksSavedUnderOneCacheSaltAreNeverLoadedUnderAnother) {
+  auto server = KvStoreServer::Start(StoreOptions()).value();
+  const std::vector<int32_t> prompt = [] {
+    std::vector<int32_t> v(4 * 16);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>(1000 + i);
+    return v;
+  }();
+  constexpr uint64_t kModelSalt = 0x5eed;
+  auto chain = [&](std::string_view cache_salt) { return kv::HashFullBlocks(prompt, 16, kModelSalt, cache_salt); };
+  const std::vector<kv::BlockHash> tenant_a = chain("tenant-a");
+  const auto blocks = RandomBlocks(4, kBlockBytes, 5);
+  SaveAll(*Connector(server->address()), tenant_a, blocks);
+  ASSERT_EQ(server->store().Stats().num_blocks, 4);
+
+  // Another worker, the same prompt: tenant B and an unsalted request miss every block.
+  auto other = Connector(server->address());
+  for (const std::string_view salt : {"tenant-b", ""}) {
+    const std::vector<kv::BlockHash> theirs = chain(salt);
+    EXPECT_EQ(MatchKnown(*other, theirs).num_blocks, 0) << "salt '" << salt << "'";
+    std::vector<std::byte> slot(kBlockBytes);
+    for (const kv::BlockHash& h : theirs) {
+      EXPECT_EQ(other->StartLoad(h, slot).status().code(), absl::StatusCode::kNotFound) << "salt '" << salt << "'";
+    }
+  }
+  // Tenant A on that worker loads its own blocks, bit for bit.
+  ASSERT_EQ(MatchKnown(*other, tenant_a).num_blocks, 4);
+  std::vector<std::vector<std::byte>> slots(4, std::vector<std::byte>(kBlockBytes));
+  for (size_t i = 0; i < tenant_a.size(); ++i) ASSERT_TRUE(other->StartLoad(tenant_a[i], slots[i]).ok());
+  for (const kv::KvIoCompletion& done : PollFor(*other, 4)) EXPECT_TRUE(done.status.ok()) << done.status;
+  EXPECT_EQ(slots, blocks);
+  EXPECT_EQ(other->stats().blocks_onboarded, 4);
 }
 
 TEST(KvStoreConnectorTest, AHungOrDeadStoreIsAMissWithinTheLookupDeadline) {
