@@ -42,6 +42,24 @@ std::vector<StoreShare> ShareByStore(std::span<const int> homes, int num_stores)
   return by_store;
 }
 
+// Each share cut into pieces of at most `max_blocks` (0: none), moved concurrently: over
+// the data plane the check of one piece's landed blocks (the store's on a put, this
+// client's on a get) then overlaps the transfer of the next, instead of following the
+// whole transfer.
+std::vector<StoreShare> SplitShares(std::vector<StoreShare> shares, int32_t max_blocks) {
+  if (max_blocks <= 0) return shares;
+  std::vector<StoreShare> pieces;
+  for (StoreShare& share : shares) {
+    for (size_t first = 0; first < share.indices.size(); first += static_cast<size_t>(max_blocks)) {
+      const size_t last = std::min(share.indices.size(), first + static_cast<size_t>(max_blocks));
+      pieces.push_back({.store = share.store,
+                        .indices = std::vector<int32_t>(share.indices.begin() + static_cast<std::ptrdiff_t>(first),
+                                                        share.indices.begin() + static_cast<std::ptrdiff_t>(last))});
+    }
+  }
+  return pieces;
+}
+
 // Runs fn(0) .. fn(n - 1) concurrently (fn(0) on this thread) and returns when all have.
 // NOTE: one thread per store beyond the first: a call talks to a handful of stores and
 // moves whole KV blocks, so a thread start (tens of microseconds) is noise.
@@ -185,7 +203,8 @@ KvStoreGetResult KvStoreClient::Get(KvStoreLookup& lookup, std::span<const std::
     return result;
   }
   const std::vector<StoreShare> shares =
-      ShareByStore(std::span<const int>(lookup.homes).first(out.size()), num_stores());
+      SplitShares(ShareByStore(std::span<const int>(lookup.homes).first(out.size()), num_stores()),
+                  options_.data_plane.enabled() ? options_.data_plane.max_blocks_per_transfer : 0);
   std::vector<KvStoreLookup::StoreLease*> leases(shares.size(), nullptr);
   for (size_t g = 0; g < shares.size(); ++g) {
     for (KvStoreLookup::StoreLease& lease : lookup.leases) {
@@ -210,9 +229,10 @@ KvStoreGetResult KvStoreClient::Get(KvStoreLookup& lookup, std::span<const std::
     v1::KvGetRequest request;
     request.set_epoch(epoch);
     if (leases[g] != nullptr) {
+      // NOTE: the first piece of a store's share to end drops its lease; the blocks of
+      // the others are held by their own transfers (or served while still there).
       request.set_lease_id(leases[g]->lease_id);
-      // Over UCX the lease is dropped by the stream that delivers: the fallback's.
-      request.set_release_lease(ucx_lease.empty());
+      request.set_release_lease(true);
     }
     for (const int32_t i : indices) ToProto(lookup.keys[i], request.add_keys());
     if (!ucx_lease.empty()) request.set_ucx_lease_descriptor(ucx_lease);
@@ -313,18 +333,7 @@ KvStoreGetResult KvStoreClient::Get(KvStoreLookup& lookup, std::span<const std::
             ++r.ucx_blocks;
           }
         }
-        if (r.status.ok()) {
-          if (leases[g] != nullptr) {  // the lease was not released by the stream
-            v1::KvReleaseRequest release;
-            release.set_epoch(leases[g]->epoch);
-            release.set_lease_id(leases[g]->lease_id);
-            v1::KvReleaseResponse response;
-            grpc::ClientContext context;
-            PrepareContext(&context, deadline, options_.api_key);
-            (void)stores_[shares[g].store]->stub->Release(&context, release, &response);
-          }
-          return;
-        }
+        if (r.status.ok()) return;
         // Nothing of it is served unverified: the blocks that did not verify go over the
         // stream, once nothing can write into them any more (else they stay misses).
         if (!released) return;
@@ -362,7 +371,10 @@ KvStoreGetResult KvStoreClient::Get(KvStoreLookup& lookup, std::span<const std::
   if (result.num_loaded < static_cast<int32_t>(out.size())) {
     const int store = lookup.homes[result.num_loaded];
     for (size_t g = 0; g < shares.size(); ++g) {
-      if (shares[g].store == store) result.error = Annotate(share_results[g].status, stores_[store]->address);
+      const std::vector<int32_t>& in = shares[g].indices;
+      if (shares[g].store == store && std::find(in.begin(), in.end(), result.num_loaded) != in.end()) {
+        result.error = Annotate(share_results[g].status, stores_[store]->address);
+      }
     }
   }
   return result;
@@ -426,7 +438,9 @@ KvStorePutResult KvStoreClient::Put(std::span<const StoreKey> keys, std::span<co
       }
     }
   }
-  const std::vector<StoreShare> shares = ShareByStore(targets, num_stores());
+  const std::vector<StoreShare> shares = SplitShares(
+      ShareByStore(targets, num_stores()),
+      options_.data_plane.enabled() ? options_.data_plane.max_blocks_per_transfer : 0);
   struct ShareResult {
     absl::Status status;
     uint64_t epoch = 0;                 // 0: no intent response

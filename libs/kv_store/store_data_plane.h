@@ -35,6 +35,9 @@ struct KvStoreDataPlane {
   std::byte* base = nullptr;
   int64_t block_bytes = 0;
   int32_t num_blocks = 0;
+  // A call's blocks on one store move in concurrent pieces of at most this many (0: one
+  // piece), so that checking one piece overlaps moving the next (kv_store_client.h).
+  int32_t max_blocks_per_transfer = 16;
   // A seam for tests: runs on every block that landed, before it is verified (they
   // corrupt one here to see it refused).
   std::function<void(std::span<std::byte>)> after_landing;
