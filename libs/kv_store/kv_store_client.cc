@@ -522,7 +522,10 @@ KvStorePutResult KvStoreClient::Put(std::span<const StoreKey> keys, std::span<co
       } else {
         message.set_data(reinterpret_cast<const char*>(blocks[i].data()), blocks[i].size());
       }
-      if (!writer->Write(message)) break;  // the store ended the call: Finish says why
+      // In place, the messages are a few dozen bytes: let gRPC coalesce them.
+      const grpc::WriteOptions write_options =
+          in_place ? grpc::WriteOptions().set_buffer_hint() : grpc::WriteOptions();
+      if (!writer->Write(message, write_options)) break;  // the store ended the call: Finish says why
     }
     writer->WritesDone();
     r.status = rpc::FromGrpcStatus(writer->Finish());

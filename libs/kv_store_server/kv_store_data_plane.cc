@@ -1,5 +1,6 @@
 #include "kv_store_server/kv_store_data_plane.h"
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
@@ -27,7 +28,7 @@ absl::StatusOr<std::unique_ptr<KvStoreUcxPlane>> KvStoreUcxPlane::Create(BlockSt
 KvStoreUcxPlane::KvStoreUcxPlane(BlockStore& store, const KvStoreUcxOptions& options,
                                  std::unique_ptr<kv::UcxKvTransport> transport, kv::KvPoolHandle pool)
     : store_(store), options_(options), transport_(std::move(transport)), pool_(pool) {
-  push_thread_ = std::thread([this] { PushLoop(); });
+  for (int32_t i = 0; i < std::max(1, options_.push_threads); ++i) push_threads_.emplace_back([this] { PushLoop(); });
 }
 
 KvStoreUcxPlane::~KvStoreUcxPlane() {
@@ -35,7 +36,7 @@ KvStoreUcxPlane::~KvStoreUcxPlane() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  push_thread_.join();
+  for (std::thread& t : push_threads_) t.join();
 }
 
 absl::StatusOr<std::string> KvStoreUcxPlane::OpenPutLease(std::span<const StoreKey> keys,
@@ -113,6 +114,12 @@ void KvStoreUcxPlane::RunGet(GetJob job) {
                                                      " bytes; this store's data plane moves ", block_bytes())),
              {});
     return;
+  }
+  // A pid from the wire is not the store's to write into (KvStoreUcxOptions): the
+  // reader pulls the blocks through UCX instead.
+  if (!options_.cma_into_readers && lease->receiver_pid != 0) {
+    lease->receiver_pid = 0;
+    job.descriptor = kv::EncodeKvLeaseDescriptor(*lease);
   }
   // 2. Every block held (not evicted) until the push is done; all of them or none: a
   //    key that is missing, or not of the slot size, leaves the whole get to the stream.

@@ -28,9 +28,10 @@
 // answer to an authenticated PutIntent, and the store pushes only into descriptors that
 // came in an authenticated Get; a lease accepts only a sender that names its random
 // token. Every descriptor from the wire is decoded and checked (framing, checksum,
-// layout, one block per key, size bound) before use.
+// layout, one block per key, size bound) before use, and its same-host pid is dropped
+// unless options.cma_into_readers: the store never writes into a process the wire names.
 //
-// Thread-safety: thread-safe. Gets are pushed on this plane's own thread (OpenPush
+// Thread-safety: thread-safe. Gets are pushed on this plane's own threads (OpenPush
 // waits for the receiver's answer; gRPC's threads never do); the transport's callbacks
 // run on its thread.
 #pragma once
@@ -62,6 +63,17 @@ struct KvStoreUcxOptions {
   // How long an in-place Put message waits for its lease's slots to be returned.
   int64_t commit_wait_ms = 2'000;
   bool cross_memory_attach = true;
+  // Get pushes on this host write straight into the reader's process by cross-memory
+  // attach (process_vm_writev into the pid its descriptor names) instead of letting the
+  // reader pull the blocks through UCX's rendezvous. NOTE: off by default: that pid
+  // comes from the wire, and nothing proves it is the authenticated caller's, so a
+  // forged descriptor could aim the store's writes at another process of its user.
+  // Turn on only where every client is trusted. (Puts are unaffected: there the store
+  // is written, into its own pool, by the pid it named itself.)
+  bool cma_into_readers = false;
+  // Threads that push gets (a same-host push copies on its thread, by cross-memory
+  // attach): concurrent gets, or pieces of one, copy in parallel.
+  int32_t push_threads = 2;
 };
 
 class KvStoreUcxPlane {
@@ -114,7 +126,7 @@ class KvStoreUcxPlane {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<GetJob> jobs_ ABSL_GUARDED_BY(mu_);
-  std::thread push_thread_;
+  std::vector<std::thread> push_threads_;
 };
 
 }  // namespace kvmesh::kv_store

@@ -42,6 +42,10 @@ ABSL_FLAG(std::string, data_plane, "grpc",
 ABSL_FLAG(std::string, data_plane_ucx_tls, "",
           "UCX_TLS of the ucx data plane (e.g. \"sm\", \"tcp\"); empty: the UCX_TLS environment variable, else "
           "UCX's choice");
+ABSL_FLAG(bool, data_plane_cma_gets, false,
+          "With --data_plane=ucx, a get on this host writes the blocks straight into the reader's process "
+          "(cross-memory attach into the pid its lease names) instead of the reader pulling them through UCX. That "
+          "pid comes from the client and is not verified: turn on only where every client is trusted");
 ABSL_FLAG(int64_t, shutdown_grace_ms, 5000, "On SIGTERM, how long running calls may take to finish");
 KVMESH_FLAG_RANGE(shutdown_grace_ms, 0, 86'400'000);
 
@@ -77,6 +81,7 @@ absl::StatusOr<KvStoreServerOptions> KvStoreServerOptionsFromFlags() {
   }
   o.ucx_data_plane = data_plane == "ucx";
   o.ucx.tls = absl::GetFlag(FLAGS_data_plane_ucx_tls);
+  o.ucx.cma_into_readers = absl::GetFlag(FLAGS_data_plane_cma_gets);
   o.store.lease_ms = absl::GetFlag(FLAGS_lease_ms);
   o.store.max_lease_ms = absl::GetFlag(FLAGS_max_lease_ms);
   o.store.intent_timeout_ms = absl::GetFlag(FLAGS_intent_timeout_ms);

@@ -17,7 +17,8 @@
 // and on tcp between two network namespaces joined by a veth pair (the store in its own
 // namespace; root only, skipped saying why elsewhere). GB/s are 1e9 bytes per second.
 //
-//   kv_store_bandwidth_bench [--sites "sm;tcp-netns"] [--reps 11] [--batch 64] [--piece 16]
+//   kv_store_bandwidth_bench [--sites "sm;tcp-netns"] [--reps 11] [--batch 64] [--piece 16] [--cma-gets 1]
+// (--cma-gets 0: the store's default, gets pulled by the reader through UCX's rendezvous.)
 //                            [--perftest ucx_perftest] [--store build/services/kv_store/kvmesh-kv-store]
 #include <fcntl.h>
 #include <signal.h>
@@ -73,13 +74,14 @@ struct Site {
 // The store as a child process (in the namespace for tcp-netns), killed at scope exit.
 class StoreChild {
  public:
-  StoreChild(const std::string& bin, const Site& site, int port, int64_t capacity_blocks) {
+  StoreChild(const std::string& bin, const Site& site, int port, int64_t capacity_blocks, bool cma_gets) {
     std::vector<std::string> argv;
     if (site.netns) argv = {"ip", "netns", "exec", kNetns, "env", std::string("UCX_NET_DEVICES=") + kVethNs};
     argv.insert(argv.end(), {bin, absl::StrCat("--listen=", site.netns ? kNsIp : "127.0.0.1", ":", port),
                              absl::StrCat("--block_bytes=", kBlockBytes),
                              absl::StrCat("--capacity_blocks=", capacity_blocks), "--metrics_port=-1",
-                             "--data_plane=ucx", "--data_plane_ucx_tls=" + site.tls, "--log_level=warning"});
+                             "--data_plane=ucx", "--data_plane_ucx_tls=" + site.tls, "--log_level=warning",
+                             cma_gets ? "--data_plane_cma_gets" : "--nodata_plane_cma_gets"});
     std::vector<char*> args;
     for (std::string& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
@@ -184,12 +186,14 @@ int Main(int argc, char** argv) {
   int reps = 11;
   int batch = 64;
   int piece = KvStoreDataPlane{}.max_blocks_per_transfer;
+  bool cma_gets = true;  // the store's --data_plane_cma_gets: this bench's client is trusted
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--sites") sites_arg = argv[i + 1];
     else if (flag == "--reps") reps = std::atoi(argv[i + 1]);
     else if (flag == "--batch") batch = std::atoi(argv[i + 1]);
     else if (flag == "--piece") piece = std::atoi(argv[i + 1]);
+    else if (flag == "--cma-gets") cma_gets = std::atoi(argv[i + 1]) != 0;
     else if (flag == "--perftest") perftest = argv[i + 1];
     else if (flag == "--store") store_bin = argv[i + 1];
   }
@@ -209,9 +213,9 @@ int Main(int argc, char** argv) {
     }
   }
   std::printf("cpu: %s  isa: %s  block: %lld bytes (SmolLM2-135M: 30 layers x K,V x 3 KV heads x 16 tokens x "
-              "head_dim 64 x bf16)  batch: %d blocks (%.1f MiB) in pieces of %d  reps: %d (median)\n",
+              "head_dim 64 x bf16)  batch: %d blocks (%.1f MiB) in pieces of %d  cma gets: %d  reps: %d (median)\n",
               bench::CpuModel().c_str(), bench::CpuIsa(), static_cast<long long>(kBlockBytes), batch,
-              static_cast<double>(batch * kBlockBytes) / (1 << 20), piece, reps);
+              static_cast<double>(batch * kBlockBytes) / (1 << 20), piece, cma_gets ? 1 : 0, reps);
   const double memcpy_gbps = kv::MeasureHostCopyBound(kBlockBytes).bytes_per_second / 1e9;
   const int64_t pool_blocks = 2 * batch;
   std::unique_ptr<std::byte, decltype(&std::free)> pool(
@@ -251,7 +255,7 @@ int Main(int argc, char** argv) {
     const std::string address = absl::StrCat(site.netns ? kNsIp : "127.0.0.1", ":", port);
     Figures ucx, grpc;
     {
-      StoreChild store(store_bin, site, port, 2 * batch);
+      StoreChild store(store_bin, site, port, 2 * batch, cma_gets);
       ucx = Run(address, plane, pool.get(), batch, reps, prompt);
       prompt += 1000;
       grpc = Run(address, KvStoreDataPlane{}, pool.get(), batch, std::max(3, reps / 3), prompt);

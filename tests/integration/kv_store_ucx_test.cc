@@ -39,7 +39,9 @@ class StoreProcess {
   void Start(const std::string& data_plane, const std::string& tls) {
     process_.Start({KVMESH_KV_STORE_BIN, "--listen=127.0.0.1:0", absl::StrCat("--block_bytes=", kBlockBytes),
                     "--capacity_blocks=256", "--metrics_port=-1", "--shutdown_grace_ms=1000",
-                    "--data_plane=" + data_plane, "--data_plane_ucx_tls=" + tls},
+                    "--data_plane=" + data_plane, "--data_plane_ucx_tls=" + tls,
+                    // Trusted (this test's) clients: gets written straight in on one host.
+                    "--data_plane_cma_gets"},
                    "kv-store listening");
   }
   std::string address() { return absl::StrCat("127.0.0.1:", process_.port()); }
