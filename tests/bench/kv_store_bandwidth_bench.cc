@@ -18,6 +18,7 @@
 // namespace; root only, skipped saying why elsewhere). GB/s are 1e9 bytes per second.
 //
 //   kv_store_bandwidth_bench [--sites "sm;tcp-netns"] [--reps 11] [--batch 64] [--piece 16] [--cma-gets 1]
+//                            [--grpc 1] [--perftest ucx_perftest|none]
 // (--cma-gets 0: the store's default, gets pulled by the reader through UCX's rendezvous.)
 //                            [--perftest ucx_perftest] [--store build/services/kv_store/kvmesh-kv-store]
 #include <fcntl.h>
@@ -186,7 +187,8 @@ int Main(int argc, char** argv) {
   int reps = 11;
   int batch = 64;
   int piece = KvStoreDataPlane{}.max_blocks_per_transfer;
-  bool cma_gets = true;  // the store's --data_plane_cma_gets: this bench's client is trusted
+  bool cma_gets = true;
+  bool with_grpc = true;  // the store's --data_plane_cma_gets: this bench's client is trusted
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--sites") sites_arg = argv[i + 1];
@@ -194,6 +196,7 @@ int Main(int argc, char** argv) {
     else if (flag == "--batch") batch = std::atoi(argv[i + 1]);
     else if (flag == "--piece") piece = std::atoi(argv[i + 1]);
     else if (flag == "--cma-gets") cma_gets = std::atoi(argv[i + 1]) != 0;
+    else if (flag == "--grpc") with_grpc = std::atoi(argv[i + 1]) != 0;
     else if (flag == "--perftest") perftest = argv[i + 1];
     else if (flag == "--store") store_bin = argv[i + 1];
   }
@@ -258,15 +261,19 @@ int Main(int argc, char** argv) {
       StoreChild store(store_bin, site, port, 2 * batch, cma_gets);
       ucx = Run(address, plane, pool.get(), batch, reps, prompt);
       prompt += 1000;
-      grpc = Run(address, KvStoreDataPlane{}, pool.get(), batch, std::max(3, reps / 3), prompt);
+      if (with_grpc) grpc = Run(address, KvStoreDataPlane{}, pool.get(), batch, std::max(3, reps / 3), prompt);
       prompt += 1000;
     }
     ++port;
     const bench::VethNetns* netns = site.netns ? &kVeth : nullptr;
-    const double pt = bench::UcxPerftestGbps(perftest, site.tls, netns, site.perftest_test, kBlockBytes, 2000, port++);
+    const bool with_perftest = perftest != "none";
+    const double pt = with_perftest ? bench::UcxPerftestGbps(perftest, site.tls, netns, site.perftest_test,
+                                                             kBlockBytes, 2000, port++)
+                                    : 0;
     // The same test with the batch's bytes per message: every byte from and to DRAM.
-    const double pt_batch =
-        bench::UcxPerftestGbps(perftest, site.tls, netns, site.perftest_test, batch * kBlockBytes, 40, port++);
+    const double pt_batch = with_perftest ? bench::UcxPerftestGbps(perftest, site.tls, netns, site.perftest_test,
+                                                                   batch * kBlockBytes, 40, port++)
+                                          : 0;
     std::printf("%-10s %9.2f %9.2f %9.2f %9.2f %7.0f%% %7.0f%% %7.0f%% %7.0f%% %9.2f %6lld %9.2f %9.2f\n",
                 site.label.c_str(), ucx.put_gbps, ucx.get_gbps, pt, pt_batch,
                 pt > 0 ? 100 * ucx.put_gbps / pt : 0, pt > 0 ? 100 * ucx.get_gbps / pt : 0,
