@@ -17,9 +17,10 @@
 // and on tcp between two network namespaces joined by a veth pair (the store in its own
 // namespace; root only, skipped saying why elsewhere). GB/s are 1e9 bytes per second.
 //
-//   kv_store_bandwidth_bench [--sites "sm;tcp-netns"] [--reps 11] [--batch 64] [--piece 16] [--cma-gets 1]
+//   kv_store_bandwidth_bench [--sites "sm;tcp-netns"] [--reps 11] [--batch 64] [--piece 16] [--cma-gets 0]
 //                            [--grpc 1] [--perftest ucx_perftest|none]
-// (--cma-gets 0: the store's default, gets pulled by the reader through UCX's rendezvous.)
+// (--cma-gets 1: the store's --data_plane_cma_gets, gets written into the reader by cross-memory
+// attach; 0, the store's default: pulled by the reader through UCX's rendezvous.)
 //                            [--perftest ucx_perftest] [--store build/services/kv_store/kvmesh-kv-store]
 #include <fcntl.h>
 #include <signal.h>
@@ -187,8 +188,10 @@ int Main(int argc, char** argv) {
   int reps = 11;
   int batch = 64;
   int piece = KvStoreDataPlane{}.max_blocks_per_transfer;
-  bool cma_gets = true;
-  bool with_grpc = true;  // the store's --data_plane_cma_gets: this bench's client is trusted
+  // The store's --data_plane_cma_gets: off (its default) the reader pulls a get through
+  // UCX's rendezvous; on, the store writes it into the reader's process.
+  bool cma_gets = false;
+  bool with_grpc = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--sites") sites_arg = argv[i + 1];
