@@ -4,7 +4,10 @@
 // blocks go in and come back bit for bit over UCX (in concurrent pieces); a block corrupted after it landed is
 // refused and fetched over the gRPC stream instead; a put whose checksum does not match
 // the pushed bytes is refused and never visible; a store without the data plane still
-// serves such a client over the stream.
+// serves such a client over the stream; a store stopped or killed before its push is a
+// miss within the deadline, never a hang.
+#include <signal.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -45,6 +48,7 @@ class StoreProcess {
                    "kv-store listening");
   }
   std::string address() { return absl::StrCat("127.0.0.1:", process_.port()); }
+  testing::ChildProcess& process() { return process_; }
 
  private:
   testing::ChildProcess process_;
@@ -173,6 +177,29 @@ TEST_P(KvStoreUcxTest, AStoreWithoutTheDataPlaneServesOverTheStream) {
   EXPECT_EQ(client->stats().ucx_get_blocks, 0);
   for (int i = 0; i < kN; ++i) {
     EXPECT_EQ(std::memcmp(Block(i).data(), Block(32 + i).data(), kBlockBytes), 0) << "block " << i;
+  }
+}
+
+TEST_P(KvStoreUcxTest, AStoreStoppedOrKilledBeforeItsPushIsAMissWithinTheDeadline) {
+  StoreProcess store;
+  ASSERT_NO_FATAL_FAILURE(store.Start("ucx", GetParam()));
+  auto client = Client(store.address());
+  const std::vector<StoreKey> keys = Space().Keys(Chain(kN, 5));
+  ASSERT_EQ(client->Put(keys, ConstBlocks(0, kN), {}, Deadline()).num_committed, kN);
+  for (const int signal : {SIGSTOP, SIGKILL}) {
+    KvStoreLookup lookup = client->Lookup(keys, Deadline());
+    ASSERT_EQ(lookup.num_present, kN);
+    store.process().Signal(signal);
+    std::memset(Block(32).data(), 0, kBlockBytes * kN);
+    const absl::Time start = absl::Now();
+    const KvStoreGetResult got = client->Get(lookup, Blocks(32, kN), start + absl::Milliseconds(500));
+    EXPECT_EQ(got.num_loaded, 0) << got.error;
+    EXPECT_FALSE(got.error.ok());
+    EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << "signal " << signal;
+    if (signal == SIGSTOP) {
+      store.process().Signal(SIGCONT);
+      ASSERT_TRUE(client->Put(keys, ConstBlocks(0, kN), {}, Deadline()).error.ok());  // it serves again
+    }
   }
 }
 
