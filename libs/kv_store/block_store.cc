@@ -203,8 +203,11 @@ absl::Status BlockStore::Put(const StoreKey& key, uint64_t token, std::span<cons
   std::memcpy(dest, data.data(), data.size());
   // The checksum of what the slot now holds, i.e. of what readers will be served.
   const uint64_t written = kv::Checksum({dest, data.size()});
-
   absl::MutexLock lock(&mu_);
+  return FinishWriteLocked(slot, key, written, checksum);
+}
+
+absl::Status BlockStore::FinishWriteLocked(int32_t slot, const StoreKey& key, uint64_t written, uint64_t checksum) {
   const absl::Time now = clock_.Now();
   Slot& s = slots_[slot];
   if (written != checksum) {
@@ -227,6 +230,7 @@ absl::Status BlockStore::Put(const StoreKey& key, uint64_t token, std::span<cons
   s.pin_count = 0;
   s.readers = 0;
   s.window_cut = false;
+  s.landed = false;
   s.cooldown_until = absl::InfinitePast();
   --num_intents_;
   ++counters_.num_blocks;
@@ -236,6 +240,113 @@ absl::Status BlockStore::Put(const StoreKey& key, uint64_t token, std::span<cons
   LruPushFrontLocked(slot);
   ExpireLocked(now);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> BlockStore::LendIntents(std::span<const StoreKey> keys,
+                                                             std::span<const uint64_t> tokens) {
+  if (keys.size() != tokens.size()) return absl::InvalidArgumentError("LendIntents: one token per key");
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(clock_.Now());
+  std::vector<int32_t> slots;
+  slots.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const auto it = index_.find(keys[i]);
+    if (it == index_.end() || slots_[it->second].state != SlotState::kIntent ||
+        slots_[it->second].token != tokens[i] || slots_[it->second].landed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("block ", keys[i].ToHex(), " has no open intent with that token to write in place"));
+    }
+    slots.push_back(it->second);
+  }
+  for (const int32_t slot : slots) slots_[slot].state = SlotState::kLent;
+  return slots;
+}
+
+void BlockStore::ReturnLent(std::span<const int32_t> slots, LentOutcome outcome) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_.Now();
+  for (const int32_t slot : slots) {
+    if (slot < 0 || slot >= capacity_) continue;
+    Slot& s = slots_[slot];
+    if (s.state != SlotState::kLent) continue;
+    if (outcome == LentOutcome::kFailed || now > s.deadline) {
+      if (outcome != LentOutcome::kFailed) ++counters_.expired_intents;
+      FreeSlotLocked(slot);
+      --num_intents_;
+      continue;
+    }
+    // Its deadline's entry may have been skipped while it was lent: queue it again
+    // (a duplicate is skipped as stale).
+    s.state = SlotState::kIntent;
+    s.landed = outcome == LentOutcome::kLanded;
+    PushDue(&intent_due_, Due{.at = s.deadline, .id = s.token, .slot = slot});
+  }
+  returned_.SignalAll();
+}
+
+absl::Status BlockStore::CommitInPlace(const StoreKey& key, uint64_t token, uint64_t checksum, absl::Duration wait) {
+  int32_t slot = -1;
+  int64_t length = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time give_up = absl::Now() + wait;
+    for (;;) {
+      ExpireLocked(clock_.Now());
+      const auto it = index_.find(key);
+      if (it == index_.end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("block ", key.ToHex(), " has no open intent (never reserved, expired, or its write failed)"));
+      }
+      slot = it->second;
+      Slot& s = slots_[slot];
+      if (s.state == SlotState::kCommitted) {
+        if (s.checksum == checksum) return absl::OkStatus();
+        return absl::AlreadyExistsError(absl::StrCat("block ", key.ToHex(), " is committed with other bytes"));
+      }
+      if (s.token != token) {
+        return absl::FailedPreconditionError(absl::StrCat("block ", key.ToHex(), " is reserved by another intent"));
+      }
+      if (s.state == SlotState::kLent) {
+        // Its write has not been returned yet (the data plane's completion races the
+        // writer's commit): wait for ReturnLent, bounded.
+        if (returned_.WaitWithDeadline(&mu_, give_up) && absl::Now() >= give_up) {
+          return absl::FailedPreconditionError(absl::StrCat("block ", key.ToHex(), " is still being written"));
+        }
+        continue;
+      }
+      if (s.state != SlotState::kIntent || !s.landed) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("block ", key.ToHex(), " was not written in place (or is being committed)"));
+      }
+      s.state = SlotState::kWriting;
+      length = s.length;
+      break;
+    }
+  }
+  // NOTE: no lock: kWriting, and nothing writes a slot once it was returned.
+  const uint64_t written = kv::Checksum({SlotData(slot), static_cast<size_t>(length)});
+  absl::MutexLock lock(&mu_);
+  return FinishWriteLocked(slot, key, written, checksum);
+}
+
+absl::StatusOr<BlockStore::PinnedBlock> BlockStore::BeginRead(const StoreKey& key) {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(clock_.Now());
+  const auto it = index_.find(key);
+  if (it == index_.end() || slots_[it->second].state != SlotState::kCommitted) {
+    return absl::NotFoundError(absl::StrCat("block ", key.ToHex(), " is not in the store"));
+  }
+  Slot& s = slots_[it->second];
+  ++s.readers;
+  TouchLocked(it->second);
+  ++counters_.get_blocks;
+  counters_.get_bytes += s.length;
+  return PinnedBlock{.slot = it->second, .length = s.length, .checksum = s.checksum};
+}
+
+void BlockStore::EndRead(int32_t slot) {
+  absl::MutexLock lock(&mu_);
+  if (slot >= 0 && slot < capacity_ && slots_[slot].readers > 0) --slots_[slot].readers;
 }
 
 absl::Status BlockStore::PutOfCommitted(const StoreKey& key, bool same_as_committed, std::span<const std::byte> data,

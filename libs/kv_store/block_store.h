@@ -34,6 +34,21 @@
 //   6. Expiry (leases, intents) happens lazily at the start of every call, at the time
 //      each one was due, so an injected clock drives it deterministically.
 //
+// In place (the one-sided data plane, kv_store_server/kv_store_data_plane.h): a writer
+// outside this process may write a reserved slot directly instead of Put copying it in.
+//
+//   intent ──LendIntents──▶ lent ──ReturnLent(landed)──▶ intent (landed) ──CommitInPlace──▶ committed
+//                            │ ReturnLent(not landed)                     │ checksum mismatch,
+//                            ▼                                             ▼ deadline passed
+//                           free                                          free
+//
+//   A lent slot is neither expirable nor writable by Put: the data plane still may write
+//   it, and only it knows when nothing can any more (ReturnLent). CommitInPlace
+//   verifies the slot's bytes against the writer's checksum exactly as Put does, so a
+//   block written in place is as whole as one put. A committed block read out in place
+//   is held by BeginRead / EndRead (a reader count, as Read's) for as long as the data
+//   plane reads it.
+//
 // The epoch is a random 64-bit value chosen at creation (options.epoch in tests): lease
 // ids and intent tokens only mean something within it.
 //
@@ -186,8 +201,45 @@ class BlockStore {
   // Counters and gauges as of now (expiring what is due first).
   BlockStoreStats Stats() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ---- In place (see the header) ----
+  // The slots' memory: slot i at slot_memory() + i * stride_bytes(), capacity_blocks()
+  // slots; what a data plane registers once.
+  std::byte* slot_memory() const { return memory_.get(); }
+  int64_t stride_bytes() const { return static_cast<int64_t>(stride_bytes_); }
+
+  // Lends the slots of the open intents (keys[i], tokens[i]) to an in-place writer and
+  // returns their slot indices, in order. FailedPrecondition, nothing lent, when one is
+  // not an open, unlent intent with that token; InvalidArgument when the counts differ.
+  absl::StatusOr<std::vector<int32_t>> LendIntents(std::span<const StoreKey> keys, std::span<const uint64_t> tokens)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The in-place writer is done with these lent slots: nothing writes into them any
+  // more. kLanded: their bytes arrived (each still to be verified by CommitInPlace), and
+  // they are intents again until their deadline; kUnused: nothing was written (the
+  // lease was never granted), they are plain intents again (Put may still write them);
+  // kFailed: they are freed.
+  enum class LentOutcome : uint8_t { kLanded, kUnused, kFailed };
+  void ReturnLent(std::span<const int32_t> slots, LentOutcome outcome) ABSL_LOCKS_EXCLUDED(mu_);
+  // Commits the block written in place under intent `token`, after checking the slot's
+  // bytes against `checksum` as Put does. A slot still lent is waited for up to `wait`.
+  //   OK: committed now, or committed already with this checksum.
+  //   FailedPrecondition: no landed intent with this token (never lent, its write
+  //     failed, or still lent after `wait`).
+  //   DataLoss / DeadlineExceeded: as Put's; the intent is dropped.
+  absl::Status CommitInPlace(const StoreKey& key, uint64_t token, uint64_t checksum, absl::Duration wait)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  struct PinnedBlock {
+    int32_t slot = -1;
+    int64_t length = 0;
+    uint64_t checksum = 0;  // as committed
+  };
+  // Holds the committed block of `key` (its slot is not evicted) until EndRead(slot),
+  // for a data plane that reads it out in place. NotFound when it is not committed.
+  absl::StatusOr<PinnedBlock> BeginRead(const StoreKey& key) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndRead(int32_t slot) ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
-  enum class SlotState : uint8_t { kFree, kIntent, kWriting, kCommitted };
+  enum class SlotState : uint8_t { kFree, kIntent, kWriting, kCommitted, kLent };
 
   struct Slot {
     SlotState state = SlotState::kFree;
@@ -204,6 +256,7 @@ class BlockStore {
     int32_t lru_prev = -1;      // committed, unpinned slots: the LRU list
     int32_t lru_next = -1;
     bool in_lru = false;
+    bool landed = false;        // kIntent: written in place (ReturnLent(landed))
   };
 
   struct Lease {
@@ -227,6 +280,10 @@ class BlockStore {
   // committed block; DataLoss when it does not match its checksum; else AlreadyExists.
   absl::Status PutOfCommitted(const StoreKey& key, bool same_as_committed, std::span<const std::byte> data,
                               uint64_t checksum) ABSL_LOCKS_EXCLUDED(mu_);
+  // Commits a kWriting slot whose bytes hash to `written`, or frees it (DataLoss,
+  // DeadlineExceeded): the end of Put and CommitInPlace.
+  absl::Status FinishWriteLocked(int32_t slot, const StoreKey& key, uint64_t written, uint64_t checksum)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends every lease and intent due by `now`, each at its own due time.
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free slot, evicting the LRU evictable block if needed; -1 when there is none.
@@ -254,6 +311,7 @@ class BlockStore {
   const HugePageMemory memory_;
 
   mutable absl::Mutex mu_;
+  absl::CondVar returned_;  // signalled by ReturnLent
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<StoreKey, int32_t> index_ ABSL_GUARDED_BY(mu_);  // intent, writing or committed

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <thread>
 #include <utility>
 
@@ -39,6 +40,24 @@ std::vector<StoreShare> ShareByStore(std::span<const int> homes, int num_stores)
   }
   std::erase_if(by_store, [](const StoreShare& s) { return s.indices.empty(); });
   return by_store;
+}
+
+// Each share cut into pieces of at most `max_blocks` (0: none), moved concurrently: over
+// the data plane the check of one piece's landed blocks (the store's on a put, this
+// client's on a get) then overlaps the transfer of the next, instead of following the
+// whole transfer.
+std::vector<StoreShare> SplitShares(std::vector<StoreShare> shares, int32_t max_blocks) {
+  if (max_blocks <= 0) return shares;
+  std::vector<StoreShare> pieces;
+  for (StoreShare& share : shares) {
+    for (size_t first = 0; first < share.indices.size(); first += static_cast<size_t>(max_blocks)) {
+      const size_t last = std::min(share.indices.size(), first + static_cast<size_t>(max_blocks));
+      pieces.push_back({.store = share.store,
+                        .indices = std::vector<int32_t>(share.indices.begin() + static_cast<std::ptrdiff_t>(first),
+                                                        share.indices.begin() + static_cast<std::ptrdiff_t>(last))});
+    }
+  }
+  return pieces;
 }
 
 // Runs fn(0) .. fn(n - 1) concurrently (fn(0) on this thread) and returns when all have.
@@ -184,7 +203,8 @@ KvStoreGetResult KvStoreClient::Get(KvStoreLookup& lookup, std::span<const std::
     return result;
   }
   const std::vector<StoreShare> shares =
-      ShareByStore(std::span<const int>(lookup.homes).first(out.size()), num_stores());
+      SplitShares(ShareByStore(std::span<const int>(lookup.homes).first(out.size()), num_stores()),
+                  options_.data_plane.enabled() ? options_.data_plane.max_blocks_per_transfer : 0);
   std::vector<KvStoreLookup::StoreLease*> leases(shares.size(), nullptr);
   for (size_t g = 0; g < shares.size(); ++g) {
     for (KvStoreLookup::StoreLease& lease : lookup.leases) {
@@ -196,20 +216,26 @@ KvStoreGetResult KvStoreClient::Get(KvStoreLookup& lookup, std::span<const std::
     uint64_t epoch_seen = 0;  // a block's epoch that differed from the lease's
     int64_t bytes = 0;
     int64_t checksum_failures = 0;
+    int64_t ucx_blocks = 0;
+    int64_t ucx_fallbacks = 0;
   };
   std::vector<ShareResult> share_results(shares.size());
   std::vector<char> loaded(out.size(), 0);
-  RunConcurrently(shares.size(), [&](size_t g) {
-    ShareResult& r = share_results[g];
-    const std::vector<int32_t>& indices = shares[g].indices;
+  // The blocks of `indices` over the gRPC stream, or (a lease descriptor given) their
+  // checksums after the store pushed them: in_place_sums gets one per block then.
+  const auto stream_get = [&](size_t g, ShareResult& r, std::span<const int32_t> indices, const std::string& ucx_lease,
+                              std::vector<uint64_t>* in_place_sums) {
     const uint64_t epoch = leases[g] != nullptr ? leases[g]->epoch : 0;
     v1::KvGetRequest request;
     request.set_epoch(epoch);
     if (leases[g] != nullptr) {
+      // NOTE: the first piece of a store's share to end drops its lease; the blocks of
+      // the others are held by their own transfers (or served while still there).
       request.set_lease_id(leases[g]->lease_id);
       request.set_release_lease(true);
     }
     for (const int32_t i : indices) ToProto(lookup.keys[i], request.add_keys());
+    if (!ucx_lease.empty()) request.set_ucx_lease_descriptor(ucx_lease);
     grpc::ClientContext context;
     PrepareContext(&context, deadline, options_.api_key);
     std::unique_ptr<grpc::ClientReader<v1::KvGetBlock>> reader = stores_[shares[g].store]->stub->Get(&context, request);
@@ -223,6 +249,11 @@ KvStoreGetResult KvStoreClient::Get(KvStoreLookup& lookup, std::span<const std::
         r.status = absl::FailedPreconditionError("the store restarted since the lookup (its epoch changed)");
       } else if (FromProto(block.key()) != lookup.keys[i]) {
         r.status = absl::DataLossError(absl::StrCat("block ", j, " of the stream is not the key asked for"));
+      } else if (block.in_place() != (in_place_sums != nullptr) || (block.in_place() && !data.empty())) {
+        r.status = absl::DataLossError(absl::StrCat("block ", j, " of the stream is not in the form asked for"));
+      } else if (in_place_sums != nullptr) {
+        in_place_sums->push_back(block.checksum());
+        continue;
       } else if (data.size() != out[i].size()) {
         r.status = absl::DataLossError(
             absl::StrCat("block ", lookup.keys[i].ToHex(), " has ", data.size(), " bytes, ", out[i].size(),
@@ -240,6 +271,80 @@ KvStoreGetResult KvStoreClient::Get(KvStoreLookup& lookup, std::span<const std::
     const absl::Status finished = rpc::FromGrpcStatus(reader->Finish());
     if (r.status.ok() && !finished.ok()) r.status = finished;
     if (r.status.ok() && j < indices.size()) r.status = absl::NotFoundError("the stream ended early");
+  };
+  const KvStoreDataPlane& plane = options_.data_plane;
+  RunConcurrently(shares.size(), [&](size_t g) {
+    ShareResult& r = share_results[g];
+    const std::vector<int32_t>& indices = shares[g].indices;
+    std::vector<kv::BlockId> dst;
+    if (plane.enabled()) {
+      for (const int32_t i : indices) {
+        const int32_t b = plane.BlockOf(out[i]);
+        if (b < 0) break;
+        dst.push_back(kv::BlockId{b});
+      }
+    }
+    if (dst.size() == indices.size()) {
+      // The data plane: lease the destination blocks, let the store push, verify.
+      struct LeaseEnd {
+        absl::Mutex mu;
+        absl::Status status ABSL_GUARDED_BY(mu);
+        bool done ABSL_GUARDED_BY(mu) = false;
+        bool released ABSL_GUARDED_BY(mu) = false;
+      };
+      auto end = std::make_shared<LeaseEnd>();
+      absl::StatusOr<kv::KvLeaseGrant> grant = plane.transport->OpenLease(
+          plane.pool,
+          {.block_ids = dst,
+           .on_released =
+               [end] {
+                 absl::MutexLock lock(&end->mu);
+                 end->released = true;
+               }},
+          [end](const absl::Status& status, const kv::KvTransferStats&) {
+            absl::MutexLock lock(&end->mu);
+            end->status = status;
+            end->done = true;
+          });
+      if (grant.ok()) {
+        std::vector<uint64_t> sums;
+        stream_get(g, r, indices, grant->descriptor, &sums);
+        if (!r.status.ok()) plane.transport->CloseLease(grant->lease_token, r.status);
+        bool released = false;
+        absl::Status landed;
+        {
+          absl::MutexLock lock(&end->mu);
+          released = end->mu.AwaitWithDeadline(absl::Condition(&end->released), deadline);
+          landed = end->done ? end->status : absl::DeadlineExceededError("the lease did not end");
+        }
+        if (r.status.ok() && !landed.ok()) r.status = landed;
+        if (r.status.ok() && released) {
+          for (size_t j = 0; j < indices.size(); ++j) {
+            const int32_t i = indices[j];
+            if (plane.after_landing) plane.after_landing(out[i]);
+            if (kv::Checksum(out[i]) != sums[j]) {
+              ++r.checksum_failures;
+              r.status = absl::DataLossError(absl::StrCat("block ", lookup.keys[i].ToHex(),
+                                                          ": checksum mismatch after its UCX transfer"));
+              break;
+            }
+            loaded[i] = 1;
+            r.bytes += static_cast<int64_t>(out[i].size());
+            ++r.ucx_blocks;
+          }
+        }
+        if (r.status.ok()) return;
+        // Nothing of it is served unverified: the blocks that did not verify go over the
+        // stream, once nothing can write into them any more (else they stay misses).
+        if (!released) return;
+        ++r.ucx_fallbacks;
+        for (const int32_t i : indices) loaded[i] = 0;
+        r.bytes = 0;
+        r.ucx_blocks = 0;
+        r.status = absl::OkStatus();
+      }
+    }
+    stream_get(g, r, indices, "", nullptr);
   });
 
   result.num_loaded = LeadingRun(loaded);
@@ -250,6 +355,8 @@ KvStoreGetResult KvStoreClient::Get(KvStoreLookup& lookup, std::span<const std::
     if (leases[g] != nullptr) leases[g]->released = true;
     stats_.get_bytes += r.bytes;
     stats_.checksum_failures += r.checksum_failures;
+    stats_.ucx_get_blocks += r.ucx_blocks;
+    stats_.ucx_fallbacks += r.ucx_fallbacks;
     if (r.epoch_seen != 0) ObserveEpochLocked(store, r.epoch_seen);
     if (!r.status.ok()) {
       ++stats_.store_errors;
@@ -264,7 +371,10 @@ KvStoreGetResult KvStoreClient::Get(KvStoreLookup& lookup, std::span<const std::
   if (result.num_loaded < static_cast<int32_t>(out.size())) {
     const int store = lookup.homes[result.num_loaded];
     for (size_t g = 0; g < shares.size(); ++g) {
-      if (shares[g].store == store) result.error = Annotate(share_results[g].status, stores_[store]->address);
+      const std::vector<int32_t>& in = shares[g].indices;
+      if (shares[g].store == store && std::find(in.begin(), in.end(), result.num_loaded) != in.end()) {
+        result.error = Annotate(share_results[g].status, stores_[store]->address);
+      }
     }
   }
   return result;
@@ -328,13 +438,16 @@ KvStorePutResult KvStoreClient::Put(std::span<const StoreKey> keys, std::span<co
       }
     }
   }
-  const std::vector<StoreShare> shares = ShareByStore(targets, num_stores());
+  const std::vector<StoreShare> shares = SplitShares(
+      ShareByStore(targets, num_stores()),
+      options_.data_plane.enabled() ? options_.data_plane.max_blocks_per_transfer : 0);
   struct ShareResult {
     absl::Status status;
     uint64_t epoch = 0;                 // 0: no intent response
     std::vector<int32_t> present;       // chain positions the store holds already
     std::vector<int32_t> committed;     // chain positions written now
     int64_t bytes = 0;
+    int64_t ucx_blocks = 0;
   };
   std::vector<ShareResult> share_results(shares.size());
   RunConcurrently(shares.size(), [&](size_t g) {
@@ -344,6 +457,15 @@ KvStorePutResult KvStoreClient::Put(std::span<const StoreKey> keys, std::span<co
     v1::KvPutIntentRequest intent_request;
     for (const int32_t i : indices) ToProto(keys[i], intent_request.add_keys());
     intent_request.set_block_bytes(static_cast<int64_t>(block_bytes));
+    // The data plane when every block of this share lies in its pool.
+    std::vector<int32_t> src_of(keys.size(), -1);
+    bool ucx = options_.data_plane.enabled();
+    for (const int32_t i : indices) {
+      if (!ucx) break;
+      src_of[i] = options_.data_plane.BlockOf(blocks[i]);
+      ucx = src_of[i] >= 0;
+    }
+    intent_request.set_ucx_lease(ucx);
     v1::KvPutIntentResponse intent;
     {
       grpc::ClientContext context;
@@ -363,6 +485,28 @@ KvStorePutResult KvStoreClient::Put(std::span<const StoreKey> keys, std::span<co
       if (b.outcome() == v1::KvPutIntentResponse::OUTCOME_RESERVED) reserved.emplace_back(indices[j], b.token());
     }
     if (reserved.empty()) return;
+    const bool in_place = ucx && !intent.ucx_lease_descriptor().empty();
+    if (in_place) {
+      // Push every reserved block into the store's lease; commit them in place below.
+      absl::StatusOr<std::unique_ptr<kv::KvPush>> push =
+          options_.data_plane.transport->OpenPush(options_.data_plane.pool, intent.ucx_lease_descriptor());
+      if (!push.ok()) {
+        r.status = push.status();
+        return;
+      }
+      std::vector<kv::BlockId> src;
+      src.reserve(reserved.size());
+      for (const auto& [i, token] : reserved) src.push_back(kv::BlockId{src_of[i]});
+      if (absl::Status s = (*push)->PutLayer(0, 0, src); !s.ok()) {
+        (*push)->Cancel();
+        r.status = s;
+        return;
+      }
+      std::promise<absl::Status> pushed;
+      (*push)->Finish([&pushed](const absl::Status& status, const kv::KvTransferStats&) { pushed.set_value(status); });
+      r.status = pushed.get_future().get();
+      if (!r.status.ok()) return;
+    }
     grpc::ClientContext context;
     PrepareContext(&context, deadline, options_.api_key);
     v1::KvPutResponse response;
@@ -373,8 +517,15 @@ KvStorePutResult KvStoreClient::Put(std::span<const StoreKey> keys, std::span<co
       ToProto(keys[i], message.mutable_key());
       message.set_token(token);
       message.set_checksum(checksums.empty() ? kv::Checksum(blocks[i]) : checksums[i]);
-      message.set_data(reinterpret_cast<const char*>(blocks[i].data()), blocks[i].size());
-      if (!writer->Write(message)) break;  // the store ended the call: Finish says why
+      if (in_place) {
+        message.set_in_place(true);
+      } else {
+        message.set_data(reinterpret_cast<const char*>(blocks[i].data()), blocks[i].size());
+      }
+      // In place, the messages are a few dozen bytes: let gRPC coalesce them.
+      const grpc::WriteOptions write_options =
+          in_place ? grpc::WriteOptions().set_buffer_hint() : grpc::WriteOptions();
+      if (!writer->Write(message, write_options)) break;  // the store ended the call: Finish says why
     }
     writer->WritesDone();
     r.status = rpc::FromGrpcStatus(writer->Finish());
@@ -383,6 +534,7 @@ KvStorePutResult KvStoreClient::Put(std::span<const StoreKey> keys, std::span<co
       r.committed.push_back(i);
       r.bytes += static_cast<int64_t>(block_bytes);
     }
+    if (in_place) r.ucx_blocks = static_cast<int64_t>(reserved.size());
   });
 
   absl::MutexLock lock(&mu_);
@@ -404,6 +556,7 @@ KvStorePutResult KvStoreClient::Put(std::span<const StoreKey> keys, std::span<co
         static_cast<int32_t>(shares[g].indices.size() - r.committed.size() - r.present.size());
     stats_.put_blocks += static_cast<int64_t>(r.committed.size());
     stats_.put_bytes += r.bytes;
+    stats_.ucx_put_blocks += r.ucx_blocks;
   }
   return result;
 }

@@ -15,6 +15,16 @@
 //   4. Put(keys, blocks, deadline): PutIntent, then one Put stream per home; blocks a
 //      home already holds, and blocks this client knows it holds, are not sent.
 //
+// With a data plane (options.data_plane: a kv::KvTransport and the registered pool the
+// caller's blocks live in, store_data_plane.h) the bytes of blocks that lie exactly in
+// that pool move one-sided over UCX to and from stores that run one
+// (kv_store_server/kv_store_data_plane.h): Put pushes into the lease PutIntent grants
+// and commits in place; Get leases the destination blocks, the store pushes into them,
+// and every landed block is verified against its committed checksum before it counts
+// as loaded. A store without the data plane, blocks outside the pool, or a UCX
+// transfer that fails: Get fetches those blocks over the gRPC stream instead (once the
+// lease is released: nothing can still write into them), Put leaves them not stored.
+//
 // A store is a cache, never a dependency: a store that is dead, hung (the deadline
 // passes), partitioned or restarted costs a miss — Lookup, Get and Put never fail for
 // it and never wait past their deadline. Their results carry the first store error for
@@ -44,6 +54,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/clock.h"
+#include "kv_store/store_data_plane.h"
 #include "kv_store/store_key.h"
 #include "kv_store/store_ring.h"
 #include "rpc/channel.h"
@@ -61,6 +72,7 @@ struct KvStoreClientOptions {
   int64_t max_known_blocks_per_store = 1 << 20;
   Clock* clock = nullptr;  // the warm-up's clock; nullptr: Clock::Real(); must outlive this
   rpc::ChannelOptions channel;
+  KvStoreDataPlane data_plane;  // disabled by default: the gRPC stream only
 };
 
 // The result of a Lookup, consumed by Get and Release.
@@ -101,6 +113,9 @@ struct KvStoreClientStats {
   int64_t put_bytes = 0;
   int64_t store_errors = 0;          // failed calls (unavailable, deadline, refused)
   int64_t epoch_changes = 0;         // restarts seen
+  int64_t ucx_get_blocks = 0;        // loaded and verified over the data plane
+  int64_t ucx_put_blocks = 0;        // committed over the data plane
+  int64_t ucx_fallbacks = 0;         // gets whose data plane transfer failed: then the stream
 };
 
 class KvStoreClient {

@@ -16,8 +16,9 @@ absl::Time DeadlineIn(int64_t ms) { return absl::Now() + absl::Milliseconds(ms);
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KvStoreConnector>> KvStoreConnector::Create(std::unique_ptr<KvStoreClient> client,
-                                                                          const KvStoreConnectorOptions& options) {
+absl::StatusOr<std::unique_ptr<KvStoreConnector>> KvStoreConnector::Create(
+    std::unique_ptr<KvStoreClient> client, const KvStoreConnectorOptions& options,
+    std::unique_ptr<kv::KvTransport> data_plane_transport) {
   if (client == nullptr) return absl::InvalidArgumentError("kv-store connector: no client");
   if (options.block_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("kv-store connector: block_bytes must be positive, got ",
@@ -25,12 +26,13 @@ absl::StatusOr<std::unique_ptr<KvStoreConnector>> KvStoreConnector::Create(std::
   }
   absl::StatusOr<StoreKeySpace> keys = StoreKeySpace::Create(options.scope);
   if (!keys.ok()) return keys.status();
-  return std::unique_ptr<KvStoreConnector>(new KvStoreConnector(std::move(client), options, *keys));
+  return std::unique_ptr<KvStoreConnector>(
+      new KvStoreConnector(std::move(client), options, *keys, std::move(data_plane_transport)));
 }
 
 KvStoreConnector::KvStoreConnector(std::unique_ptr<KvStoreClient> client, const KvStoreConnectorOptions& options,
-                                   StoreKeySpace keys)
-    : client_(std::move(client)), options_(options), keys_(keys) {
+                                   StoreKeySpace keys, std::unique_ptr<kv::KvTransport> data_plane_transport)
+    : data_plane_transport_(std::move(data_plane_transport)), client_(std::move(client)), options_(options), keys_(keys) {
   lookup_thread_ = std::thread([this] { LookupLoop(); });
   load_thread_ = std::thread([this] { LoadLoop(); });
   save_thread_ = std::thread([this] { SaveLoop(); });

@@ -63,8 +63,11 @@ struct KvStoreConnectorOptions {
 class KvStoreConnector : public kv::KvConnector {
  public:
   // InvalidArgument for a scope StoreKeySpace refuses or a non-positive block_bytes.
-  static absl::StatusOr<std::unique_ptr<KvStoreConnector>> Create(std::unique_ptr<KvStoreClient> client,
-                                                                  const KvStoreConnectorOptions& options);
+  // `data_plane_transport`, when given, is the transport of the client's data plane
+  // (KvStoreClientOptions::data_plane): the connector keeps it until the client is gone.
+  static absl::StatusOr<std::unique_ptr<KvStoreConnector>> Create(
+      std::unique_ptr<KvStoreClient> client, const KvStoreConnectorOptions& options,
+      std::unique_ptr<kv::KvTransport> data_plane_transport = nullptr);
   ~KvStoreConnector() override;  // waits for the calls in flight (each bounded by its deadline)
   KvStoreConnector(const KvStoreConnector&) = delete;
   KvStoreConnector& operator=(const KvStoreConnector&) = delete;
@@ -116,7 +119,7 @@ class KvStoreConnector : public kv::KvConnector {
   };
 
   KvStoreConnector(std::unique_ptr<KvStoreClient> client, const KvStoreConnectorOptions& options,
-                   StoreKeySpace keys);
+                   StoreKeySpace keys, std::unique_ptr<kv::KvTransport> data_plane_transport);
   // What is believed of `hash` now (nullptr: nothing).
   const Known* Believed(const kv::BlockHash& hash, Clock::time_point now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void BelieveLocked(const kv::BlockHash& hash, Known known) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -127,6 +130,7 @@ class KvStoreConnector : public kv::KvConnector {
   void LoadRun(std::span<const Load> run);
   void Complete(kv::KvIoCompletion completion) ABSL_LOCKS_EXCLUDED(mu_);
 
+  const std::unique_ptr<kv::KvTransport> data_plane_transport_;  // outlives client_
   const std::unique_ptr<KvStoreClient> client_;
   const KvStoreConnectorOptions options_;
   const StoreKeySpace keys_;

@@ -19,6 +19,10 @@ namespace kvmesh::kv_store {
 // blocks); more is InvalidArgument.
 inline constexpr int kMaxKeysPerRequest = 65536;
 
+// The largest ucx_lease_descriptor a request may carry: a lease over kMaxKeysPerRequest
+// blocks (4 bytes each) with its key and address (kv/transport/kv_lease_descriptor.h).
+inline constexpr int64_t kMaxLeaseDescriptorBytes = (int64_t{4} * kMaxKeysPerRequest) + (int64_t{1} << 18);
+
 inline void ToProto(const StoreKey& key, v1::KvStoreKey* proto) {
   proto->set_low(key.low);
   proto->set_high(key.high);

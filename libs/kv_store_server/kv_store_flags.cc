@@ -36,6 +36,16 @@ KVMESH_FLAG_RANGE(max_lease_ms, 1, 86'400'000);
 ABSL_FLAG(int64_t, intent_timeout_ms, 10000,
           "A put intent whose block is not put within this long expires and its slot returns to the pool");
 KVMESH_FLAG_RANGE(intent_timeout_ms, 1, 3'600'000);
+ABSL_FLAG(std::string, data_plane, "grpc",
+          "How block bytes move: grpc (inside the Put and Get streams) or ucx (one-sided UCX transfers into and "
+          "out of the registered slot memory for clients that ask, the gRPC stream for the rest)");
+ABSL_FLAG(std::string, data_plane_ucx_tls, "",
+          "UCX_TLS of the ucx data plane (e.g. \"sm\", \"tcp\"); empty: the UCX_TLS environment variable, else "
+          "UCX's choice");
+ABSL_FLAG(bool, data_plane_cma_gets, false,
+          "With --data_plane=ucx, a get on this host writes the blocks straight into the reader's process "
+          "(cross-memory attach into the pid its lease names) instead of the reader pulling them through UCX. That "
+          "pid comes from the client and is not verified: turn on only where every client is trusted");
 ABSL_FLAG(int64_t, shutdown_grace_ms, 5000, "On SIGTERM, how long running calls may take to finish");
 KVMESH_FLAG_RANGE(shutdown_grace_ms, 0, 86'400'000);
 
@@ -65,6 +75,13 @@ absl::StatusOr<KvStoreServerOptions> KvStoreServerOptionsFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--capacity_bytes=", capacity_bytes,
                                                    " holds no block of --block_bytes=", block_bytes));
   }
+  const std::string data_plane = absl::GetFlag(FLAGS_data_plane);
+  if (data_plane != "grpc" && data_plane != "ucx") {
+    return absl::InvalidArgumentError(absl::StrCat("--data_plane=", data_plane, ": must be grpc or ucx"));
+  }
+  o.ucx_data_plane = data_plane == "ucx";
+  o.ucx.tls = absl::GetFlag(FLAGS_data_plane_ucx_tls);
+  o.ucx.cma_into_readers = absl::GetFlag(FLAGS_data_plane_cma_gets);
   o.store.lease_ms = absl::GetFlag(FLAGS_lease_ms);
   o.store.max_lease_ms = absl::GetFlag(FLAGS_max_lease_ms);
   o.store.intent_timeout_ms = absl::GetFlag(FLAGS_intent_timeout_ms);

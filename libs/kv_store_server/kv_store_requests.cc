@@ -54,10 +54,15 @@ absl::Status HandlePutIntent(BlockStore& store, const v1::KvPutIntentRequest& re
   return absl::OkStatus();
 }
 
-absl::Status HandlePutBlock(BlockStore& store, const v1::KvPutBlock& block) {
+absl::Status HandlePutBlock(BlockStore& store, const v1::KvPutBlock& block, absl::Duration in_place_wait) {
   if (!block.has_key()) return absl::InvalidArgumentError("key: missing");
   if (block.token() == 0) return absl::InvalidArgumentError("token: missing (0); PutIntent hands one out");
   const std::string& data = block.data();
+  if (block.in_place()) {
+    if (!data.empty()) return absl::InvalidArgumentError("data: must be empty with in_place");
+    KVMESH_RETURN_IF_ERROR(CheckEpoch(store, block.epoch(), "an intent"));
+    return store.CommitInPlace(FromProto(block.key()), block.token(), block.checksum(), in_place_wait);
+  }
   if (data.empty() || static_cast<int64_t>(data.size()) > store.slot_bytes()) {
     return absl::InvalidArgumentError(
         absl::StrCat("data: ", data.size(), " bytes; a block has 1 to ", store.slot_bytes()));
@@ -75,6 +80,10 @@ absl::Status CheckGetRequest(const BlockStore& store, const v1::KvGetRequest& re
   }
   if (request.release_lease() && request.lease_id() == 0) {
     return absl::InvalidArgumentError("release_lease: set without a lease_id");
+  }
+  if (static_cast<int64_t>(request.ucx_lease_descriptor().size()) > kMaxLeaseDescriptorBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("ucx_lease_descriptor: ", request.ucx_lease_descriptor().size(),
+                                                   " bytes; at most ", kMaxLeaseDescriptorBytes));
   }
   if (request.epoch() != 0) KVMESH_RETURN_IF_ERROR(CheckEpoch(store, request.epoch(), "a lookup"));
   return absl::OkStatus();

@@ -23,8 +23,13 @@ absl::Status HandleLookup(BlockStore& store, const v1::KvLookupRequest& request,
 absl::Status HandlePutIntent(BlockStore& store, const v1::KvPutIntentRequest& request,
                              v1::KvPutIntentResponse* response);
 // One message of a Put stream: its block committed, or the error that ends the stream.
-absl::Status HandlePutBlock(BlockStore& store, const v1::KvPutBlock& block);
-// Validates a Get before its stream starts.
+// An in_place block (no data: it was written over the UCX data plane) is committed by
+// BlockStore::CommitInPlace, which waits up to `in_place_wait` for its slots to be
+// returned by the data plane.
+absl::Status HandlePutBlock(BlockStore& store, const v1::KvPutBlock& block,
+                            absl::Duration in_place_wait = absl::ZeroDuration());
+// Validates a Get before its stream starts (with its ucx_lease_descriptor's size; the
+// data plane decodes and checks the rest).
 absl::Status CheckGetRequest(const BlockStore& store, const v1::KvGetRequest& request);
 // Fills `block` (epoch, key, checksum, data) with the committed block of `key`;
 // NotFound when it is not committed.

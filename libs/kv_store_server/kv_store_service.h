@@ -3,6 +3,10 @@
 // --api_keys; mutual TLS is the GrpcServer's), then runs its request through
 // kv_store_requests.h; Put is a read reactor (one block per message, each committed as
 // it arrives), Get a write reactor (one block per message, one write in flight).
+// With a UCX data plane (kv_store_data_plane.h) PutIntent may grant a lease, Put
+// commits blocks written in place, and a Get with a lease descriptor has its blocks
+// pushed first and then streams their checksums; only after Authenticate, so a UCX
+// memory key never reaches a caller the control plane refused.
 //
 // Thread-safety: thread-safe; gRPC runs the methods and reactor callbacks on its
 // threads. `store` and `metrics` must outlive the server that serves this.
@@ -15,6 +19,7 @@
 
 #include "absl/time/time.h"
 #include "kv_store/block_store.h"
+#include "kv_store_server/kv_store_data_plane.h"
 #include "kv_store_server/kv_store_metrics.h"
 #include "kvmesh/v1/kv_store.grpc.pb.h"
 
@@ -22,8 +27,9 @@ namespace kvmesh::kv_store {
 
 class KvStoreService final : public v1::KvStore::CallbackService {
  public:
-  // `metrics` may be null (tests).
-  KvStoreService(BlockStore& store, KvStoreMetrics* metrics, std::vector<std::string> api_keys);
+  // `metrics` and `plane` may be null (tests; a store without the UCX data plane).
+  KvStoreService(BlockStore& store, KvStoreMetrics* metrics, std::vector<std::string> api_keys,
+                 KvStoreUcxPlane* plane = nullptr);
 
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context, const v1::KvLookupRequest* request,
                                    v1::KvLookupResponse* response) override;
@@ -48,6 +54,7 @@ class KvStoreService final : public v1::KvStore::CallbackService {
 
   BlockStore& store_;
   KvStoreMetrics* const metrics_;
+  KvStoreUcxPlane* const plane_;
   const std::vector<std::string> api_keys_;
   const absl::Time started_;
 };

@@ -58,6 +58,7 @@
 #include "worker/kv_push_stream.h"
 #include "rpc/channel.h"
 #include "util/piped_child.h"
+#include "bench/ucx_bench_util.h"
 
 
 namespace kvmesh {
@@ -119,13 +120,8 @@ kv::UcxKvTransportOptions WorkerOptions(const std::string& tls, bool cma = true)
           .checksum_runs = g_checksum_runs};
 }
 
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
+using kvmesh::bench::CpuModel;
+using kvmesh::bench::Median;
 
 int64_t MonotonicNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
@@ -210,36 +206,12 @@ struct Site {
   std::string perftest_test = "ucp_put_bw";
 };
 
-int Sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
+constexpr kvmesh::bench::VethNetns kVeth{kNetns, kVethRoot, kVethNs, kRootIp, kNsIp};
 
-void DropNetns() {
-  Sh(std::string("ip netns del ") + kNetns);
-  Sh(std::string("ip link del ") + kVethRoot);
-}
+void DropNetns() { kvmesh::bench::DropNetns(kVeth); }
 
 // The two namespaces; an empty string when they are up, else why not.
-std::string MakeNetns() {
-  if (geteuid() != 0) return "not root";
-  DropNetns();
-  const std::string ns = kNetns;
-  const std::vector<std::string> steps = {
-      "ip netns add " + ns,
-      std::string("ip link add ") + kVethRoot + " type veth peer name " + kVethNs,
-      std::string("ip link set ") + kVethNs + " netns " + ns,
-      std::string("ip addr add ") + kRootIp + "/24 dev " + kVethRoot,
-      std::string("ip link set ") + kVethRoot + " up",
-      "ip netns exec " + ns + " ip addr add " + kNsIp + "/24 dev " + kVethNs,
-      "ip netns exec " + ns + " ip link set " + kVethNs + " up",
-      "ip netns exec " + ns + " ip link set lo up",
-  };
-  for (const std::string& step : steps) {
-    if (Sh(step) != 0) {
-      DropNetns();
-      return "'" + step + "' failed";
-    }
-  }
-  return "";
-}
+std::string MakeNetns() { return kvmesh::bench::MakeNetns(kVeth); }
 
 struct Result {
   double median_gbps = 0;
@@ -250,11 +222,6 @@ struct Result {
   int failures = 0;
 };
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 double P90(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -345,36 +312,8 @@ Result BenchUcx(const Site& site, int shape_index, int iters, int64_t layer_gap_
 // ucx_perftest ucp_put_bw between two processes on the site's transport, `bytes` per
 // put; GB/s (1e9).
 double BenchPerftest(const std::string& perftest, const Site& site, int64_t bytes, int iters, int port) {
-  std::string server_env = "UCX_TLS=" + site.tls;
-  std::string client_env = server_env;
-  std::string server_prefix;
-  std::string host = "127.0.0.1";
-  if (site.netns) {
-    server_env += std::string(" UCX_NET_DEVICES=") + kVethNs;
-    client_env += std::string(" UCX_NET_DEVICES=") + kVethRoot;
-    server_prefix = std::string("ip netns exec ") + kNetns + " env ";
-    host = kNsIp;
-  }
-  const std::string server = server_prefix + server_env + " " + perftest + " -p " + std::to_string(port) +
-                             " >/dev/null 2>&1 &";
-  if (std::system(server.c_str()) != 0) return 0;
-  usleep(500 * 1000);
-  const std::string client = client_env + " " + perftest + " " + host + " -p " + std::to_string(port) +
-                             " -t " + site.perftest_test + " -s " + std::to_string(bytes) + " -n " + std::to_string(iters) +
-                             " -w " + std::to_string(std::max(2, iters / 10)) + " -f -v 2>/dev/null";
-  FILE* f = popen(client.c_str(), "r");
-  if (f == nullptr) return 0;
-  char line[512];
-  double mbps = 0;
-  while (fgets(line, sizeof(line), f) != nullptr) {
-    std::vector<std::string> cols = absl::StrSplit(line, ',');
-    // iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,avg_mr,overall_mr
-    if (cols.size() >= 6 && !cols[0].empty() && cols[0].find("iterations") == std::string::npos) {
-      mbps = std::atof(cols[5].c_str());
-    }
-  }
-  pclose(f);
-  return mbps * 1024.0 * 1024.0 / 1e9;  // ucx_perftest's MB is 2^20 bytes
+  return kvmesh::bench::UcxPerftestGbps(perftest, site.tls, site.netns ? &kVeth : nullptr, site.perftest_test, bytes,
+                                        iters, port);
 }
 
 // ---- The gRPC stream path: a PushKvBlocks receiver as the decode worker's (XXH64 per
@@ -507,7 +446,7 @@ int Main(int argc, char** argv) {
     }
   }
   std::printf("cpu: %s  isa: %s  checksum_runs: %d\n", CpuModel().c_str(),
-              __builtin_cpu_supports("avx512f") ? "AVX-512" : __builtin_cpu_supports("avx2") ? "AVX2" : "baseline",
+              kvmesh::bench::CpuIsa(),
               g_checksum_runs ? 1 : 0);
   std::printf("KV of a 4096-token prompt (256 blocks x 16 tokens, every layer), sender -> receiver process\n");
   std::printf("%-48s %-9s %7s %9s %9s %7s %9s %7s %8s %7s %6s %6s %9s %9s %5s\n", "shape", "transport", "MB",

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "child_process.h"
+#include "smollm2_store_block.h"
 #include "core/dtype.h"
 #include "kv_store/kv_store_client.h"
 #include "kv_store/store_key.h"
@@ -28,14 +29,7 @@
 namespace kvmesh::kv_store {
 namespace {
 
-// SmolLM2-135M: 30 layers, 3 KV heads of 64, bf16, 16-token blocks: 12 KiB a layer.
-const kv::KvBlockSpec kSmolLm2Block{.num_layers = 30,
-                                    .num_kv_heads = 3,
-                                    .head_dim = 64,
-                                    .block_size_tokens = 16,
-                                    .dtype = DType::kBF16,
-                                    .block_bytes = 12288};
-constexpr int64_t kBlockBytes = 30 * 12288;  // every layer: 360 KiB
+constexpr int64_t kBlockBytes = kSmolLm2BlockBytes;
 constexpr int64_t kCapacityBlocks = 1024;
 
 class StoreProcess {

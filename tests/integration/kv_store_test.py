@@ -195,6 +195,52 @@ def test_with_api_keys_a_call_without_the_key_is_unauthenticated(store_factory):
         assert stub.Lookup(pb.KvLookupRequest(keys=[_key(20)]), metadata=good, timeout=10).num_present == 1
 
 
+def test_a_ucx_lease_goes_only_to_an_authenticated_caller_and_bad_descriptors_are_refused(store_factory):
+    """--data_plane=ucx (libs/kv_store_server/kv_store_data_plane.h): a PutIntent asking for a UCX lease
+    without the API key is UNAUTHENTICATED and carries no descriptor (no UCX memory key leaves the store);
+    with it, the reserved blocks come with one; a put of another size gets none (the stream is used);
+    a Get whose lease descriptor is malformed, or too large, is INVALID_ARGUMENT, and an in-place Put of
+    a block that was never written over UCX is refused."""
+    store = store_factory("--api-keys=k1", "--data-plane=ucx", "--data-plane-ucx-tls=tcp")
+    good = [("authorization", "Bearer k1")]
+    with grpc.insecure_channel(store.address) as channel:
+        stub = pb_grpc.KvStoreStub(channel)
+        ask = pb.KvPutIntentRequest(keys=[_key(40), _key(41)], block_bytes=BLOCK_BYTES, ucx_lease=True)
+        for metadata in (None, [("authorization", "Bearer k2")]):
+            with pytest.raises(grpc.RpcError) as error:
+                stub.PutIntent(ask, metadata=metadata, timeout=10)
+            assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        intent = stub.PutIntent(ask, metadata=good, timeout=10)
+        assert [b.outcome for b in intent.blocks] == [pb.KvPutIntentResponse.OUTCOME_RESERVED] * 2
+        assert intent.ucx_lease_descriptor[:4] == b"KVLD"
+        smaller = stub.PutIntent(pb.KvPutIntentRequest(keys=[_key(42)], block_bytes=BLOCK_BYTES - 64, ucx_lease=True),
+                                 metadata=good, timeout=10)
+        assert smaller.ucx_lease_descriptor == b""
+
+        def code_of(call):
+            with pytest.raises(grpc.RpcError) as error:
+                call()
+            return error.value.code()
+
+        assert _put(stub, [_key(43)], b"\x03" * BLOCK_BYTES, metadata=good).num_committed == 1
+        for descriptor in (b"KVLD garbage", intent.ucx_lease_descriptor[:-1], b"\x00" * (600 << 10)):
+            get = pb.KvGetRequest(keys=[_key(43)], ucx_lease_descriptor=descriptor)
+            assert code_of(lambda: list(stub.Get(get, metadata=good, timeout=10))) == \
+                grpc.StatusCode.INVALID_ARGUMENT
+        # Its own lease handed back as a reader's: one destination block per key or nothing.
+        get = pb.KvGetRequest(keys=[_key(43)], ucx_lease_descriptor=intent.ucx_lease_descriptor)
+        assert code_of(lambda: list(stub.Get(get, metadata=good, timeout=10))) == grpc.StatusCode.INVALID_ARGUMENT
+        # Nothing landed in the lent slots: an in-place commit is refused, nothing becomes visible.
+        in_place = pb.KvPutBlock(epoch=intent.epoch, key=_key(40), token=intent.blocks[0].token,
+                                 checksum=checksum(b"\x00" * BLOCK_BYTES), in_place=True)
+        assert code_of(lambda: stub.Put(iter([in_place]), metadata=good, timeout=30)) == \
+            grpc.StatusCode.FAILED_PRECONDITION
+        assert stub.Lookup(pb.KvLookupRequest(keys=[_key(40)]), metadata=good, timeout=10).num_present == 0
+        # The store keeps serving over the stream.
+        assert list(stub.Get(pb.KvGetRequest(keys=[_key(43)]), metadata=good, timeout=10))[0].data == \
+            b"\x03" * BLOCK_BYTES
+
+
 def test_malformed_requests_are_refused_by_code_and_the_store_keeps_serving(store_factory):
     store = store_factory()
     with grpc.insecure_channel(store.address) as channel:

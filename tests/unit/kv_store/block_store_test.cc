@@ -300,5 +300,95 @@ TEST_F(BlockStoreTest, SaltIsolationHoldsThroughKeys) {
   EXPECT_EQ(store->Lookup({{DeriveStoreKey(block, tenant_b)}}).num_present, 0);
 }
 
+// ---- In place (the UCX data plane) ----
+
+// Reserves `key` and lends its slot; the slot index.
+int32_t LendOne(BlockStore& store, const StoreKey& key, uint64_t* token) {
+  absl::StatusOr<PutIntentResult> intent = store.PutIntent({{key}}, kSlotBytes);
+  EXPECT_TRUE(intent.ok());
+  *token = intent->blocks[0].token;
+  const uint64_t tokens[] = {*token};
+  absl::StatusOr<std::vector<int32_t>> slots = store.LendIntents({{key}}, tokens);
+  EXPECT_TRUE(slots.ok()) << slots.status();
+  return slots.ok() ? (*slots)[0] : -1;
+}
+
+TEST_F(BlockStoreTest, ABlockWrittenInPlaceIsCommittedOnlyAfterItsBytesVerify) {
+  auto store = Make(4);
+  uint64_t token = 0;
+  const int32_t slot = LendOne(*store, Key(1), &token);
+  const std::vector<std::byte> data = Bytes(1);
+  std::memcpy(store->slot_memory() + slot * store->stride_bytes(), data.data(), data.size());
+  // Lent: neither Put nor expiry touches it.
+  EXPECT_EQ(store->Put(Key(1), token, data, kv::Checksum(data)).code(), absl::StatusCode::kFailedPrecondition);
+  const int32_t slots[] = {slot};
+  store->ReturnLent(slots, BlockStore::LentOutcome::kLanded);
+  EXPECT_EQ(store->Lookup({{Key(1)}}).num_present, 0);
+  EXPECT_TRUE(store->CommitInPlace(Key(1), token, kv::Checksum(data), absl::ZeroDuration()).ok());
+  EXPECT_EQ(ReadAll(*store, Key(1)), data);
+}
+
+TEST_F(BlockStoreTest, AnInPlaceBlockWhoseBytesDoNotMatchIsDroppedNotCommitted) {
+  auto store = Make(4);
+  uint64_t token = 0;
+  const int32_t slot = LendOne(*store, Key(1), &token);
+  const int32_t slots[] = {slot};
+  store->ReturnLent(slots, BlockStore::LentOutcome::kLanded);
+  EXPECT_EQ(store->CommitInPlace(Key(1), token, 12345, absl::ZeroDuration()).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(store->Lookup({{Key(1)}}).num_present, 0);
+  EXPECT_EQ(store->Stats().num_intents, 0);
+  EXPECT_EQ(store->Stats().checksum_failures, 1);
+}
+
+TEST_F(BlockStoreTest, AFailedInPlaceWriteFreesItsSlotAndCannotBeCommitted) {
+  auto store = Make(1);
+  uint64_t token = 0;
+  const int32_t slot = LendOne(*store, Key(1), &token);
+  const int32_t slots[] = {slot};
+  store->ReturnLent(slots, BlockStore::LentOutcome::kFailed);
+  EXPECT_EQ(store->CommitInPlace(Key(1), token, 0, absl::ZeroDuration()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->Stats().num_intents, 0);
+  EXPECT_TRUE(PutOne(*store, Key(2), Bytes(2)).ok());  // the slot is free again
+}
+
+TEST_F(BlockStoreTest, ALentSlotOutlivesItsDeadlineButALandedOneExpiresAtIt) {
+  auto store = Make(1);
+  uint64_t token = 0;
+  const int32_t slot = LendOne(*store, Key(1), &token);
+  clock_.Advance(absl::Milliseconds(kIntentMs * 2));
+  EXPECT_EQ(store->Stats().num_intents, 1);  // lent: the data plane may still write it
+  const int32_t slots[] = {slot};
+  store->ReturnLent(slots, BlockStore::LentOutcome::kLanded);  // past its deadline: dropped
+  EXPECT_EQ(store->Stats().num_intents, 0);
+  uint64_t token2 = 0;
+  const int32_t slot2 = LendOne(*store, Key(2), &token2);
+  const int32_t slots2[] = {slot2};
+  store->ReturnLent(slots2, BlockStore::LentOutcome::kLanded);
+  clock_.Advance(absl::Milliseconds(kIntentMs + 1));
+  EXPECT_EQ(store->Stats().num_intents, 0);  // landed, never committed: expired
+}
+
+TEST_F(BlockStoreTest, LendIntentsRefusesAWrongTokenAndLendsNothing) {
+  auto store = Make(4);
+  absl::StatusOr<PutIntentResult> intent = store->PutIntent({{Key(1), Key(2)}}, kSlotBytes);
+  ASSERT_TRUE(intent.ok());
+  const uint64_t tokens[] = {intent->blocks[0].token, intent->blocks[1].token + 1};
+  EXPECT_EQ(store->LendIntents({{Key(1), Key(2)}}, tokens).status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::vector<std::byte> data = Bytes(1);
+  EXPECT_TRUE(store->Put(Key(1), intent->blocks[0].token, data, kv::Checksum(data)).ok());  // not lent
+}
+
+TEST_F(BlockStoreTest, BeginReadHoldsABlockAgainstEviction) {
+  auto store = Make(1);
+  ASSERT_TRUE(PutOne(*store, Key(1), Bytes(1)).ok());
+  absl::StatusOr<BlockStore::PinnedBlock> pinned = store->BeginRead(Key(1));
+  ASSERT_TRUE(pinned.ok());
+  EXPECT_EQ(pinned->checksum, kv::Checksum(Bytes(1)));
+  EXPECT_EQ(store->PutIntent({{Key(2)}}, kSlotBytes)->blocks[0].outcome, IntentOutcome::kNoSpace);
+  store->EndRead(pinned->slot);
+  EXPECT_EQ(store->PutIntent({{Key(2)}}, kSlotBytes)->blocks[0].outcome, IntentOutcome::kReserved);
+}
+
 }  // namespace
 }  // namespace kvmesh::kv_store
