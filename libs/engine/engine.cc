@@ -354,6 +354,11 @@ EngineStats Engine::stats() const {
       e.disk_tier = disk->stats();
       e.disk_tier_records = disk->num_records();
     }
+    for (int32_t i = 0; i < tiers->num_connectors(); ++i) {
+      if (tiers->connector(i).tier() != kv::Tier::kStore) continue;
+      e.has_store_tier = true;
+      e.store_tier = tiers->connector(i).stats();
+    }
   }
   return e;
 }

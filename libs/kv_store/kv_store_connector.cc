@@ -146,6 +146,8 @@ std::vector<kv::KvIoCompletion> KvStoreConnector::Poll() {
   {
     absl::MutexLock lock(&mu_);
     done.swap(done_);
+    stats_.peer_restarts = restarts_seen_;
+    stats_.reads_in_flight = loads_in_flight_;
   }
   for (const kv::KvIoCompletion& c : done) {
     const auto it = started_.find(c.ticket);
@@ -158,6 +160,8 @@ std::vector<kv::KvIoCompletion> KvStoreConnector::Poll() {
       stats_.bytes_onboarded += c.bytes;
     } else if (read && c.status.code() == absl::StatusCode::kDataLoss) {
       ++stats_.checksum_failures;
+    } else if (read) {
+      ++stats_.read_failures;  // recomputed, like a checksum failure
     } else if (!read && c.status.ok()) {
       ++stats_.blocks_offloaded;
       stats_.bytes_offloaded += c.bytes;
@@ -198,14 +202,25 @@ absl::Status KvStoreConnector::CheckInvariants() const {
   return absl::OkStatus();
 }
 
-void KvStoreConnector::Complete(kv::KvIoCompletion completion) {
+bool KvStoreConnector::ForgetIfRestartedLocked(int64_t restarts_before) {
+  const int64_t restarts = ClientRestarts();
+  if (restarts != restarts_seen_) {
+    KVMESH_LOG(kInfo) << "kv-store restarted (a new epoch): forgetting what it was believed to hold"
+                      << LogKv("restarts_seen", restarts) << LogKv("blocks_forgotten", known_.size());
+    restarts_seen_ = restarts;
+    known_.clear();
+  }
+  return restarts == restarts_before;
+}
+
+void KvStoreConnector::Complete(kv::KvIoCompletion completion, bool believe) {
   completion.completed_at = Clock::now();
   absl::MutexLock lock(&mu_);
   if (completion.kind == kv::KvIoCompletion::Kind::kRead) {
     --loads_in_flight_;
   } else {
     --saves_in_flight_;
-    if (completion.status.ok()) {
+    if (completion.status.ok() && believe) {
       BelieveLocked(completion.hash,
                     Known{.present = true, .until = completion.completed_at + std::chrono::milliseconds(options_.believe_ms)});
     }
@@ -228,6 +243,7 @@ void KvStoreConnector::LookupLoop() {
       lookups_.pop_front();
     }
     const std::vector<StoreKey> keys = keys_.Keys(job.hashes);
+    const int64_t restarts_before = ClientRestarts();
     KvStoreLookup found = client_->Lookup(keys, DeadlineIn(options_.lookup_timeout_ms));
     // NOTE: the lease is not kept for the load: the load takes its own (the engine may
     // decide to recompute, or load much later); a held lease would only delay eviction.
@@ -237,7 +253,10 @@ void KvStoreConnector::LookupLoop() {
     }
     const Clock::time_point until = Clock::now() + std::chrono::milliseconds(options_.believe_ms);
     absl::MutexLock lock(&mu_);
-    const auto present = static_cast<size_t>(std::max(found.num_present, 0));
+    // NOTE: an answer that came back while a restart was seen may be the old epoch's: it
+    // counts as a miss (the restarted store is empty anyway).
+    const bool fresh = ForgetIfRestartedLocked(restarts_before);
+    const auto present = fresh ? static_cast<size_t>(std::max(found.num_present, 0)) : 0;
     for (size_t i = 0; i < present && i < job.hashes.size(); ++i) {
       BelieveLocked(job.hashes[i],
                     Known{.present = true, .parent = i == 0 ? job.parent : job.hashes[i - 1], .until = until});
@@ -279,6 +298,7 @@ void KvStoreConnector::LoadRun(std::span<const Load> run) {
   for (const Load& l : run) hashes.push_back(l.hash);
   const std::vector<StoreKey> keys = keys_.Keys(hashes);
   const absl::Time deadline = DeadlineIn(options_.load_timeout_ms);
+  const int64_t restarts_before = ClientRestarts();
   KvStoreLookup found = client_->Lookup(keys, deadline);
   std::vector<std::span<std::byte>> out;
   const size_t present = std::min(run.size(), static_cast<size_t>(std::max(found.num_present, 0)));
@@ -300,9 +320,10 @@ void KvStoreConnector::LoadRun(std::span<const Load> run) {
     }
     Complete(std::move(c));
   }
+  absl::MutexLock lock(&mu_);
+  ForgetIfRestartedLocked(restarts_before);
   if (!got.error.ok()) {
     // What the store no longer has is forgotten, so the next lookup asks again.
-    absl::MutexLock lock(&mu_);
     for (size_t i = static_cast<size_t>(std::max(got.num_loaded, 0)); i < run.size(); ++i) known_.erase(run[i].hash);
   }
 }
@@ -335,7 +356,13 @@ void KvStoreConnector::SaveLoop() {
       checksums.push_back(s.checksum);
     }
     const std::vector<StoreKey> keys = keys_.Keys(hashes);
+    const int64_t restarts_before = ClientRestarts();
     const KvStorePutResult put = client_->Put(keys, blocks, checksums, DeadlineIn(options_.save_timeout_ms));
+    bool fresh = false;
+    {
+      absl::MutexLock lock(&mu_);
+      fresh = ForgetIfRestartedLocked(restarts_before);
+    }
     // NOTE: the result counts blocks, not which ones: all of the batch succeeded, or the
     // batch is reported failed block by block (a save is only ever a missed chance).
     const bool all = put.num_committed + put.num_present == static_cast<int32_t>(batch.size());
@@ -346,7 +373,7 @@ void KvStoreConnector::SaveLoop() {
       } else {
         c.status = put.error.ok() ? absl::ResourceExhaustedError("kv-store: not stored") : put.error;
       }
-      Complete(std::move(c));
+      Complete(std::move(c), /*believe=*/fresh);
     }
   }
 }

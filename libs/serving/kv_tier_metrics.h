@@ -1,4 +1,4 @@
-// The KV hierarchy's metrics (kvmesh_kv_tier_*{tier="host"|"disk"},
+// The KV hierarchy's metrics (kvmesh_kv_tier_*{tier="host"|"disk"|"store"},
 // kvmesh_kv_blocks_stranded and kvmesh_kv_blocks_quarantined), read from the engine's
 // stats at scrape time.
 //

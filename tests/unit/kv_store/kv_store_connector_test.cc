@@ -173,5 +173,41 @@ TEST(KvStoreConnectorTest, ALoadTheRestartedStoreCannotServeFailsAndIsNotServed)
   EXPECT_EQ(MatchKnown(*c, chain).num_blocks, 0);
 }
 
+TEST(KvStoreConnectorTest, ARestartSeenByAnyCallForgetsEveryBeliefAndTheBlocksAreSavedAgain) {
+  auto server = KvStoreServer::Start(StoreOptions()).value();
+  const int port = server->port();
+  const std::vector<kv::BlockHash> chain = Chain(4);
+  const auto blocks = RandomBlocks(4, kBlockBytes, 4);
+  auto client = KvStoreClient::Create({.addresses = {server->address()}, .warmup_ms = 0});
+  ASSERT_TRUE(client.ok()) << client.status();
+  // Answers believed for a minute: only the restart can make the connector forget them.
+  auto c = KvStoreConnector::Create(std::move(client).value(),
+                                    {.scope = Scope(), .block_bytes = kBlockBytes, .believe_ms = 60'000})
+               .value();
+  SaveAll(*c, chain, blocks);
+  ASSERT_TRUE(c->Contains(chain[0])) << "believed held since the save";
+  EXPECT_EQ(c->StartSave(chain[0], kv::kRootBlockHash, blocks[0], kv::Checksum(blocks[0])).status().code(),
+            absl::StatusCode::kAlreadyExists);
+
+  // The store restarts empty (a new epoch). A lookup of another chain is the first call
+  // to hear of it.
+  server.reset();
+  server = KvStoreServer::Start(StoreOptions(port)).value();
+  std::vector<kv::BlockHash> other;
+  for (int i = 0; i < 2; ++i) other.push_back(kv::BlockHash{.low = 900 + static_cast<uint64_t>(i), .high = 9});
+  EXPECT_EQ(MatchKnown(*c, other).num_blocks, 0);
+  ASSERT_EQ(c->client().stats().epoch_changes, 1);
+
+  // Nothing of the old epoch is believed any more, and the blocks are saved again.
+  EXPECT_FALSE(c->Contains(chain[0])) << "a block of the old epoch is still believed held";
+  c->Poll();
+  EXPECT_EQ(c->stats().peer_restarts, 1);
+  std::vector<std::byte> slot(kBlockBytes);
+  EXPECT_EQ(c->StartLoad(chain[0], slot).status().code(), absl::StatusCode::kNotFound);
+  SaveAll(*c, chain, blocks);
+  EXPECT_EQ(server->store().Stats().num_blocks, 4) << "the restarted store got the blocks again";
+  EXPECT_EQ(MatchKnown(*c, chain).num_blocks, 4);
+}
+
 }  // namespace
 }  // namespace kvmesh::kv_store
