@@ -153,7 +153,14 @@ std::vector<kv::KvIoCompletion> KvStoreConnector::Poll() {
     const auto it = started_.find(c.ticket);
     if (it == started_.end()) continue;
     const bool read = c.kind == kv::KvIoCompletion::Kind::kRead;
-    (read ? read_bandwidth_ : write_bandwidth_).End(it->second, c.completed_at, c.bytes);
+    // NOTE: a load that failed other than by checksum waited on a store that died, hung,
+    // restarted or lost the block: that time says nothing of how fast the stores serve,
+    // and counted, it would have the engine recompute every store's blocks for a while.
+    if (read && !c.status.ok() && c.status.code() != absl::StatusCode::kDataLoss) {
+      read_bandwidth_.Forget(it->second);
+    } else {
+      (read ? read_bandwidth_ : write_bandwidth_).End(it->second, c.completed_at, c.bytes);
+    }
     started_.erase(it);
     if (read && c.status.ok()) {
       ++stats_.blocks_onboarded;

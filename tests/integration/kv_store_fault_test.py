@@ -18,8 +18,8 @@ one fault per phase, in this order on the same cluster:
       store's leases end by themselves
   d   decode-1 SIGKILLed while one of its puts is open on a store (it is stopped first
       and killed only while the stores hold an intent, which only it can own then): the
-      intents expire (kvmesh_kv_store_intents back to 0, _expired_intents up), nothing of
-      them is committed (the store never held a block that failed its checksum)
+      intents expire (kvmesh_kv_store_intents back to 0, _expired_intents up by as many):
+      they were dropped, not committed, so no Get can ever return what they held
 
 After every phase: 0 failed, hung or truncated requests, and every live worker back to
 0 KV blocks used, stranded and quarantined, the router 0 in flight. At the end (a last
@@ -301,39 +301,48 @@ def test_a_store_killed_mid_read_requests_recompute(cluster):
     assert gets > 0, "no block was read from a store: the load proves nothing"
 
     def kill_mid_read():
-        # SIGSTOP freezes whatever store-0 was doing; a moment later the workers' lookups of
-        # it have timed out, so a load still in flight (kvmesh_kv_tier_reads_in_flight) is
-        # one frozen on it, in its Lookup or its Get: kill the store under it then.
-        # Otherwise resume it and try again a little later.
+        # When a worker has a load in flight, SIGSTOP freezes store-0 under it; a load
+        # from store-1 alone takes milliseconds, so one still in flight a moment later
+        # (kvmesh_kv_tier_reads_in_flight) is frozen on store-0, in its Lookup or its Get:
+        # kill the store under it then. Otherwise resume it and try again.
+        # NOTE: the moment is short: a failed load's time counts in the measured read
+        # bandwidth (kv/busy_bandwidth.h), and a long one would have the workers recompute
+        # store-1's share in phase e too.
         pid = cluster.proc("kv-store-0")["pid"]
-        for attempt in range(1, 41):
+        deadline = time.time() + 30
+        attempt = 0
+        while time.time() < deadline:
+            attempt += 1
             failures = cluster.workers_sum("kvmesh_kv_tier_read_failures")
+            wait_for(lambda: cluster.workers_sum("kvmesh_kv_tier_reads_in_flight"), timeout_s=2)
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.3)
+            time.sleep(0.1)
             reads = cluster.workers_sum("kvmesh_kv_tier_reads_in_flight")
             if reads > 0:
                 os.kill(pid, signal.SIGKILL)
+                killed_at = time.monotonic()
                 cluster.dead.add("kv-store-0")
-                time.sleep(0.5)
-                return {"attempts": attempt, "loads_in_flight_at_kill": reads,
-                        "loads_failed": cluster.workers_sum("kvmesh_kv_tier_read_failures") - failures}
+                failed = wait_for(lambda: cluster.workers_sum("kvmesh_kv_tier_read_failures") - failures,
+                                  timeout_s=LOAD_TIMEOUT_MS / 1000 + 1, poll_s=0.05)
+                return {"attempts": attempt, "loads_in_flight_at_kill": reads, "loads_failed": failed or 0,
+                        "failed_after_s": round(time.monotonic() - killed_at, 2)}
             os.kill(pid, signal.SIGCONT)
-            time.sleep(0.1 + random.random() * 0.3)
+            time.sleep(random.random() * 0.2)
         os.kill(pid, signal.SIGKILL)
         cluster.dead.add("kv-store-0")
-        return {"attempts": 40, "loads_in_flight_at_kill": 0}
+        return {"attempts": attempt, "loads_in_flight_at_kill": 0}
 
     _, facts = cluster.run("a: store-0 SIGKILL mid-read", kill_mid_read, seconds_after=2.0)
     assert facts["loads_in_flight_at_kill"], "store-0 never had a load in flight to kill it under"
-    # The loads in flight failed at once (not at their deadline) and were recomputed: no
-    # request failed (run checks that) and the outputs are the reference's (the last test).
+    # The loads in flight failed and were recomputed: no request failed (run checks that)
+    # and the outputs are the reference's (the last test).
     assert facts["loads_failed"] > 0, facts
 
 
 def test_e_with_one_store_dead_the_other_stores_share_still_hits(cluster):
     assert "kv-store-0" in cluster.dead
     before = {"store1": cluster.store("kv-store-1"), "onboarded": cluster.workers_sum("kvmesh_kv_tier_blocks_onboarded")}
-    cluster.run("e: store-0 dead", lambda: None, seconds_after=5.0)
+    cluster.run("e: store-0 dead", lambda: None, seconds_after=7.0)
     store1 = cluster.store("kv-store-1")
     e = {name: store1[f"kvmesh_kv_store_{name}"] - before["store1"][f"kvmesh_kv_store_{name}"]
          for name in ("hit_blocks", "get_blocks")}
@@ -370,6 +379,7 @@ def test_c_store_restarted_workers_notice_its_new_epoch(cluster):
     # a worker that ignored epochs would count 0 here.
     assert all(v >= 1 for v in restarts.values()), restarts
     assert store0["kvmesh_kv_store_lookups"] > 0, "the workers never came back to the restarted store"
+    assert store0["kvmesh_kv_store_put_blocks"] > 0, "the restarted store was never given a block"
     assert store0["kvmesh_kv_store_checksum_failures"] == 0
 
 
@@ -412,9 +422,15 @@ def test_d_worker_killed_mid_put_its_intents_expire_and_nothing_is_committed(clu
     def kill_mid_put():
         victim = "decode-1"
         pid = cluster.proc(victim)["pid"]
-        # Stopped, it cannot finish a put; after a moment every other writer's intents are
-        # committed, so intents left on the stores are the victim's: kill it then.
-        for attempt in range(40):
+        # When a store holds an intent (a put is open), SIGSTOP the victim: stopped, it
+        # cannot finish a put of its own, and a moment later every other writer's intents
+        # are committed, so intents still on the stores are the victim's: kill it then.
+        # Otherwise resume it and try again.
+        deadline = time.time() + 30
+        attempt = 0
+        while time.time() < deadline:
+            attempt += 1
+            wait_for(lambda: sum(cluster.store(s, "kvmesh_kv_store_intents") for s in stores), timeout_s=2)
             os.kill(pid, signal.SIGSTOP)
             time.sleep(0.3)
             intents = sum(cluster.store(s, "kvmesh_kv_store_intents") for s in stores)
@@ -424,10 +440,10 @@ def test_d_worker_killed_mid_put_its_intents_expire_and_nothing_is_committed(clu
             if intents > 0:
                 os.kill(pid, signal.SIGKILL)
                 cluster.dead.add(victim)
-                facts.update(victim_intents_at_kill=intents, attempts=attempt + 1)
+                facts.update(victim_intents_at_kill=intents, attempts=attempt)
                 return
             os.kill(pid, signal.SIGCONT)
-            time.sleep(0.1 + random.random() * 0.3)
+            time.sleep(random.random() * 0.2)
 
     cluster.run("d: decode-1 SIGKILL mid-put", kill_mid_put, seconds_after=INTENT_TIMEOUT_MS / 1000 + 1.0)
     assert facts.get("victim_intents_at_kill"), "decode-1 never had a put open to kill it in"

@@ -209,5 +209,38 @@ TEST(KvStoreConnectorTest, ARestartSeenByAnyCallForgetsEveryBeliefAndTheBlocksAr
   EXPECT_EQ(MatchKnown(*c, chain).num_blocks, 4);
 }
 
+TEST(KvStoreConnectorTest, ALoadTheStoreHungUnderFailsWithoutLoweringTheMeasuredBandwidth) {
+  auto server = KvStoreServer::Start(StoreOptions()).value();
+  const int port = server->port();
+  const std::vector<kv::BlockHash> chain = Chain(8);
+  const auto blocks = RandomBlocks(8, kBlockBytes, 5);
+  auto client = KvStoreClient::Create({.addresses = {server->address()}, .warmup_ms = 0});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto c = KvStoreConnector::Create(std::move(client).value(), {.scope = Scope(),
+                                                               .block_bytes = kBlockBytes,
+                                                               .load_timeout_ms = 300,
+                                                               .believe_ms = 60'000})
+               .value();
+  SaveAll(*c, chain, blocks);
+  std::vector<std::vector<std::byte>> slots(8, std::vector<std::byte>(kBlockBytes));
+  for (size_t i = 0; i < 4; ++i) ASSERT_TRUE(c->StartLoad(chain[i], slots[i]).ok());
+  for (const kv::KvIoCompletion& done : PollFor(*c, 4)) ASSERT_TRUE(done.status.ok()) << done.status;
+  const double measured = c->stats().read_bytes_per_second;
+  ASSERT_GT(measured, 0);
+
+  // The store hangs (its port accepts and never answers): the other loads wait out
+  // their deadline and fail, and are recomputed.
+  server.reset();
+  SilentListener hung(port);
+  for (size_t i = 4; i < 8; ++i) ASSERT_TRUE(c->StartLoad(chain[i], slots[i]).ok());
+  const std::vector<kv::KvIoCompletion> failed = PollFor(*c, 4);
+  ASSERT_EQ(failed.size(), 4u);
+  for (const kv::KvIoCompletion& done : failed) EXPECT_FALSE(done.status.ok());
+  EXPECT_EQ(c->stats().read_failures, 4);
+  // That wait measured the hung store, not how fast a store serves: counted, it would
+  // have the engine recompute every store's blocks (kv_tiers.h) until it decayed.
+  EXPECT_DOUBLE_EQ(c->stats().read_bytes_per_second, measured);
+}
+
 }  // namespace
 }  // namespace kvmesh::kv_store
