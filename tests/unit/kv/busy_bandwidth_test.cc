@@ -103,7 +103,7 @@ TEST(BusyBandwidthTest, AForgottenTransferCountsNoTimeButWhatOthersOverlapped) {
   BusyBandwidth rate;
   rate.Begin(clock.At(seconds(0)));
   rate.End(clock.At(seconds(0)), clock.At(seconds(1)), 1 * kMb);
-  // A transfer whose peer hung for 5 s, forgotten: the estimate and the busy time stay.
+  // A transfer whose peer hung, forgotten: the estimate and the busy time stay.
   rate.Begin(clock.At(seconds(2)));
   rate.Forget(clock.At(seconds(2)));
   EXPECT_EQ(rate.in_flight(), 0);

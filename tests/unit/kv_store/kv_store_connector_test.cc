@@ -41,15 +41,19 @@ StoreKeyScope Scope(int32_t tp_rank = 0) {
                        .tp_size = 2};
 }
 
-std::unique_ptr<KvStoreConnector> Connector(const std::string& address, StoreKeyScope scope = Scope(),
-                                            int64_t lookup_timeout_ms = 2000) {
+// A connector to the store at `address` with `options` (its block_bytes: kBlockBytes).
+std::unique_ptr<KvStoreConnector> ConnectorWith(const std::string& address, KvStoreConnectorOptions options) {
   auto client = KvStoreClient::Create({.addresses = {address}, .warmup_ms = 0});
   EXPECT_TRUE(client.ok()) << client.status();
-  auto c = KvStoreConnector::Create(std::move(client).value(), {.scope = std::move(scope),
-                                                                .block_bytes = kBlockBytes,
-                                                                .lookup_timeout_ms = lookup_timeout_ms});
+  options.block_bytes = kBlockBytes;
+  auto c = KvStoreConnector::Create(std::move(client).value(), options);
   EXPECT_TRUE(c.ok()) << c.status();
   return std::move(c).value();
+}
+
+std::unique_ptr<KvStoreConnector> Connector(const std::string& address, StoreKeyScope scope = Scope(),
+                                            int64_t lookup_timeout_ms = 2000) {
+  return ConnectorWith(address, {.scope = std::move(scope), .lookup_timeout_ms = lookup_timeout_ms});
 }
 
 std::vector<kv::BlockHash> Chain(int n) {
@@ -178,12 +182,8 @@ TEST(KvStoreConnectorTest, ARestartSeenByAnyCallForgetsEveryBeliefAndTheBlocksAr
   const int port = server->port();
   const std::vector<kv::BlockHash> chain = Chain(4);
   const auto blocks = RandomBlocks(4, kBlockBytes, 4);
-  auto client = KvStoreClient::Create({.addresses = {server->address()}, .warmup_ms = 0});
-  ASSERT_TRUE(client.ok()) << client.status();
   // Answers believed for a minute: only the restart can make the connector forget them.
-  auto c = KvStoreConnector::Create(std::move(client).value(),
-                                    {.scope = Scope(), .block_bytes = kBlockBytes, .believe_ms = 60'000})
-               .value();
+  auto c = ConnectorWith(server->address(), {.scope = Scope(), .believe_ms = 60'000});
   SaveAll(*c, chain, blocks);
   ASSERT_TRUE(c->Contains(chain[0])) << "believed held since the save";
   EXPECT_EQ(c->StartSave(chain[0], kv::kRootBlockHash, blocks[0], kv::Checksum(blocks[0])).status().code(),
@@ -214,13 +214,7 @@ TEST(KvStoreConnectorTest, ALoadTheStoreHungUnderFailsWithoutLoweringTheMeasured
   const int port = server->port();
   const std::vector<kv::BlockHash> chain = Chain(8);
   const auto blocks = RandomBlocks(8, kBlockBytes, 5);
-  auto client = KvStoreClient::Create({.addresses = {server->address()}, .warmup_ms = 0});
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto c = KvStoreConnector::Create(std::move(client).value(), {.scope = Scope(),
-                                                               .block_bytes = kBlockBytes,
-                                                               .load_timeout_ms = 300,
-                                                               .believe_ms = 60'000})
-               .value();
+  auto c = ConnectorWith(server->address(), {.scope = Scope(), .load_timeout_ms = 300, .believe_ms = 60'000});
   SaveAll(*c, chain, blocks);
   std::vector<std::vector<std::byte>> slots(8, std::vector<std::byte>(kBlockBytes));
   for (size_t i = 0; i < 4; ++i) ASSERT_TRUE(c->StartLoad(chain[i], slots[i]).ok());
