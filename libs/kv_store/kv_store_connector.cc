@@ -63,14 +63,18 @@ kv::KvConnectorMatch KvStoreConnector::Match(std::span<const kv::BlockHash> hash
   const Clock::time_point now = Clock::now();
   absl::MutexLock lock(&mu_);
   size_t i = first;
+  bool miss = false;  // a block known to be missing ends the run
   for (; i < limit; ++i) {
     const Known* k = Believed(hashes[i], now);
     if (k == nullptr) break;
-    if (!k->present) return {.num_blocks = static_cast<int32_t>(i - first)};
+    if (!k->present) {
+      miss = true;
+      break;
+    }
   }
   const auto held = static_cast<int32_t>(i - first);
   if (held > 0) ++stats_.hits;
-  if (i == limit) return {.num_blocks = held};
+  if (i == limit || miss) return {.num_blocks = held};
   // Unknown from hashes[i] on: ask the store (once; a lookup of it may be in flight).
   if (looking_up_.insert(hashes[i]).second) {
     const size_t n = std::min(limit - i, static_cast<size_t>(kMaxKeysPerRequest));

@@ -302,12 +302,9 @@ def test_a_store_killed_mid_read_requests_recompute(cluster):
 
     def kill_mid_read():
         # When a worker has a load in flight, SIGSTOP freezes store-0 under it; a load
-        # from store-1 alone takes milliseconds, so one still in flight a moment later
-        # (kvmesh_kv_tier_reads_in_flight) is frozen on store-0, in its Lookup or its Get:
-        # kill the store under it then. Otherwise resume it and try again.
-        # NOTE: the moment is short: a failed load's time counts in the measured read
-        # bandwidth (kv/busy_bandwidth.h), and a long one would have the workers recompute
-        # store-1's share in phase e too.
+        # from store-1 alone takes milliseconds, so one still in flight (in both of two
+        # looks, kvmesh_kv_tier_reads_in_flight) is frozen on store-0, in its Lookup or
+        # its Get: kill the store under it then. Otherwise resume it and try again.
         pid = cluster.proc("kv-store-0")["pid"]
         deadline = time.time() + 30
         attempt = 0
@@ -316,8 +313,11 @@ def test_a_store_killed_mid_read_requests_recompute(cluster):
             failures = cluster.workers_sum("kvmesh_kv_tier_read_failures")
             wait_for(lambda: cluster.workers_sum("kvmesh_kv_tier_reads_in_flight"), timeout_s=2)
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.1)
+            time.sleep(0.3)
             reads = cluster.workers_sum("kvmesh_kv_tier_reads_in_flight")
+            if reads > 0:
+                time.sleep(0.1)
+                reads = min(reads, cluster.workers_sum("kvmesh_kv_tier_reads_in_flight"))
             if reads > 0:
                 os.kill(pid, signal.SIGKILL)
                 killed_at = time.monotonic()
@@ -341,17 +341,34 @@ def test_a_store_killed_mid_read_requests_recompute(cluster):
 
 def test_e_with_one_store_dead_the_other_stores_share_still_hits(cluster):
     assert "kv-store-0" in cluster.dead
-    before = {"store1": cluster.store("kv-store-1"), "onboarded": cluster.workers_sum("kvmesh_kv_tier_blocks_onboarded")}
-    cluster.run("e: store-0 dead", lambda: None, seconds_after=7.0)
+    def worker_counts():
+        out = {"store_hits": cluster.workers_sum("kvmesh_kv_tier_hits"),
+               "store_loads": cluster.workers_sum("kvmesh_kv_tier_blocks_onboarded")}
+        for decision in ("load", "recompute"):
+            out[decision] = sum(scrape(cluster.proc(n)["metrics_url"]).get(
+                f'kvmesh_kv_tier_decisions{{decision="{decision}"}}', 0.0) for n in cluster.workers())
+        return out
+
+    before = {"store1": cluster.store("kv-store-1"), "workers": worker_counts()}
+    def until_store1_loads():
+        # Up to 25 s of load, until a worker loaded blocks (store-0 is dead: from store-1).
+        wait_for(lambda: cluster.workers_sum("kvmesh_kv_tier_blocks_onboarded") > before["workers"]["store_loads"],
+                 timeout_s=25, poll_s=0.2)
+
+    cluster.run("e: store-0 dead", until_store1_loads, seconds_after=3.0)
     store1 = cluster.store("kv-store-1")
     e = {name: store1[f"kvmesh_kv_store_{name}"] - before["store1"][f"kvmesh_kv_store_{name}"]
          for name in ("hit_blocks", "get_blocks")}
-    # Store-0 is dead: whatever the workers loaded came from store-1.
-    e["worker_store_loads"] = cluster.workers_sum("kvmesh_kv_tier_blocks_onboarded") - before["onboarded"]
+    # Store-0 is dead: whatever the workers found in a store or loaded was store-1's.
+    e.update({f"worker_{k}": v - before["workers"][k] for k, v in worker_counts().items()})
     REPORT.append(f"e: store-1 while store-0 was dead: {json.dumps(e)}")
     print(REPORT[-1], flush=True)
+    # NOTE: a chain is loadable only as its leading run, and blocks are homed one by one:
+    # with store-0 dead a chain loads up to its first block homed there, so these are
+    # short runs, and on the tiny model recomputing them often wins (kv_tiers.h): a few
+    # loads in ten seconds.
     assert e["hit_blocks"] > 0 and e["get_blocks"] > 0, e
-    assert e["worker_store_loads"] > 0, e
+    assert e["worker_store_hits"] > 0 and e["worker_store_loads"] > 0, e
 
 
 def test_c_store_restarted_workers_notice_its_new_epoch(cluster):

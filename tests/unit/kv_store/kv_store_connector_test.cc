@@ -124,6 +124,16 @@ TEST(KvStoreConnectorTest, WhatOneWorkerSavesAnotherLoadsBitForBit) {
   EXPECT_EQ(b->num_in_flight(), 0);
 }
 
+TEST(KvStoreConnectorTest, AMatchOfALeadingRunCountsAHit) {
+  auto server = KvStoreServer::Start(StoreOptions()).value();
+  const std::vector<kv::BlockHash> chain = Chain(8);
+  SaveAll(*Connector(server->address()), std::vector<kv::BlockHash>(chain.begin(), chain.begin() + 4),
+          RandomBlocks(4, kBlockBytes, 6));
+  auto c = Connector(server->address());
+  EXPECT_EQ(MatchKnown(*c, chain).num_blocks, 4) << "the first 4 are held, the 5th known missing";
+  EXPECT_EQ(c->stats().hits, 1);
+}
+
 TEST(KvStoreConnectorTest, AnotherRanksOrScopesBlocksNeverHit) {
   auto server = KvStoreServer::Start(StoreOptions()).value();
   const std::vector<kv::BlockHash> chain = Chain(4);
