@@ -26,8 +26,8 @@ After every phase: 0 failed, hung or truncated requests, and every live worker b
 test) every prompt the load sent is run again on a second cluster without stores and
 without faults (one decode worker): every output must be identical, token for token.
 
-Bounded: every request has a client timeout, every wait a deadline; about a minute and
-a half on two cores. Prints (pytest -s) each phase's counts and the counters it checked.
+Bounded: every request has a client timeout, every wait a deadline; 75 to 120 s on two
+cores (under three minutes when every bounded search runs to its end). Prints (pytest -s) each phase's counts and the counters it checked.
 """
 
 import json
@@ -351,9 +351,9 @@ def test_e_with_one_store_dead_the_other_stores_share_still_hits(cluster):
 
     before = {"store1": cluster.store("kv-store-1"), "workers": worker_counts()}
     def until_store1_loads():
-        # Up to 25 s of load, until a worker loaded blocks (store-0 is dead: from store-1).
+        # Up to 40 s of load, until a worker loaded blocks (store-0 is dead: from store-1).
         wait_for(lambda: cluster.workers_sum("kvmesh_kv_tier_blocks_onboarded") > before["workers"]["store_loads"],
-                 timeout_s=25, poll_s=0.2)
+                 timeout_s=40, poll_s=0.2)
 
     cluster.run("e: store-0 dead", until_store1_loads, seconds_after=3.0)
     store1 = cluster.store("kv-store-1")
@@ -365,8 +365,8 @@ def test_e_with_one_store_dead_the_other_stores_share_still_hits(cluster):
     print(REPORT[-1], flush=True)
     # NOTE: a chain is loadable only as its leading run, and blocks are homed one by one:
     # with store-0 dead a chain loads up to its first block homed there, so these are
-    # short runs, and on the tiny model recomputing them often wins (kv_tiers.h): a few
-    # loads in ten seconds.
+    # short runs; and on the tiny model recomputing a block usually beats loading it, so
+    # most hits are recomputed and every 16th is loaded anyway (kv_tiers.h's reprobe).
     assert e["hit_blocks"] > 0 and e["get_blocks"] > 0, e
     assert e["worker_store_hits"] > 0 and e["worker_store_loads"] > 0, e
 
