@@ -152,9 +152,9 @@ struct EngineStats {
   // Lower tiers (all zero without them).
   bool has_host_tier = false;
   bool has_disk_tier = false;
+  bool has_store_tier = false;  // a kv-store connector (--kv-store)
   kv::KvTierStats host_tier;
   kv::KvTierStats disk_tier;
-  bool has_store_tier = false;  // a cluster kv-store connector
   kv::KvTierStats store_tier;
   kv::KvTiersStats tiers;
   double tier_call_seconds = 0;  // time inside the tiers' calls (KvCacheManager::tier_call_seconds)

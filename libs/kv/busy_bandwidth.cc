@@ -44,6 +44,11 @@ void BusyBandwidth::End(TimePoint start, TimePoint end, int64_t units) {
   FoldFinal();
 }
 
+void BusyBandwidth::Forget(TimePoint start) {
+  if (const auto it = starts_.find(start); it != starts_.end()) starts_.erase(it);
+  FoldFinal();
+}
+
 void BusyBandwidth::Add(int64_t units, double seconds) {
   if (seconds <= 0) return;
   Fold(seconds, units);

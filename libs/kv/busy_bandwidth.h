@@ -56,6 +56,10 @@ class BusyBandwidth {
   // counts, it was the device's). Every Begin needs exactly one End.
   void Begin(TimePoint start);
   void End(TimePoint start, TimePoint end, int64_t units);
+  // Ends the transfer begun at `start` without measuring it: its time does not count
+  // (but for what other transfers overlapped). For a transfer whose time was not the
+  // resource's: a remote peer that died, hung or restarted under it.
+  void Forget(TimePoint start);
   // A transfer that ran by itself for `seconds` (a synchronous copy timed by its caller;
   // never mix with Begin/End on one estimator): busy for exactly that long.
   void Add(int64_t units, double seconds);

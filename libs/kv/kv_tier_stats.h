@@ -1,4 +1,4 @@
-// KvTierStats: the counters one lower KV tier (host memory, disk) keeps, for metrics
+// KvTierStats: the counters one lower KV tier (host memory, disk, the kv-store) keeps, for metrics
 // (kvmesh_kv_tier_*{tier=...}) and for the load-versus-recompute decision, which reads
 // the measured bandwidths.
 //
@@ -19,8 +19,13 @@ struct KvTierStats {
   int64_t evictions = 0;           // blocks dropped to make room
   int64_t checksum_failures = 0;   // blocks whose bytes did not verify on the way up
   int64_t write_failures = 0;      // offloads refused or failed (full, queue full, I/O error)
+  int64_t read_failures = 0;       // kv-store: loads that failed otherwise (store dead, hung, restarted, block gone)
   int64_t skipped_records = 0;     // disk: corrupt, truncated or foreign records skipped at start-up
+  // A remote tier (the kv-store): restarts of its peers seen (a new epoch), after each of
+  // which everything it was believed to hold was forgotten.
+  int64_t peer_restarts = 0;
   int32_t in_flight = 0;           // copies or I/O in flight now
+  int32_t reads_in_flight = 0;     // kv-store: the loads among them (queued or running)
   // Measured as the tier runs: bytes moved per busy second (kv/busy_bandwidth.h, with
   // kDefaultBandwidthHalfLifeSeconds of decay); 0 until measured. The one estimate:
   // the load-or-recompute decision reads these same fields.

@@ -65,14 +65,18 @@ kv::KvConnectorMatch KvStoreConnector::Match(std::span<const kv::BlockHash> hash
   const Clock::time_point now = Clock::now();
   absl::MutexLock lock(&mu_);
   size_t i = first;
+  bool miss = false;  // a block known to be missing ends the run
   for (; i < limit; ++i) {
     const Known* k = Believed(hashes[i], now);
     if (k == nullptr) break;
-    if (!k->present) return {.num_blocks = static_cast<int32_t>(i - first)};
+    if (!k->present) {
+      miss = true;
+      break;
+    }
   }
   const auto held = static_cast<int32_t>(i - first);
   if (held > 0) ++stats_.hits;
-  if (i == limit) return {.num_blocks = held};
+  if (i == limit || miss) return {.num_blocks = held};
   // Unknown from hashes[i] on: ask the store (once; a lookup of it may be in flight).
   if (looking_up_.insert(hashes[i]).second) {
     const size_t n = std::min(limit - i, static_cast<size_t>(kMaxKeysPerRequest));
@@ -149,18 +153,29 @@ std::vector<kv::KvIoCompletion> KvStoreConnector::Poll() {
   {
     absl::MutexLock lock(&mu_);
     done.swap(done_);
+    stats_.peer_restarts = restarts_seen_;
+    stats_.reads_in_flight = loads_in_flight_;
   }
   for (const kv::KvIoCompletion& c : done) {
     const auto it = started_.find(c.ticket);
     if (it == started_.end()) continue;
     const bool read = c.kind == kv::KvIoCompletion::Kind::kRead;
-    (read ? read_bandwidth_ : write_bandwidth_).End(it->second, c.completed_at, c.bytes);
+    // NOTE: a load that failed other than by checksum waited on a store that died, hung,
+    // restarted or lost the block: that time says nothing of how fast the stores serve,
+    // and counted, it would have the engine recompute every store's blocks for a while.
+    if (read && !c.status.ok() && c.status.code() != absl::StatusCode::kDataLoss) {
+      read_bandwidth_.Forget(it->second);
+    } else {
+      (read ? read_bandwidth_ : write_bandwidth_).End(it->second, c.completed_at, c.bytes);
+    }
     started_.erase(it);
     if (read && c.status.ok()) {
       ++stats_.blocks_onboarded;
       stats_.bytes_onboarded += c.bytes;
     } else if (read && c.status.code() == absl::StatusCode::kDataLoss) {
       ++stats_.checksum_failures;
+    } else if (read) {
+      ++stats_.read_failures;  // recomputed, like a checksum failure
     } else if (!read && c.status.ok()) {
       ++stats_.blocks_offloaded;
       stats_.bytes_offloaded += c.bytes;
@@ -201,14 +216,25 @@ absl::Status KvStoreConnector::CheckInvariants() const {
   return absl::OkStatus();
 }
 
-void KvStoreConnector::Complete(kv::KvIoCompletion completion) {
+bool KvStoreConnector::ForgetIfRestartedLocked(int64_t restarts_before) {
+  const int64_t restarts = ClientRestarts();
+  if (restarts != restarts_seen_) {
+    KVMESH_LOG(kInfo) << "kv-store restarted (a new epoch): forgetting what it was believed to hold"
+                      << LogKv("restarts_seen", restarts) << LogKv("blocks_forgotten", known_.size());
+    restarts_seen_ = restarts;
+    known_.clear();
+  }
+  return restarts == restarts_before;
+}
+
+void KvStoreConnector::Complete(kv::KvIoCompletion completion, bool believe) {
   completion.completed_at = Clock::now();
   absl::MutexLock lock(&mu_);
   if (completion.kind == kv::KvIoCompletion::Kind::kRead) {
     --loads_in_flight_;
   } else {
     --saves_in_flight_;
-    if (completion.status.ok()) {
+    if (completion.status.ok() && believe) {
       BelieveLocked(completion.hash,
                     Known{.present = true, .until = completion.completed_at + std::chrono::milliseconds(options_.believe_ms)});
     }
@@ -232,6 +258,7 @@ void KvStoreConnector::LookupLoop() {
     }
     // A lookup that waited its whole deadline behind others (a hung store makes each
     // take its deadline) is a miss unasked: the request waiting for it goes on.
+    const int64_t restarts_before = ClientRestarts();
     KvStoreLookup found;
     if (absl::Now() < job.deadline) {
       found = client_->Lookup(keys_.Keys(job.hashes), job.deadline);
@@ -246,7 +273,10 @@ void KvStoreConnector::LookupLoop() {
     }
     const Clock::time_point until = Clock::now() + std::chrono::milliseconds(options_.believe_ms);
     absl::MutexLock lock(&mu_);
-    const auto present = static_cast<size_t>(std::max(found.num_present, 0));
+    // NOTE: an answer that came back while a restart was seen may be the old epoch's: it
+    // counts as a miss (the restarted store is empty anyway).
+    const bool fresh = ForgetIfRestartedLocked(restarts_before);
+    const auto present = fresh ? static_cast<size_t>(std::max(found.num_present, 0)) : 0;
     for (size_t i = 0; i < present && i < job.hashes.size(); ++i) {
       BelieveLocked(job.hashes[i],
                     Known{.present = true, .parent = i == 0 ? job.parent : job.hashes[i - 1], .until = until});
@@ -289,6 +319,7 @@ void KvStoreConnector::LoadRun(std::span<const Load> run) {
   for (const Load& l : run) hashes.push_back(l.hash);
   const std::vector<StoreKey> keys = keys_.Keys(hashes);
   const absl::Time deadline = DeadlineIn(options_.load_timeout_ms);
+  const int64_t restarts_before = ClientRestarts();
   KvStoreLookup found = client_->Lookup(keys, deadline);
   std::vector<std::span<std::byte>> out;
   const size_t present = std::min(run.size(), static_cast<size_t>(std::max(found.num_present, 0)));
@@ -310,9 +341,10 @@ void KvStoreConnector::LoadRun(std::span<const Load> run) {
     }
     Complete(std::move(c));
   }
+  absl::MutexLock lock(&mu_);
+  ForgetIfRestartedLocked(restarts_before);
   if (!got.error.ok()) {
     // What the store no longer has is forgotten, so the next lookup asks again.
-    absl::MutexLock lock(&mu_);
     for (size_t i = static_cast<size_t>(std::max(got.num_loaded, 0)); i < run.size(); ++i) known_.erase(run[i].hash);
   }
 }
@@ -345,7 +377,13 @@ void KvStoreConnector::SaveLoop() {
       checksums.push_back(s.checksum);
     }
     const std::vector<StoreKey> keys = keys_.Keys(hashes);
+    const int64_t restarts_before = ClientRestarts();
     const KvStorePutResult put = client_->Put(keys, blocks, checksums, DeadlineIn(options_.save_timeout_ms));
+    bool fresh = false;
+    {
+      absl::MutexLock lock(&mu_);
+      fresh = ForgetIfRestartedLocked(restarts_before);
+    }
     // NOTE: the result counts blocks, not which ones: all of the batch succeeded, or the
     // batch is reported failed block by block (a save is only ever a missed chance).
     const bool all = put.num_committed + put.num_present == static_cast<int32_t>(batch.size());
@@ -356,7 +394,7 @@ void KvStoreConnector::SaveLoop() {
       } else {
         c.status = put.error.ok() ? absl::ResourceExhaustedError("kv-store: not stored") : put.error;
       }
-      Complete(std::move(c));
+      Complete(std::move(c), /*believe=*/fresh);
     }
   }
 }

@@ -15,6 +15,13 @@
 //             (PutIntent + Put per home store), soon after and off the step. A block it
 //             knows the store holds is not saved again.
 //
+// A store that restarted (KvStoreClient saw a new epoch) held nothing of what was
+// believed: the connector forgets every answer it believed (of every store: a forgotten
+// answer only costs a lookup), and an answer or a save that came back while a restart
+// was being seen is not believed, since it may be the old epoch's. So a block is never
+// taken for held, or skipped as saved, on the word of a store that is gone;
+// stats().peer_restarts counts the restarts seen.
+//
 // Every call to a store is bounded by its deadline, so a dead or hung store costs at
 // most that long of a request's wait (lookup_timeout_ms before a recompute) and never
 // fails a request. Keys: StoreKeySpace over the worker's scope (model, block layout, TP
@@ -128,7 +135,15 @@ class KvStoreConnector : public kv::KvConnector {
   void SaveLoop();
   // One run of consecutive blocks: Lookup + Get; one completion per block.
   void LoadRun(std::span<const Load> run);
-  void Complete(kv::KvIoCompletion completion) ABSL_LOCKS_EXCLUDED(mu_);
+  // A successful save's block is believed held unless `believe` is false (a restart was
+  // seen while it was being put).
+  void Complete(kv::KvIoCompletion completion, bool believe = true) ABSL_LOCKS_EXCLUDED(mu_);
+  // The restarts the client has seen so far (KvStoreClientStats::epoch_changes).
+  int64_t ClientRestarts() const { return client_->stats().epoch_changes; }
+  // Forgets every belief when the client saw a restart since the last call. Returns
+  // whether no restart was seen since `restarts_before` (ClientRestarts() before a call):
+  // only then may what that call answered be believed.
+  bool ForgetIfRestartedLocked(int64_t restarts_before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<kv::KvTransport> data_plane_transport_;  // outlives client_
   const std::unique_ptr<KvStoreClient> client_;
@@ -147,6 +162,7 @@ class KvStoreConnector : public kv::KvConnector {
   int32_t saves_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<kv::KvIoCompletion> done_ ABSL_GUARDED_BY(mu_);
   int64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t restarts_seen_ ABSL_GUARDED_BY(mu_) = 0;  // the client's epoch changes, as of the last forget
 
   // The engine thread's (Match, Poll).
   kv::KvTierStats stats_;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/status_macros.h"
+#include "kv/kv_types.h"
 
 namespace kvmesh::serving {
 namespace {
@@ -36,26 +37,25 @@ constexpr TierGauge kTierGauges[] = {
      [](const kv::KvTierStats& s) { return static_cast<double>(s.checksum_failures); }},
     {"kvmesh_kv_tier_write_failures", "Offloads refused or failed: tier full of pinned blocks, queue full, disk full.",
      [](const kv::KvTierStats& s) { return static_cast<double>(s.write_failures); }},
+    {"kvmesh_kv_tier_read_failures",
+     "Loads from the tier that failed other than by checksum: its peer dead, hung or restarted, the block gone "
+     "(recomputed; the kv-store).",
+     [](const kv::KvTierStats& s) { return static_cast<double>(s.read_failures); }},
     {"kvmesh_kv_tier_skipped_records", "Disk records skipped at start-up: corrupt, truncated or another model's.",
      [](const kv::KvTierStats& s) { return static_cast<double>(s.skipped_records); }},
+    {"kvmesh_kv_tier_peer_restarts",
+     "Restarts (a new epoch) of the tier's remote peers seen, each forgetting what they were believed to hold "
+     "(the kv-store; since start).",
+     [](const kv::KvTierStats& s) { return static_cast<double>(s.peer_restarts); }},
     {"kvmesh_kv_tier_copies_in_flight", "Copies into or out of the tier in flight now.",
      [](const kv::KvTierStats& s) { return static_cast<double>(s.in_flight); }},
+    {"kvmesh_kv_tier_reads_in_flight", "Loads from the tier queued or running now (the kv-store).",
+     [](const kv::KvTierStats& s) { return static_cast<double>(s.reads_in_flight); }},
     {"kvmesh_kv_tier_read_bytes_per_second", "Measured read (onboard) bandwidth of the tier.",
      [](const kv::KvTierStats& s) { return s.read_bytes_per_second; }},
     {"kvmesh_kv_tier_write_bytes_per_second", "Measured write (offload) bandwidth of the tier.",
      [](const kv::KvTierStats& s) { return s.write_bytes_per_second; }},
 };
-
-// The tier label: "host", "disk", "store" (the cluster kv-store, as a worker sees it).
-std::string_view TierLabel(kv::Tier tier) {
-  switch (tier) {
-    case kv::Tier::kHost: return "host";
-    case kv::Tier::kDisk: return "disk";
-    case kv::Tier::kStore: return "store";
-    case kv::Tier::kDevice: break;
-  }
-  return "device";
-}
 
 }  // namespace
 
@@ -64,7 +64,7 @@ absl::Status AddKvTierMetrics(metrics::Registry& registry, std::function<engine:
     KVMESH_ASSIGN_OR_RETURN(metrics::CallbackGaugeFamily * family,
                             registry.AddCallbackGaugeFamily(spec.name, spec.help, {"tier"}));
     for (const kv::Tier tier : {kv::Tier::kHost, kv::Tier::kDisk, kv::Tier::kStore}) {
-      KVMESH_ASSIGN_OR_RETURN(metrics::CallbackGauge * g, family->WithLabels({TierLabel(tier)}));
+      KVMESH_ASSIGN_OR_RETURN(metrics::CallbackGauge * g, family->WithLabels({std::string_view(kv::TierName(tier))}));
       g->SetCallback([engine_stats, read = spec.read, tier] {
         const engine::EngineStats s = engine_stats();
         return read(tier == kv::Tier::kHost ? s.host_tier : tier == kv::Tier::kDisk ? s.disk_tier : s.store_tier);

@@ -98,6 +98,26 @@ TEST(BusyBandwidthTest, FailedTransfersSpendTimeButMoveNothing) {
   EXPECT_DOUBLE_EQ(rate.units_per_second(), 1.0 * kMb);
 }
 
+TEST(BusyBandwidthTest, AForgottenTransferCountsNoTimeButWhatOthersOverlapped) {
+  FakeClock clock;
+  BusyBandwidth rate;
+  rate.Begin(clock.At(seconds(0)));
+  rate.End(clock.At(seconds(0)), clock.At(seconds(1)), 1 * kMb);
+  // A transfer whose peer hung, forgotten: the estimate and the busy time stay.
+  rate.Begin(clock.At(seconds(2)));
+  rate.Forget(clock.At(seconds(2)));
+  EXPECT_EQ(rate.in_flight(), 0);
+  EXPECT_DOUBLE_EQ(rate.units_per_second(), 1.0 * kMb);
+  EXPECT_DOUBLE_EQ(rate.total_busy_seconds(), 1.0);
+  // One overlapping a measured transfer leaves that one's time exactly.
+  rate.Begin(clock.At(seconds(10)));
+  rate.Begin(clock.At(seconds(10)));
+  rate.End(clock.At(seconds(10)), clock.At(seconds(11)), 1 * kMb);
+  rate.Forget(clock.At(seconds(10)));
+  EXPECT_DOUBLE_EQ(rate.units_per_second(), 1.0 * kMb);
+  EXPECT_DOUBLE_EQ(rate.total_busy_seconds(), 2.0);
+}
+
 TEST(BusyBandwidthTest, SynchronousCopiesAreBusyForTheirOwnDuration) {
   BusyBandwidth rate;
   rate.Add(10 * kMb, 0.5);

@@ -43,15 +43,19 @@ StoreKeyScope Scope(int32_t tp_rank = 0) {
                        .tp_size = 2};
 }
 
-std::unique_ptr<KvStoreConnector> Connector(const std::string& address, StoreKeyScope scope = Scope(),
-                                            int64_t lookup_timeout_ms = 2000) {
+// A connector to the store at `address` with `options` (its block_bytes: kBlockBytes).
+std::unique_ptr<KvStoreConnector> ConnectorWith(const std::string& address, KvStoreConnectorOptions options) {
   auto client = KvStoreClient::Create({.addresses = {address}, .warmup_ms = 0});
   EXPECT_TRUE(client.ok()) << client.status();
-  auto c = KvStoreConnector::Create(std::move(client).value(), {.scope = std::move(scope),
-                                                                .block_bytes = kBlockBytes,
-                                                                .lookup_timeout_ms = lookup_timeout_ms});
+  options.block_bytes = kBlockBytes;
+  auto c = KvStoreConnector::Create(std::move(client).value(), options);
   EXPECT_TRUE(c.ok()) << c.status();
   return std::move(c).value();
+}
+
+std::unique_ptr<KvStoreConnector> Connector(const std::string& address, StoreKeyScope scope = Scope(),
+                                            int64_t lookup_timeout_ms = 2000) {
+  return ConnectorWith(address, {.scope = std::move(scope), .lookup_timeout_ms = lookup_timeout_ms});
 }
 
 std::vector<kv::BlockHash> Chain(int n) {
@@ -120,6 +124,16 @@ TEST(KvStoreConnectorTest, WhatOneWorkerSavesAnotherLoadsBitForBit) {
   EXPECT_EQ(b->stats().blocks_onboarded, 8);
   EXPECT_GT(b->stats().read_bytes_per_second, 0);
   EXPECT_EQ(b->num_in_flight(), 0);
+}
+
+TEST(KvStoreConnectorTest, AMatchOfALeadingRunCountsAHit) {
+  auto server = KvStoreServer::Start(StoreOptions()).value();
+  const std::vector<kv::BlockHash> chain = Chain(8);
+  SaveAll(*Connector(server->address()), std::vector<kv::BlockHash>(chain.begin(), chain.begin() + 4),
+          RandomBlocks(4, kBlockBytes, 6));
+  auto c = Connector(server->address());
+  EXPECT_EQ(MatchKnown(*c, chain).num_blocks, 4) << "the first 4 are held, the 5th known missing";
+  EXPECT_EQ(c->stats().hits, 1);
 }
 
 TEST(KvStoreConnectorTest, AnotherRanksOrScopesBlocksNeverHit) {
@@ -210,6 +224,65 @@ TEST(KvStoreConnectorTest, ALoadTheRestartedStoreCannotServeFailsAndIsNotServed)
   for (const auto& s : slots) EXPECT_EQ(s, std::vector<std::byte>(kBlockBytes, std::byte{0}));
   // And the connector forgot what it believed: the next lookup asks again and misses.
   EXPECT_EQ(MatchKnown(*c, chain).num_blocks, 0);
+}
+
+TEST(KvStoreConnectorTest, ARestartSeenByAnyCallForgetsEveryBeliefAndTheBlocksAreSavedAgain) {
+  auto server = KvStoreServer::Start(StoreOptions()).value();
+  const int port = server->port();
+  const std::vector<kv::BlockHash> chain = Chain(4);
+  const auto blocks = RandomBlocks(4, kBlockBytes, 4);
+  // Answers believed for a minute: only the restart can make the connector forget them.
+  auto c = ConnectorWith(server->address(), {.scope = Scope(), .believe_ms = 60'000});
+  SaveAll(*c, chain, blocks);
+  ASSERT_TRUE(c->Contains(chain[0])) << "believed held since the save";
+  EXPECT_EQ(c->StartSave(chain[0], kv::kRootBlockHash, blocks[0], kv::Checksum(blocks[0])).status().code(),
+            absl::StatusCode::kAlreadyExists);
+
+  // The store restarts empty (a new epoch). A lookup of another chain is the first call
+  // to hear of it.
+  server.reset();
+  server = KvStoreServer::Start(StoreOptions(port)).value();
+  std::vector<kv::BlockHash> other;
+  for (int i = 0; i < 2; ++i) other.push_back(kv::BlockHash{.low = 900 + static_cast<uint64_t>(i), .high = 9});
+  EXPECT_EQ(MatchKnown(*c, other).num_blocks, 0);
+  ASSERT_EQ(c->client().stats().epoch_changes, 1);
+
+  // Nothing of the old epoch is believed any more, and the blocks are saved again.
+  EXPECT_FALSE(c->Contains(chain[0])) << "a block of the old epoch is still believed held";
+  c->Poll();
+  EXPECT_EQ(c->stats().peer_restarts, 1);
+  std::vector<std::byte> slot(kBlockBytes);
+  EXPECT_EQ(c->StartLoad(chain[0], slot).status().code(), absl::StatusCode::kNotFound);
+  SaveAll(*c, chain, blocks);
+  EXPECT_EQ(server->store().Stats().num_blocks, 4) << "the restarted store got the blocks again";
+  EXPECT_EQ(MatchKnown(*c, chain).num_blocks, 4);
+}
+
+TEST(KvStoreConnectorTest, ALoadTheStoreHungUnderFailsWithoutLoweringTheMeasuredBandwidth) {
+  auto server = KvStoreServer::Start(StoreOptions()).value();
+  const int port = server->port();
+  const std::vector<kv::BlockHash> chain = Chain(8);
+  const auto blocks = RandomBlocks(8, kBlockBytes, 5);
+  auto c = ConnectorWith(server->address(), {.scope = Scope(), .load_timeout_ms = 300, .believe_ms = 60'000});
+  SaveAll(*c, chain, blocks);
+  std::vector<std::vector<std::byte>> slots(8, std::vector<std::byte>(kBlockBytes));
+  for (size_t i = 0; i < 4; ++i) ASSERT_TRUE(c->StartLoad(chain[i], slots[i]).ok());
+  for (const kv::KvIoCompletion& done : PollFor(*c, 4)) ASSERT_TRUE(done.status.ok()) << done.status;
+  const double measured = c->stats().read_bytes_per_second;
+  ASSERT_GT(measured, 0);
+
+  // The store hangs (its port accepts and never answers): the other loads wait out
+  // their deadline and fail, and are recomputed.
+  server.reset();
+  SilentListener hung(port);
+  for (size_t i = 4; i < 8; ++i) ASSERT_TRUE(c->StartLoad(chain[i], slots[i]).ok());
+  const std::vector<kv::KvIoCompletion> failed = PollFor(*c, 4);
+  ASSERT_EQ(failed.size(), 4u);
+  for (const kv::KvIoCompletion& done : failed) EXPECT_FALSE(done.status.ok());
+  EXPECT_EQ(c->stats().read_failures, 4);
+  // That wait measured the hung store, not how fast a store serves: counted, it would
+  // have the engine recompute every store's blocks (kv_tiers.h) until it decayed.
+  EXPECT_DOUBLE_EQ(c->stats().read_bytes_per_second, measured);
 }
 
 }  // namespace

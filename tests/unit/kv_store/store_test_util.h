@@ -32,10 +32,14 @@ inline std::vector<std::vector<std::byte>> RandomBlocks(int n, int64_t bytes, ui
 
 class SilentListener {
  public:
-  SilentListener() {
+  // `port` 0: a free one; else that one (a store's, just closed: a store that hangs).
+  explicit SilentListener(int port = 0) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    const int one = 1;
+    setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
     EXPECT_EQ(listen(fd_, 16), 0);
